@@ -1,0 +1,1 @@
+"""Pipeline-parallel training runtime (PipeDream, PipeDream-2BW/Flush, PTD-P schedules)."""

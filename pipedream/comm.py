@@ -1,0 +1,124 @@
+"""Point-to-point transfer of activations and gradients between adjacent (virtual) stages.
+
+Every send is non-blocking and every receive is posted before it is needed and waited on only by
+the compute that consumes it, so a schedule whose per-channel order matches on both sides cannot
+deadlock. Messages carry a tag derived from (micro-batch, chunk, direction), which Gloo matches on;
+NCCL matches by order, which the schedules guarantee (checked by the simulator tests).
+Receivers know shapes without a handshake: they come from ``BoundaryShapes`` (shape inference on
+the meta device), recomputed whenever a micro-batch's input shape changes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from .layout import ParallelLayout
+
+TAG_SPACE = 1 << 30
+
+
+def message_tag(microbatch: int, chunk: int, vpp: int, is_grad: bool) -> int:
+    return ((microbatch * vpp + chunk) * 2 + int(is_grad)) % TAG_SPACE
+
+
+@dataclass
+class CommStats:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    wait_seconds: float = 0.0
+
+
+@dataclass
+class _Pending:
+    work: object
+    buffer: torch.Tensor
+
+
+@dataclass
+class PipeComm:
+    """Sends and receives of one rank. ``boundary`` gives, for a micro-batch and a chunk, the
+    (shape, dtype) of that chunk's input (what arrives from the previous virtual stage)."""
+
+    layout: ParallelLayout
+    rank: int
+    device: torch.device
+    timeout: timedelta
+    input_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
+    output_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
+    stats: CommStats = field(default_factory=CommStats)
+    _recvs: dict[tuple[bool, int, int], _Pending] = field(default_factory=dict)
+    _sends: list[_Pending] = field(default_factory=list)
+
+    def _peer(self, chunk: int, forward: bool) -> int:
+        coords = self.layout.coords(self.rank)
+        if forward:
+            pp_rank, _ = self.layout.next_virtual_stage(coords.pp, chunk)
+        else:
+            pp_rank, _ = self.layout.prev_virtual_stage(coords.pp, chunk)
+        return self.layout.rank_of(pp_rank, coords.dp, coords.tp)
+
+    def _peer_chunk(self, chunk: int, forward: bool) -> int:
+        pp_rank = self.layout.coords(self.rank).pp
+        step = self.layout.next_virtual_stage if forward else self.layout.prev_virtual_stage
+        return step(pp_rank, chunk)[1]
+
+    # activations flow forward: I send my chunk's output, receive my chunk's input
+    def send_activation(self, microbatch: int, chunk: int, tensor: torch.Tensor) -> None:
+        tag = message_tag(microbatch, self._peer_chunk(chunk, True), self.layout.vpp, False)
+        self._send(tensor, self._peer(chunk, True), tag)
+
+    def post_recv_activation(self, microbatch: int, chunk: int) -> None:
+        shape, dtype = self.input_spec(microbatch, chunk)
+        tag = message_tag(microbatch, chunk, self.layout.vpp, False)
+        self._post_recv((False, microbatch, chunk), shape, dtype, self._peer(chunk, False), tag)
+
+    def wait_activation(self, microbatch: int, chunk: int) -> torch.Tensor:
+        return self._wait_recv((False, microbatch, chunk))
+
+    # gradients flow backward: I send my input's gradient, receive my output's gradient
+    def send_gradient(self, microbatch: int, chunk: int, tensor: torch.Tensor) -> None:
+        tag = message_tag(microbatch, self._peer_chunk(chunk, False), self.layout.vpp, True)
+        self._send(tensor, self._peer(chunk, False), tag)
+
+    def post_recv_gradient(self, microbatch: int, chunk: int) -> None:
+        shape, dtype = self.output_spec(microbatch, chunk)
+        tag = message_tag(microbatch, chunk, self.layout.vpp, True)
+        self._post_recv((True, microbatch, chunk), shape, dtype, self._peer(chunk, True), tag)
+
+    def wait_gradient(self, microbatch: int, chunk: int) -> torch.Tensor:
+        return self._wait_recv((True, microbatch, chunk))
+
+    def is_posted(self, is_grad: bool, microbatch: int, chunk: int) -> bool:
+        return (is_grad, microbatch, chunk) in self._recvs
+
+    def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        tensor = tensor.contiguous()
+        work = dist.isend(tensor, dst, tag=tag)
+        self._sends.append(_Pending(work, tensor))
+        self.stats.bytes_sent += tensor.numel() * tensor.element_size()
+        self.stats.messages_sent += 1
+
+    def _post_recv(self, key: tuple[bool, int, int], shape: torch.Size, dtype: torch.dtype, src: int, tag: int) -> None:
+        if key in self._recvs:
+            return
+        buffer = torch.empty(shape, dtype=dtype, device=self.device)
+        self._recvs[key] = _Pending(dist.irecv(buffer, src, tag=tag), buffer)
+
+    def _wait_recv(self, key: tuple[bool, int, int]) -> torch.Tensor:
+        if key not in self._recvs:
+            raise RuntimeError(f"receive {key} was never posted: the schedule must place RECV before its consumer")
+        pending = self._recvs.pop(key)
+        pending.work.wait(self.timeout)
+        self.stats.bytes_received += pending.buffer.numel() * pending.buffer.element_size()
+        return pending.buffer
+
+    def wait_sends(self) -> None:
+        """Completes outstanding sends (their buffers can then be freed)."""
+        for pending in self._sends:
+            pending.work.wait(self.timeout)
+        self._sends.clear()

@@ -1,0 +1,170 @@
+"""Training data: byte-level corpora (stdlib docs, text files, uint16 token files), synthetic data,
+and the deterministic global-batch order that every data-parallel rank slices its shard from.
+
+Nothing is downloaded: the default corpus is the documentation text that ships with Python.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ConfigError
+
+
+def encode_bytes(text: str) -> np.ndarray:
+    """Byte-level tokenizer: every UTF-8 byte is a token (vocabulary of 256)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+
+
+def decode_bytes(tokens: np.ndarray | list[int]) -> str:
+    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
+
+
+def pydoc_text() -> str:
+    from pydoc_data.topics import topics  # ~460 KB of English shipped with CPython
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def read_text_path(path: Path) -> str:
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+        if not files:
+            raise ConfigError(f"data.path={str(path)!r} is an empty folder: point it at a text file or a folder of them")
+        return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _existing(path_value: Any, what: str) -> Path:
+    if path_value in (None, "", "???"):
+        raise ConfigError(f"data.path is not set: {what} needs data.path=/path/to/file")
+    path = Path(str(path_value)).expanduser()
+    if not path.exists():
+        raise ConfigError(f"data.path={str(path)!r} does not exist: give an existing {what}")
+    return path
+
+
+def _split(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    cut = int(len(tokens) * (1.0 - val_fraction))
+    return tokens[:cut], tokens[cut:]
+
+
+def load_token_corpus(data_cfg: Any, vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Returns (train, validation) token arrays for a language model."""
+    name = data_cfg["name"]
+    val_fraction = float(data_cfg.get("val_fraction", 0.1))
+    if name == "pydoc":
+        train, val = _split(encode_bytes(pydoc_text()), val_fraction)
+    elif name == "text_file":
+        train, val = _split(encode_bytes(read_text_path(_existing(data_cfg.get("path"), "text file or folder"))),
+                            val_fraction)
+    elif name == "token_bin":
+        path = _existing(data_cfg.get("path"), "uint16 .bin file or a folder with train.bin and val.bin")
+        if path.is_dir():
+            train = np.memmap(path / "train.bin", dtype=np.uint16, mode="r")
+            val = np.memmap(path / "val.bin", dtype=np.uint16, mode="r")
+        else:
+            train, val = _split(np.memmap(path, dtype=np.uint16, mode="r"), val_fraction)
+    elif name == "synthetic":
+        rng = np.random.default_rng(seed)
+        total = int(data_cfg.get("num_samples", 4096)) * 64
+        train, val = _split(rng.integers(0, vocab_size, total).astype(np.uint16), val_fraction)
+    else:
+        raise ConfigError(f"data={name!r} is unknown: choose pydoc, text_file, token_bin or synthetic")
+    if name != "synthetic":
+        for part in (train, val):
+            if len(part) and int(part.max()) >= vocab_size:
+                raise ConfigError(f"data holds token id {int(part.max())} >= model.vocab_size={vocab_size}: "
+                                  f"raise model.vocab_size or re-tokenise")
+    return train, val
+
+
+class TokenWindows(torch.utils.data.Dataset):
+    """Non-overlapping windows of ``seq_len + 1`` tokens: (input, next-token target)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int):
+        self.tokens, self.seq_len = tokens, seq_len
+        self.count = (len(tokens) - 1) // seq_len
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = index * self.seq_len
+        window = torch.from_numpy(np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64))
+        return window[:-1], window[1:]
+
+
+class TeacherRegression(torch.utils.data.Dataset):
+    """x ~ N(0, I), y = sin(x W) for a fixed random W: a smooth target an MLP can fit."""
+
+    def __init__(self, num_samples: int, width: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(num_samples, width, generator=generator)
+        teacher = torch.randn(width, width, generator=generator) / width ** 0.5
+        self.y = torch.sin(self.x @ teacher)
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[index], self.y[index]
+
+
+def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset]:
+    if model_cfg["name"] == "mlp":
+        if data_cfg["name"] != "synthetic":
+            raise ConfigError(f"model=mlp trains on synthetic regression data, not data={data_cfg['name']}: "
+                              f"use data=synthetic")
+        total = int(data_cfg.get("num_samples", 4096))
+        full = TeacherRegression(total, int(model_cfg["hidden_size"]), seed)
+        cut = int(total * (1.0 - float(data_cfg.get("val_fraction", 0.1))))
+        return (torch.utils.data.Subset(full, range(cut)), torch.utils.data.Subset(full, range(cut, total)))
+    train, val = load_token_corpus(data_cfg, int(model_cfg.get("vocab_size", 256)), seed)
+    seq_len = int(model_cfg["seq_len"])
+    return TokenWindows(train, seq_len), TokenWindows(val, seq_len)
+
+
+@dataclass(frozen=True)
+class GlobalBatchOrder:
+    """Which samples form global batch ``step``: a fresh permutation per epoch, seeded.
+
+    Every rank computes the same order; data-parallel rank d of D takes the d-th contiguous slice,
+    so the shards are disjoint and the union is exactly the single-process batch.
+    """
+
+    dataset_size: int
+    global_batch: int
+    seed: int
+
+    def indices(self, step: int) -> list[int]:
+        start = step * self.global_batch
+        positions = np.arange(start, start + self.global_batch)
+        epochs, offsets = np.divmod(positions, self.dataset_size)
+        out = np.empty_like(positions)
+        for epoch in np.unique(epochs):  # a batch spans at most a few epochs
+            mask = epochs == epoch
+            out[mask] = self._permutation(int(epoch))[offsets[mask]]
+        return out.tolist()
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size)
+
+    def shard(self, step: int, dp_rank: int, dp: int) -> list[int]:
+        indices = self.indices(step)
+        size = self.global_batch // dp
+        return indices[dp_rank * size:(dp_rank + 1) * size]
+
+
+def collate(dataset: torch.utils.data.Dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    inputs, targets = zip(*(dataset[i] for i in indices))
+    return torch.stack(inputs), torch.stack(targets)
+
+
+def microbatches(dataset: torch.utils.data.Dataset, indices: list[int], micro_batch: int
+                 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Splits one rank's shard into consecutive micro-batches."""
+    return [collate(dataset, indices[i:i + micro_batch]) for i in range(0, len(indices), micro_batch)]

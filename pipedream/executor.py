@@ -1,0 +1,132 @@
+"""Walks one rank's action list: compute on the Stage, transfers through PipeComm, gradient sync
+and the optimizer step through callbacks. Receives are posted one compute action ahead so that
+communication overlaps the compute before it."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from .comm import PipeComm
+from .schedules import Action, Kind
+from .stage import Stage
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class Recorder(Protocol):
+    def record(self, action: Action, start: float, end: float, wait: float) -> None: ...
+
+
+@dataclass
+class IterationResult:
+    loss_sum: float = 0.0      # sum of unscaled micro-batch losses (last stage only)
+    loss_count: int = 0
+
+
+@dataclass
+class Executor:
+    stage: Stage
+    comm: PipeComm | None                    # None when pp = 1
+    sync_grads: Callable[[], None]
+    step: Callable[[], None]
+    recorder: Recorder | None = None
+    clock: Callable[[], float] = field(default=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
+        self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
+
+    def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
+            train: bool = True) -> IterationResult:
+        """``batches`` maps micro-batch ids to (input, target); only the first stage reads inputs
+        and only the last reads targets. ``loss_scale`` is 1/m (losses are averaged over the batch).
+        With ``train=False`` forwards run without a graph (evaluation)."""
+        result = IterationResult()
+        prefetch = _prefetch_plan(actions)
+        for index, action in enumerate(actions):
+            start = self.clock()
+            wait = 0.0
+            kind = action.kind
+            if kind in (Kind.FWD, Kind.BWD):
+                for early in prefetch.get(index, ()):
+                    self._post(early)
+            if kind is Kind.RECV_ACT or kind is Kind.RECV_GRAD:
+                self._post(action)
+                continue
+            if kind is Kind.FWD:
+                wait = self._forward(action, batches, loss_scale, result, train)
+            elif kind is Kind.BWD:
+                wait = self._backward(action)
+            elif kind is Kind.SEND_ACT:
+                self.comm.send_activation(action.microbatch, action.chunk,
+                                          self._outputs.pop((action.microbatch, action.chunk)))
+            elif kind is Kind.SEND_GRAD:
+                grad = self._last_input_grads.pop((action.microbatch, action.chunk))
+                self.comm.send_gradient(action.microbatch, action.chunk, grad)
+            elif kind is Kind.SYNC_GRADS:
+                if self.comm is not None:
+                    self.comm.wait_sends()
+                self.sync_grads()
+            elif kind is Kind.STEP:
+                self.step()
+            if self.recorder is not None:
+                self.recorder.record(action, start, self.clock(), wait)
+        if self.comm is not None:
+            self.comm.wait_sends()
+        return result
+
+    def _post(self, action: Action) -> None:
+        if action.kind is Kind.RECV_ACT:
+            self.comm.post_recv_activation(action.microbatch, action.chunk)
+        else:
+            self.comm.post_recv_gradient(action.microbatch, action.chunk)
+
+    def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
+                 train: bool) -> float:
+        mb, chunk = action.microbatch, action.chunk
+        wait = 0.0
+        if self.stage.is_first[chunk]:
+            inputs = batches[mb][0]
+        else:
+            before = self.clock()
+            inputs = self.comm.wait_activation(mb, chunk)
+            wait = self.clock() - before
+        target = batches[mb][1] if self.stage.is_last[chunk] else None
+        if train:
+            out = self.stage.forward(mb, chunk, inputs, target, loss_scale)
+        else:
+            out = self.stage.forward_only(chunk, inputs, target)
+        if self.stage.is_last[chunk]:
+            result.loss_sum += float(out)
+            result.loss_count += 1
+        else:
+            self._outputs[(mb, chunk)] = out
+        return wait
+
+    def _backward(self, action: Action) -> float:
+        mb, chunk = action.microbatch, action.chunk
+        wait = 0.0
+        grad_output = None
+        if not self.stage.is_last[chunk]:
+            before = self.clock()
+            grad_output = self.comm.wait_gradient(mb, chunk)
+            wait = self.clock() - before
+        grad_input = self.stage.backward(mb, chunk, grad_output)
+        if grad_input is not None:
+            self._last_input_grads[(mb, chunk)] = grad_input
+        return wait
+
+
+def _prefetch_plan(actions: list[Action]) -> dict[int, list[Action]]:
+    """For each compute action's index, the receives of the *next* compute action, so they are
+    posted before this compute runs and the transfer overlaps it."""
+    compute_positions = [i for i, a in enumerate(actions) if a.kind in (Kind.FWD, Kind.BWD)]
+    plan: dict[int, list[Action]] = {}
+    for current, following in zip(compute_positions, compute_positions[1:]):
+        receives = [a for a in actions[current + 1:following] if a.kind in (Kind.RECV_ACT, Kind.RECV_GRAD)]
+        if receives:
+            plan[current] = receives
+    return plan

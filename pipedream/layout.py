@@ -1,0 +1,97 @@
+"""Where a rank sits in the (pipeline, data, tensor) grid, and the process groups that follow.
+
+Ranks are ordered tensor-parallel fastest, then data-parallel, then pipeline (as Megatron-LM):
+rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so tensor-parallel peers are neighbours (same
+node) and pipeline stages are furthest apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from .errors import ConfigError
+
+
+class Coords(NamedTuple):
+    pp: int
+    dp: int
+    tp: int
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    pp: int = 1
+    dp: int = 1
+    tp: int = 1
+    vpp: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "dp", "tp", "vpp"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"parallel.{name} = {value!r} must be a positive integer")
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.tp
+
+    @property
+    def num_virtual_stages(self) -> int:
+        return self.pp * self.vpp
+
+    def coords(self, rank: int) -> Coords:
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        tp_rank = rank % self.tp
+        dp_rank = (rank // self.tp) % self.dp
+        return Coords(rank // (self.tp * self.dp), dp_rank, tp_rank)
+
+    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+
+    def check_world_size(self, world_size: int) -> None:
+        if world_size != self.world_size:
+            raise ConfigError(f"parallel.pp*tp*dp = {self.pp}*{self.tp}*{self.dp} = {self.world_size} but "
+                              f"WORLD_SIZE = {world_size}: launch {self.world_size} processes "
+                              f"(python -m launcher does) or change the degrees")
+
+    def next_virtual_stage(self, pp_rank: int, chunk: int) -> tuple[int, int]:
+        """(pp_rank, chunk) that consumes this chunk's output; chunks are dealt round-robin."""
+        if pp_rank < self.pp - 1:
+            return pp_rank + 1, chunk
+        return 0, chunk + 1
+
+    def prev_virtual_stage(self, pp_rank: int, chunk: int) -> tuple[int, int]:
+        if pp_rank > 0:
+            return pp_rank - 1, chunk
+        return self.pp - 1, chunk - 1
+
+    def virtual_stage(self, pp_rank: int, chunk: int) -> int:
+        return chunk * self.pp + pp_rank
+
+
+def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] | None = None
+                 ) -> list[tuple[int, int]]:
+    """[start, end) layer ranges of each (virtual) stage: even by default (earlier stages take the
+    remainder), or exactly ``layers_per_stage``."""
+    if layers_per_stage is not None:
+        counts = [int(c) for c in layers_per_stage]
+        if len(counts) != num_stages:
+            raise ConfigError(f"parallel.layers_per_stage has {len(counts)} entries but there are {num_stages} "
+                              f"(virtual) stages: give one count per stage")
+        if any(c < 1 for c in counts):
+            raise ConfigError(f"parallel.layers_per_stage={counts}: every stage needs at least one layer")
+        if sum(counts) != num_layers:
+            raise ConfigError(f"parallel.layers_per_stage={counts} sums to {sum(counts)} but the model has "
+                              f"{num_layers} layers (embedding + blocks + head for GPT): make them sum to {num_layers}")
+    else:
+        if num_layers < num_stages:
+            raise ConfigError(f"the model has {num_layers} layers, fewer than pp*vpp = {num_stages} (virtual) stages: "
+                              f"lower parallel.pp or parallel.vpp, or add layers")
+        base, extra = divmod(num_layers, num_stages)
+        counts = [base + (1 if s < extra else 0) for s in range(num_stages)]
+    bounds, start = [], 0
+    for count in counts:
+        bounds.append((start, start + count))
+        start += count
+    return bounds

@@ -1,0 +1,109 @@
+"""Optimizer, learning-rate schedule, gradient synchronisation and clipping for one stage."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+class NonFiniteError(RuntimeError):
+    """The loss or the gradients became inf/NaN: training stops instead of corrupting weights."""
+
+
+def parameter_groups(params: list[nn.Parameter], weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices only; biases and norm scales are not decayed."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(optim_cfg: Any, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    name = optim_cfg["name"]
+    weight_decay = float(optim_cfg.get("weight_decay", 0.0))
+    groups = parameter_groups(params, weight_decay)
+    if name == "adamw":
+        betas = tuple(float(b) for b in optim_cfg.get("betas", (0.9, 0.999)))
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=float(optim_cfg.get("eps", 1e-8)))
+    if name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=float(optim_cfg.get("momentum", 0.0)))
+    raise ValueError(f"optim={name!r} is unknown: choose adamw or sgd")
+
+
+def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Learning-rate multiplier: linear warm-up to 1, then cosine decay to ``min_ratio``."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    span = max(1, total_steps - warmup_steps)
+    progress = min(1.0, (step - warmup_steps) / span)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: Any) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup, total = int(train_cfg.get("warmup_steps", 0)), int(train_cfg["steps"])
+    min_ratio = float(train_cfg.get("min_lr_ratio", 0.1))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: warmup_cosine(s, warmup, total, min_ratio))
+
+
+@dataclass
+class TiedCopy:
+    """A parameter that is a copy of one shared across stages (e.g. embedding and head)."""
+
+    param: nn.Parameter
+    group: dist.ProcessGroup
+    owner: bool            # counts towards the gradient norm (exactly one copy does)
+
+
+class GradientSync:
+    """All-reduces a stage's gradients: across data-parallel replicas (average) and across the
+    stages that hold copies of a tied parameter (sum, as in the single-process model)."""
+
+    def __init__(self, params: list[nn.Parameter], dp_group: dist.ProcessGroup | None, dp: int,
+                 tied: list[TiedCopy], norm_group: dist.ProcessGroup | None):
+        self.params = params
+        self.dp_group, self.dp = dp_group, dp
+        self.tied = tied
+        self.norm_group = norm_group
+        self._not_owned = {id(t.param) for t in tied if not t.owner}
+
+    def sync(self) -> None:
+        for param in self.params:  # parameters that took no part in the loss still sync
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
+        if self.dp > 1:
+            grads = [p.grad for p in self.params]
+            flat = torch._utils._flatten_dense_tensors(grads)
+            dist.all_reduce(flat, group=self.dp_group)
+            flat /= self.dp
+            for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
+                grad.copy_(synced)
+        for copy in self.tied:
+            dist.all_reduce(copy.param.grad, group=copy.group)
+
+    def global_norm(self) -> float:
+        """L2 norm over the whole model's gradients (every stage; tied parameters once)."""
+        squares = torch.zeros((), dtype=torch.float64)
+        for param in self.params:
+            if param.grad is not None and id(param) not in self._not_owned:
+                squares += param.grad.detach().double().pow(2).sum().cpu()
+        if self.norm_group is not None:
+            squares = squares.to(self.params[0].device)
+            dist.all_reduce(squares, group=self.norm_group)
+        return math.sqrt(float(squares))
+
+    def clip(self, max_norm: float) -> float:
+        """Scales gradients as torch.nn.utils.clip_grad_norm_ would on the whole model; returns the norm."""
+        norm = self.global_norm()
+        if not math.isfinite(norm):
+            raise NonFiniteError(f"gradient norm is {norm}: training stopped; lower train.lr or enable "
+                                 f"train.grad_clip, and check the data")
+        if max_norm > 0:
+            coef = max_norm / (norm + 1e-6)
+            if coef < 1.0:
+                for param in self.params:
+                    if param.grad is not None:
+                        param.grad.mul_(coef)
+        return norm

@@ -1,0 +1,125 @@
+"""Turns the Hydra config into a validated ``RunSpec`` before any process group exists.
+
+Every rule lives here, and each failure is one ``ConfigError`` line naming the value, the rule
+and a way out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models import TRAINABLE_MODELS
+
+from .errors import ConfigError
+from .layout import ParallelLayout, split_layers
+from .schedules import SCHEDULES, ScheduleError, build_schedule
+
+OPTIMIZERS = ("adamw", "sgd")
+DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
+RECOMPUTE = ("none", "full")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    layout: ParallelLayout
+    schedule: str
+    micro_batch: int
+    microbatches: int          # per pipeline per iteration (m)
+    global_batch: int
+    num_layers: int            # pipeline layers of the model (GPT: blocks + 2)
+    bounds: tuple[tuple[int, int], ...]   # [start, end) per virtual stage
+    recompute: bool
+    seq_len: int | None        # tokens per sample (None for the MLP)
+
+
+def _positive(cfg: Any, key: str) -> int:
+    value = _get(cfg, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key} = {value!r} must be a positive integer")
+    return value
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+    return node
+
+
+def _check_model(cfg: Any) -> int:
+    name = _get(cfg, "model.name")
+    if name not in TRAINABLE_MODELS:
+        raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
+                          f"trainable: {', '.join(TRAINABLE_MODELS)} (e.g. model=gpt_tiny)")
+    _positive(cfg, "model.num_layers")
+    _positive(cfg, "model.hidden_size")
+    if name == "mlp":
+        return int(cfg.model.num_layers)
+    for key in ("num_heads", "seq_len", "vocab_size"):
+        _positive(cfg, f"model.{key}")
+    hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
+    if hidden % heads:
+        raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
+                          f"choose heads among the divisors of {hidden}")
+    return int(cfg.model.num_layers) + 2
+
+
+def _check_data(cfg: Any) -> int | None:
+    name = _get(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(f"data={name!r} is unknown: choose one of {', '.join(DATASETS)}")
+    if name in ("text_file", "token_bin"):
+        path = _get(cfg, "data.path")
+        if path in (None, "", "???"):
+            raise ConfigError(f"data={name} needs data.path=/path/to/data")
+        if not Path(str(path)).expanduser().exists():
+            raise ConfigError(f"data.path={str(path)!r} does not exist: give an existing file or folder")
+    if cfg.model.name == "mlp":
+        if name != "synthetic":
+            raise ConfigError(f"model=mlp trains on synthetic regression data, not data={name}: use data=synthetic")
+        return None
+    seq_len = _get(cfg, "data.seq_len") or cfg.model.seq_len
+    if seq_len > cfg.model.seq_len:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds the model's context model.seq_len={cfg.model.seq_len}: "
+                          f"lower data.seq_len or raise model.seq_len")
+    return int(seq_len)
+
+
+def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
+    """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
+    num_layers = _check_model(cfg)
+    seq_len = _check_data(cfg)
+    if _get(cfg, "optim.name") not in OPTIMIZERS:
+        raise ConfigError(f"optim={_get(cfg, 'optim.name')!r} is unknown: choose one of {', '.join(OPTIMIZERS)}")
+    schedule = _get(cfg, "schedule.name")
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r} is unknown: choose one of {', '.join(sorted(SCHEDULES))}")
+    granularity = _get(cfg, "recompute.granularity")
+    if granularity not in RECOMPUTE:
+        raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
+    for key in ("train.steps", "train.global_batch_size", "train.micro_batch_size"):
+        _positive(cfg, key)
+    if not float(cfg.train.lr) > 0:
+        raise ConfigError(f"train.lr = {cfg.train.lr} must be > 0")
+    if _get(cfg, "parallel.tp") not in (1, None):
+        raise ConfigError(f"parallel.tp = {cfg.parallel.tp}: tensor parallelism is not available yet; use parallel.tp=1")
+
+    layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp)
+    if layout.vpp > 1 and schedule != "interleaved":
+        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved (got schedule={schedule})")
+    global_batch, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
+    if global_batch % (layout.dp * micro):
+        raise ConfigError(f"train.global_batch_size={global_batch} is not divisible by parallel.dp*train.micro_batch_size "
+                          f"= {layout.dp}*{micro} = {layout.dp * micro}: use a multiple of {layout.dp * micro}")
+    microbatches = global_batch // (layout.dp * micro)
+    try:
+        build_schedule(schedule, layout.pp, microbatches, layout.vpp)
+    except ScheduleError as error:
+        raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
+    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
+    if world_size is not None:
+        layout.check_world_size(world_size)
+    return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,
+                   global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
+                   recompute=granularity == "full", seq_len=seq_len)

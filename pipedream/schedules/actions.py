@@ -1,0 +1,67 @@
+"""The action record that every schedule emits and every consumer (executor, simulator, plots) reads.
+
+An action is pure data. Its peer rank is never stored: it follows from the layout (the next or
+previous virtual stage of ``chunk``), so one schedule serves every pipeline replica.
+"""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+
+class Kind(enum.Enum):
+    FWD = "F"
+    BWD = "B"
+    SEND_ACT = "SA"
+    RECV_ACT = "RA"
+    SEND_GRAD = "SG"
+    RECV_GRAD = "RG"
+    SYNC_GRADS = "SYNC"
+    STEP = "STEP"
+
+
+COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD})
+COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One step of one rank: ``kind`` applied to ``microbatch`` of model ``chunk``.
+
+    Per-iteration actions (SYNC_GRADS, STEP) use microbatch -1.
+    """
+
+    kind: Kind
+    microbatch: int = -1
+    chunk: int = 0
+
+    def __str__(self) -> str:
+        if self.microbatch < 0:
+            return self.kind.value
+        if self.chunk:
+            return f"{self.kind.value}{self.microbatch}.{self.chunk}"
+        return f"{self.kind.value}{self.microbatch}"
+
+
+_ACTION_RE = re.compile(r"^(SYNC|STEP|SA|RA|SG|RG|F|B)(?:(\d+)(?:\.(\d+))?)?$")
+
+
+def parse_action(text: str) -> Action:
+    """Inverse of ``str(action)``: ``"F3.1"`` -> Action(FWD, 3, 1)."""
+    match = _ACTION_RE.match(text.strip())
+    if not match:
+        raise ValueError(f"cannot parse action {text!r}: expected e.g. F3, B2.1, SA0, SYNC, STEP")
+    code, microbatch, chunk = match.groups()
+    kind = Kind(code)
+    if microbatch is None:
+        return Action(kind)
+    return Action(kind, int(microbatch), int(chunk or 0))
+
+
+def format_actions(actions: list[Action]) -> str:
+    return " ".join(str(a) for a in actions)
+
+
+def parse_actions(text: str) -> list[Action]:
+    return [parse_action(t) for t in text.split()]

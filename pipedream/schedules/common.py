@@ -1,0 +1,134 @@
+"""Helpers shared by the schedule generators: virtual stages and the comm actions around compute."""
+from __future__ import annotations
+
+from .actions import Action, Kind
+
+
+class ScheduleError(ValueError):
+    """A schedule cannot be built for the requested sizes; the message names the rule."""
+
+
+def is_first_virtual_stage(rank: int, chunk: int) -> bool:
+    return rank == 0 and chunk == 0
+
+
+def is_last_virtual_stage(rank: int, chunk: int, pp: int, vpp: int) -> bool:
+    return rank == pp - 1 and chunk == vpp - 1
+
+
+def virtual_stage(rank: int, chunk: int, pp: int) -> int:
+    """Chunk ``chunk`` of pipeline rank ``rank`` is virtual stage ``chunk * pp + rank`` (round-robin)."""
+    return chunk * pp + rank
+
+
+def stage_of(virtual: int, pp: int) -> tuple[int, int]:
+    """Inverse of ``virtual_stage``: virtual stage -> (rank, chunk)."""
+    return virtual % pp, virtual // pp
+
+
+def peer_stage(rank: int, action: Action, pp: int, vpp: int) -> tuple[int, int]:
+    """(rank, chunk) at the other end of a comm action: the next virtual stage for SEND_ACT and
+    RECV_GRAD, the previous one for RECV_ACT and SEND_GRAD. Peers are derived, never stored."""
+    step = 1 if action.kind in (Kind.SEND_ACT, Kind.RECV_GRAD) else -1
+    if action.kind not in (Kind.SEND_ACT, Kind.RECV_GRAD, Kind.RECV_ACT, Kind.SEND_GRAD):
+        raise ValueError(f"{action} is not a communication action")
+    target = virtual_stage(rank, action.chunk, pp) + step
+    if not 0 <= target < pp * vpp:
+        raise ScheduleError(f"rank {rank}: {action} has no peer (virtual stage {target} does not exist "
+                            f"with pp = {pp}, vpp = {vpp})")
+    return stage_of(target, pp)
+
+
+def forward_block(microbatch: int, chunk: int, rank: int, pp: int, vpp: int = 1) -> list[Action]:
+    """Receive the input (unless first), run the forward, send the output (unless last)."""
+    block = []
+    if not is_first_virtual_stage(rank, chunk):
+        block.append(Action(Kind.RECV_ACT, microbatch, chunk))
+    block.append(Action(Kind.FWD, microbatch, chunk))
+    if not is_last_virtual_stage(rank, chunk, pp, vpp):
+        block.append(Action(Kind.SEND_ACT, microbatch, chunk))
+    return block
+
+
+def backward_block(microbatch: int, chunk: int, rank: int, pp: int, vpp: int = 1) -> list[Action]:
+    """Receive the output gradient (unless last), run the backward, send the input gradient (unless first)."""
+    block = []
+    if not is_last_virtual_stage(rank, chunk, pp, vpp):
+        block.append(Action(Kind.RECV_GRAD, microbatch, chunk))
+    block.append(Action(Kind.BWD, microbatch, chunk))
+    if not is_first_virtual_stage(rank, chunk):
+        block.append(Action(Kind.SEND_GRAD, microbatch, chunk))
+    return block
+
+
+def flush_update() -> list[Action]:
+    """End of a flushed iteration: all-reduce gradients across replicas, then one optimizer step."""
+    return [Action(Kind.SYNC_GRADS), Action(Kind.STEP)]
+
+
+def check_sizes(pp: int, microbatches: int, vpp: int) -> None:
+    for name, value in (("pp", pp), ("microbatches", microbatches), ("vpp", vpp)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ScheduleError(f"{name} = {value!r} must be an integer")
+        if value < 1:
+            raise ScheduleError(f"{name} = {value} must be >= 1")
+
+
+def add_communication(compute: list[list[Action]], pp: int, vpp: int) -> list[list[Action]]:
+    """Turn per-rank compute orders (FWD/BWD only) into full action lists.
+
+    Each FWD/BWD is followed by its send. Receives are posted lazily, just before the first
+    compute that needs one, and always in the order the sender sends on that (src, dst) channel,
+    because NCCL matches point-to-point messages by order. On channels that carry both
+    activations and gradients (pp = 2 with interleaving) this posts some receives early.
+    """
+    with_sends: list[list[Action]] = []
+    for rank, actions in enumerate(compute):
+        out: list[Action] = []
+        for action in actions:
+            out.append(action)
+            if action.kind is Kind.FWD and not is_last_virtual_stage(rank, action.chunk, pp, vpp):
+                out.append(Action(Kind.SEND_ACT, action.microbatch, action.chunk))
+            elif action.kind is Kind.BWD and not is_first_virtual_stage(rank, action.chunk):
+                out.append(Action(Kind.SEND_GRAD, action.microbatch, action.chunk))
+        with_sends.append(out)
+
+    incoming: dict[tuple[int, int], list[Action]] = {}  # (src, dst) -> receiver-side actions in send order
+    for src, actions in enumerate(with_sends):
+        for action in actions:
+            if action.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
+                dst, chunk = peer_stage(src, action, pp, vpp)
+                kind = Kind.RECV_ACT if action.kind is Kind.SEND_ACT else Kind.RECV_GRAD
+                incoming.setdefault((src, dst), []).append(Action(kind, action.microbatch, chunk))
+
+    result = []
+    for dst, actions in enumerate(with_sends):
+        cursor: dict[int, int] = {}
+        posted: set[Action] = set()
+        out = []
+        for action in actions:
+            need = needed_receive(dst, action, pp, vpp)
+            if need is not None and need not in posted:
+                src = peer_stage(dst, need, pp, vpp)[0]
+                queue = incoming.get((src, dst), [])
+                while True:
+                    i = cursor.get(src, 0)
+                    if i >= len(queue):
+                        raise ScheduleError(f"rank {dst}: {action} needs {need} but rank {src} never sends it")
+                    out.append(queue[i])
+                    posted.add(queue[i])
+                    cursor[src] = i + 1
+                    if queue[i] == need:
+                        break
+            out.append(action)
+        result.append(out)
+    return result
+
+
+def needed_receive(rank: int, action: Action, pp: int, vpp: int) -> Action | None:
+    """The RECV whose message ``action`` consumes, or None."""
+    if action.kind is Kind.FWD and not is_first_virtual_stage(rank, action.chunk):
+        return Action(Kind.RECV_ACT, action.microbatch, action.chunk)
+    if action.kind is Kind.BWD and not is_last_virtual_stage(rank, action.chunk, pp, vpp):
+        return Action(Kind.RECV_GRAD, action.microbatch, action.chunk)
+    return None

@@ -1,0 +1,125 @@
+"""The layers one rank owns (one chunk, or v chunks when interleaved), and what each in-flight
+micro-batch keeps between its forward and its backward."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass
+class _Stashed:
+    inputs: torch.Tensor
+    outputs: torch.Tensor          # the chunk's output, or the scaled loss on the last stage
+    saved_bytes: int
+
+
+@dataclass
+class StashStats:
+    """Peak number of in-flight (micro-batch, chunk) pairs and the peak bytes they held."""
+
+    in_flight: int = 0
+    peak_in_flight: int = 0
+    bytes: int = 0
+    peak_bytes: int = 0
+    bytes_per_microbatch: dict[int, int] = field(default_factory=dict)  # chunk -> bytes of the last one
+
+    def add(self, chunk: int, nbytes: int) -> None:
+        self.in_flight += 1
+        self.bytes += nbytes
+        self.bytes_per_microbatch[chunk] = nbytes
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        self.peak_bytes = max(self.peak_bytes, self.bytes)
+
+    def remove(self, nbytes: int) -> None:
+        self.in_flight -= 1
+        self.bytes -= nbytes
+
+
+class _SavedBytesCounter:
+    """Counts the bytes autograd saves for backward, parameters excluded (a tensor saved twice
+    counts once)."""
+
+    def __init__(self, parameter_ptrs: set[int]):
+        self.parameter_ptrs = parameter_ptrs
+        self.seen: set[int] = set()
+        self.total = 0
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        ptr = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
+        if ptr not in self.parameter_ptrs and ptr not in self.seen:
+            self.seen.add(ptr)
+            self.total += tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0
+        return tensor
+
+
+class Stage:
+    """Runs forward and backward of this rank's chunks, one micro-batch at a time.
+
+    Stage inputs and outputs are kept per in-flight (micro-batch, chunk) and dropped as soon as
+    its backward ends. ``recompute`` keeps only the chunk's input and recomputes the forward
+    inside the backward (torch.utils.checkpoint restores the RNG state so dropout matches).
+    """
+
+    def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], recompute: bool = False):
+        self.chunks = chunks
+        self.is_first = is_first
+        self.is_last = is_last
+        self.loss_fn = loss_fn
+        self.recompute = recompute
+        self.stash: dict[tuple[int, int], _Stashed] = {}
+        self.stats = StashStats()
+        self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
+
+    def parameters(self) -> list[nn.Parameter]:
+        seen, params = set(), []
+        for chunk in self.chunks:
+            for p in chunk.parameters():
+                if id(p) not in seen:
+                    seen.add(id(p))
+                    params.append(p)
+        return params
+
+    def forward(self, microbatch: int, chunk: int, inputs: torch.Tensor, target: torch.Tensor | None = None,
+                loss_scale: float = 1.0) -> torch.Tensor:
+        """Runs the chunk; returns its output (to send on) or, on the last stage, the unscaled loss."""
+        if not self.is_first[chunk]:
+            inputs = inputs.detach().requires_grad_(True)
+        counter = _SavedBytesCounter(self._parameter_ptrs)
+        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+            if self.recompute:
+                outputs = checkpoint(self.chunks[chunk], inputs, use_reentrant=False)
+            else:
+                outputs = self.chunks[chunk](inputs)
+            if self.is_last[chunk]:
+                loss = self.loss_fn(outputs, target)
+                outputs = loss * loss_scale
+        nbytes = counter.total + _nbytes(outputs)
+        self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
+        self.stats.add(chunk, nbytes)
+        return loss.detach() if self.is_last[chunk] else outputs.detach()
+
+    def backward(self, microbatch: int, chunk: int, grad_output: torch.Tensor | None = None
+                 ) -> torch.Tensor | None:
+        """Backpropagates through the chunk; returns the gradient of its input (None on the first)."""
+        stashed = self.stash.pop((microbatch, chunk))
+        if self.is_last[chunk]:
+            stashed.outputs.backward()
+        else:
+            torch.autograd.backward(stashed.outputs, grad_output)
+        self.stats.remove(stashed.saved_bytes)
+        return None if self.is_first[chunk] else stashed.inputs.grad
+
+    def forward_only(self, chunk: int, inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+        """Evaluation: no graph, nothing stashed."""
+        with torch.no_grad():
+            outputs = self.chunks[chunk](inputs)
+            return self.loss_fn(outputs, target) if self.is_last[chunk] else outputs
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()

@@ -1,0 +1,46 @@
+"""Training entry point: ``torchrun --nproc-per-node N -m pipedream.train [hydra overrides]``
+(``python -m launcher`` computes N and runs this for you)."""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import hydra
+import torch
+from omegaconf import DictConfig
+
+from .distributed import init_distributed, shutdown, world_size_from_env
+from .errors import ConfigError
+from .optim import NonFiniteError
+from .run_spec import build_run_spec
+
+
+def run(cfg: Any) -> int:
+    """Validates, trains, and returns an exit code; errors become one line on stderr."""
+    try:
+        spec = build_run_spec(cfg, world_size_from_env())
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 2
+    torch.set_num_threads(max(1, int(cfg.train.threads)))
+    from .trainer import train  # imported late: validation errors stay fast
+    try:
+        ctx = init_distributed(str(cfg.cluster.get("device", "cpu")), float(cfg.train.timeout_s))
+        train(cfg, spec, ctx)
+    except (ConfigError, NonFiniteError) as error:
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        shutdown()
+    return 0
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base=None)
+def main(cfg: DictConfig) -> None:
+    code = run(cfg)
+    if code:
+        sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""The training loop shared by every schedule: data, iterations, evaluation, logging, summary."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from models import build_model
+
+from .data import GlobalBatchOrder, build_datasets, microbatches
+from .distributed import DistContext
+from .engine import PipelineEngine
+from .groups import build_groups
+from .metrics import RunWriter, StepTimes
+from .run_spec import RunSpec
+
+
+@dataclass
+class RankStats:
+    rank: int
+    pp_rank: int
+    dp_rank: int
+    peak_in_flight: int
+    peak_stash_bytes: int
+    stash_bytes_per_microbatch: dict[int, int]
+    weight_versions: int
+    bytes_sent: int
+    bytes_received: int
+
+
+def agree_on_run_dir(cfg: Any, ctx: DistContext) -> Path:
+    """Rank 0 resolves the run directory (it may hold a timestamp) and tells the others."""
+    holder = [str(cfg.train.run_dir) if ctx.rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
+
+
+def _shard_batches(dataset, order: GlobalBatchOrder, step: int, spec: RunSpec, dp_rank: int):
+    indices = order.shard(step, dp_rank, spec.layout.dp)
+    return dict(enumerate(microbatches(dataset, indices, spec.micro_batch)))
+
+
+def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> dict[str, Any]:
+    seed = int(cfg.train.seed)
+    torch.manual_seed(seed)
+    model = build_model(cfg.model, seed=seed)
+    groups = build_groups(spec.layout, ctx.rank, ctx.device.type, model, list(spec.bounds))
+    engine = PipelineEngine(spec, model, ctx.rank, ctx.device, groups, cfg.optim, cfg.train, ctx.timeout)
+    train_set, val_set = build_datasets(cfg.model, cfg.data, seed)
+    order = GlobalBatchOrder(len(train_set), spec.global_batch, seed)
+    val_steps = max(1, min(int(cfg.train.eval_batches), len(val_set) // spec.global_batch))
+    val_order = GlobalBatchOrder(len(val_set), spec.global_batch, seed)
+    dp_rank = engine.coords.dp
+
+    run_dir = agree_on_run_dir(cfg, ctx)
+    writer = RunWriter(run_dir) if ctx.rank == 0 else None
+    if writer:
+        writer.write_config(OmegaConf.to_yaml(cfg, resolve=False))
+    steps = int(cfg.train.steps)
+    log_every = max(1, int(cfg.train.log_every))
+    eval_every = int(cfg.train.eval_every)
+    tokens_per_sample = spec.seq_len or 1
+    times = StepTimes()
+    progress = tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not cfg.train.progress, dynamic_ncols=True)
+
+    def evaluate() -> float:
+        losses = [engine.evaluate(_shard_batches(val_set, val_order, i, spec, dp_rank)) for i in range(val_steps)]
+        return sum(losses) / len(losses)
+
+    last_loss, val_loss = math.nan, math.nan
+    for step in range(steps):
+        batches = _shard_batches(train_set, order, step, spec, dp_rank)
+        started = time.perf_counter()
+        result = engine.train_step(batches)
+        elapsed = time.perf_counter() - started
+        times.add(elapsed)
+        last_loss = result.loss
+        progress.update(1)
+        record = {"step": step + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+                  "step_time_s": elapsed, "samples_per_s": spec.global_batch / elapsed,
+                  "tokens_per_s": spec.global_batch * tokens_per_sample / elapsed}
+        if eval_every > 0 and ((step + 1) % eval_every == 0 or step + 1 == steps):
+            val_loss = evaluate()
+            record["val_loss"] = val_loss
+        if writer and ((step + 1) % log_every == 0 or step + 1 == steps or "val_loss" in record):
+            writer.log_step(record)
+            progress.set_postfix(loss=f"{result.loss:.3f}", **({"val": f"{val_loss:.3f}"} if "val_loss" in record else {}))
+            progress.write(_format_record(record, steps))
+    progress.close()
+    if math.isnan(val_loss):
+        val_loss = evaluate()
+
+    stats = RankStats(rank=ctx.rank, pp_rank=engine.coords.pp, dp_rank=dp_rank,
+                      peak_in_flight=engine.stage.stats.peak_in_flight,
+                      peak_stash_bytes=engine.stage.stats.peak_bytes,
+                      stash_bytes_per_microbatch=dict(engine.stage.stats.bytes_per_microbatch),
+                      weight_versions=1,
+                      bytes_sent=engine.comm.stats.bytes_sent if engine.comm else 0,
+                      bytes_received=engine.comm.stats.bytes_received if engine.comm else 0)
+    gathered: list[RankStats | None] = [None] * ctx.world_size
+    dist.all_gather_object(gathered, stats)
+    median = times.median_after_warmup()
+    summary = {
+        "steps": steps,
+        "schedule": spec.schedule,
+        "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp},
+        "batch": {"global": spec.global_batch, "micro": spec.micro_batch, "num_microbatches": spec.microbatches},
+        "stages": [list(b) for b in spec.bounds],
+        "median_step_time_s": median,
+        "samples_per_s": spec.global_batch / median,
+        "tokens_per_s": spec.global_batch * tokens_per_sample / median,
+        "final_train_loss": last_loss,
+        "final_val_loss": val_loss,
+        "ranks": [vars(s) for s in gathered],
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    if writer:
+        summary["config"]["train"]["run_dir"] = str(run_dir)
+        path = writer.write_summary(summary)
+        writer.close()
+        print(f"final train loss {last_loss:.4f}, validation loss {val_loss:.4f}, "
+              f"{summary['samples_per_s']:.1f} samples/s; wrote {path}", flush=True)
+    return summary
+
+
+def _format_record(record: dict[str, Any], steps: int) -> str:
+    text = (f"step {record['step']:>5}/{steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+            f"step {record['step_time_s'] * 1000:.0f} ms  {record['samples_per_s']:.1f} samples/s  "
+            f"{record['tokens_per_s']:.0f} tokens/s")
+    if "val_loss" in record:
+        text += f"  val_loss {record['val_loss']:.4f}"
+    return text
