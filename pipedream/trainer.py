@@ -47,7 +47,13 @@ def _shard_batches(dataset, order: GlobalBatchOrder, step: int, spec: RunSpec, d
     return dict(enumerate(microbatches(dataset, indices, spec.micro_batch)))
 
 
-def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> dict[str, Any]:
+@dataclass
+class TrainOutcome:
+    summary: dict[str, Any]
+    engine: PipelineEngine
+
+
+def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     seed = int(cfg.train.seed)
     torch.manual_seed(seed)
     model = build_model(cfg.model, seed=seed)
@@ -127,7 +133,7 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> dict[str, Any]:
         writer.close()
         print(f"final train loss {last_loss:.4f}, validation loss {val_loss:.4f}, "
               f"{summary['samples_per_s']:.1f} samples/s; wrote {path}", flush=True)
-    return summary
+    return TrainOutcome(summary, engine)
 
 
 def _format_record(record: dict[str, Any], steps: int) -> str:

@@ -1,0 +1,48 @@
+"""``python -m launcher [hydra overrides]``: validates the config, then runs torchrun with the right
+number of processes (one node), or prints / runs the command of each node (``launcher.nnodes > 1``)."""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from pipedream.errors import ConfigError
+
+from .commands import build_launch
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def main(argv: list[str]) -> int:
+    overrides = [a for a in argv if not a.startswith("launcher.")]
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+            cfg = compose(config_name="config", overrides=argv)
+        from pipedream.run_spec import build_run_spec
+        run_dir = str(cfg.train.run_dir)
+        plan = build_launch(cfg, overrides, run_dir)
+        if not cfg.parallel.get("plan"):
+            build_run_spec(cfg, plan.world_size)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except Exception as error:  # Hydra's own errors (unknown group option, bad override syntax)
+        print(f"error: {error}".splitlines()[0], file=sys.stderr)
+        return 2
+    node_rank = cfg.launcher.get("node_rank")
+    if cfg.launcher.dry_run or (plan.nnodes > 1 and node_rank is None):
+        for node, command in enumerate(plan.commands):
+            prefix = f"# node {node}\n" if plan.nnodes > 1 else ""
+            print(prefix + shlex.join(command))
+        return 0
+    command = plan.commands[int(node_rank or 0)]
+    print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}", flush=True)
+    runnable = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
+    return subprocess.call(runnable)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

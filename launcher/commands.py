@@ -1,0 +1,48 @@
+"""Builds torchrun command lines for a training config: one node, or one line per node."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pipedream.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    world_size: int
+    nnodes: int
+    nproc_per_node: int
+    commands: list[list[str]]   # one per node, starting with "torchrun"
+
+
+def world_size_of(cfg: Any) -> int:
+    """Processes the job needs: from the plan file if one is given, else pp * tp * dp."""
+    plan_path = cfg.parallel.get("plan")
+    if plan_path:
+        from planner.plan import load_plan
+        return int(load_plan(str(plan_path)).world_size)
+    return int(cfg.parallel.pp) * int(cfg.parallel.tp) * int(cfg.parallel.dp)
+
+
+def build_launch(cfg: Any, overrides: list[str], run_dir: str) -> LaunchPlan:
+    """``overrides`` are passed on to every rank, with the resolved ``train.run_dir`` appended so all
+    nodes write to the same run (the default holds a timestamp)."""
+    world = world_size_of(cfg)
+    nnodes = int(cfg.launcher.nnodes)
+    if nnodes < 1:
+        raise ConfigError(f"launcher.nnodes = {nnodes} must be >= 1")
+    if world % nnodes:
+        raise ConfigError(f"the job needs {world} processes, which launcher.nnodes = {nnodes} does not divide: "
+                          f"use a node count that divides {world}")
+    per_node = world // nnodes
+    train_args = ["-m", "pipedream.train", *[o for o in overrides if not o.startswith("train.run_dir=")],
+                  f"train.run_dir={run_dir}"]
+    restarts = [f"--max-restarts={int(cfg.launcher.max_restarts)}"]
+    if nnodes == 1:
+        commands = [["torchrun", "--standalone", f"--nproc-per-node={per_node}", *restarts, *train_args]]
+    else:
+        endpoint = f"{cfg.launcher.master_addr}:{int(cfg.launcher.master_port)}"
+        commands = [["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", f"--node-rank={node}",
+                     "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=pipedream", *restarts,
+                     *train_args] for node in range(nnodes)]
+    return LaunchPlan(world, nnodes, per_node, commands)

@@ -1,0 +1,103 @@
+"""``python -m pipedream.schedules``: print a schedule as a rank x time grid (unit costs).
+
+Example: ``python -m pipedream.schedules --schedule interleaved --pp 2 --vpp 2 --microbatches 4``.
+Cells are ``F3``/``B3`` (micro-batch 3), with the chunk as a letter when vpp > 1 (``F3a`` is chunk
+0, ``F3b`` chunk 1); ``.`` is idle. Bad input: one line on stderr, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import string
+import sys
+
+from pipedream.schedules import SCHEDULES, ScheduleError, build_schedule
+from pipedream.schedules.actions import Action
+from pipedream.simulate import Costs, SimResult, simulate
+
+
+class _UsageError(Exception):
+    pass
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + message
+        raise _UsageError(message)
+
+
+def chunk_letter(chunk: int) -> str:
+    return string.ascii_lowercase[chunk] if chunk < 26 else f".{chunk}"
+
+
+def cell_label(action: Action, vpp: int) -> str:
+    if action.microbatch < 0:  # SYNC_GRADS, STEP (zero duration unless costed)
+        return action.kind.value[:2]
+    return f"{action.kind.value}{action.microbatch}{chunk_letter(action.chunk) if vpp > 1 else ''}"
+
+
+def grid(result: SimResult) -> str:
+    """One row per rank, one column per unit time slot; '.' where the rank is idle."""
+    slots = math.ceil(result.iteration_time - 1e-9)
+    rows = []
+    for timeline in result.timelines:
+        row = ["."] * slots
+        for item in timeline:
+            for t in range(math.floor(item.start + 1e-9), math.ceil(item.end - 1e-9)):
+                row[t] = cell_label(item.action, result.vpp)
+        rows.append(row)
+    width = max([len(c) for row in rows for c in row] + [1])
+    head_width = len(f"rank {len(rows) - 1}")
+    header = "t".ljust(head_width) + " " + " ".join(
+        (str(t) if len(str(t)) <= width and (width > 2 or t % 5 == 0) else "").ljust(width) for t in range(slots))
+    lines = [header.rstrip()]
+    for rank, row in enumerate(rows):
+        lines.append(f"rank {rank}".ljust(head_width) + " " + " ".join(c.ljust(width) for c in row).rstrip())
+    return "\n".join(lines)
+
+
+def summary(result: SimResult, microbatches: int) -> str:
+    p, v = result.pp, result.vpp
+    expected = (p - 1) / (v * microbatches)
+    per_rank = " ".join(str(n) for n in result.peak_in_flight)
+    lines = [
+        f"iteration time: {result.iteration_time:g} units",
+        f"bubble fraction (idle / ideal compute): {result.bubble_fraction:.4f}"
+        f"   [(p-1)/(v*m) = {expected:.4f}]",
+        f"idle fraction (idle / iteration time): {result.idle_fraction:.4f}",
+        f"peak in-flight micro-batches per rank{' (counted per chunk)' if v > 1 else ''}: {per_rank}",
+    ]
+    if v > 1:
+        lines.append("chunks: " + " ".join(f"{chunk_letter(c)}={c}" for c in range(v)))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _Parser(prog="python -m pipedream.schedules", description=__doc__.splitlines()[0])
+    parser.add_argument("--schedule", required=True, help=f"one of {', '.join(sorted(SCHEDULES))}")
+    parser.add_argument("--pp", type=int, required=True, help="pipeline ranks")
+    parser.add_argument("--microbatches", type=int, required=True, help="micro-batches per iteration")
+    parser.add_argument("--vpp", type=int, default=1, help="model chunks per rank (interleaved)")
+    parser.add_argument("--backward-cost", type=float, default=1.0, help="backward time / forward time")
+    parser.add_argument("--png", help="also draw the timeline to this PNG file")
+    try:
+        args = parser.parse_args(argv)
+        if not args.backward_cost > 0:
+            raise ScheduleError(f"--backward-cost = {args.backward_cost} must be > 0")
+        schedule = build_schedule(args.schedule, args.pp, args.microbatches, args.vpp)
+        result = simulate(schedule, Costs(forward=1.0, backward=args.backward_cost), vpp=args.vpp)
+        print(grid(result))
+        print(summary(result, args.microbatches))
+        if args.png:
+            from pipedream.timeline_plot import plot_timeline, spans_from_sim
+
+            title = f"{args.schedule} pp={args.pp} vpp={args.vpp} m={args.microbatches}"
+            plot_timeline(spans_from_sim(result), args.png, title)
+            print(f"wrote {args.png}")
+    except (_UsageError, ScheduleError, ImportError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
