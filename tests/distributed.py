@@ -3,6 +3,7 @@ so a hung or crashed rank fails the test instead of hanging the suite."""
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import traceback
 from typing import Any, Callable
@@ -22,7 +23,9 @@ def _worker(fn: Callable, rank: int, world_size: int, port: int, args: tuple, qu
     import torch
     torch.set_num_threads(1)
     try:
-        queue.put((rank, "ok", fn(rank, world_size, *args)))
+        # plain pickle copies tensor data; the queue's own pickler would pass shared-memory handles
+        # that die with this process
+        queue.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # report any failure to the parent, which fails the test
         queue.put((rank, "error", traceback.format_exc()))
         raise
@@ -43,7 +46,7 @@ def run_workers(fn: Callable, world_size: int, *args: Any, timeout: float = 180.
         for _ in range(world_size):
             rank, status, payload = queue.get(timeout=timeout)
             if status == "ok":
-                results[rank] = payload
+                results[rank] = pickle.loads(payload)
             else:
                 errors.append(f"rank {rank} failed:\n{payload}")
                 break

@@ -1,0 +1,99 @@
+"""Shared pieces of the end-to-end tests: composing configs, a rank's training run that returns
+its parameters by global layer index, and the plain single-process reference loop."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from hydra import compose, initialize_config_dir
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+TINY_GPT = ["model=gpt_tiny", "model.num_layers=6", "model.hidden_size=32", "model.num_heads=2",
+            "model.seq_len=16", "train.global_batch_size=8", "train.micro_batch_size=2",
+            "train.warmup_steps=1", "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
+            "train.progress=false", "train.timeout_s=60"]
+
+
+def compose_config(overrides: list[str]) -> Any:
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict[str, Any]]:
+    """Runs the real trainer once per (overrides, run_dir) in one process group (starting processes
+    costs more than these tiny runs); returns per run {"params": {"layer.name": tensor}, "losses"}."""
+    from pipedream.distributed import init_distributed, shutdown
+
+    init_distributed("cpu", 60)
+    try:
+        return [_train_once(rank, world_size, overrides, run_dir) for overrides, run_dir in runs]
+    finally:
+        shutdown()
+
+
+def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
+    from pipedream.distributed import init_distributed
+    from pipedream.run_spec import build_run_spec
+    from pipedream.trainer import train
+
+    cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
+    spec = build_run_spec(cfg, world_size)
+    outcome = train(cfg, spec, init_distributed("cpu", 60))
+    engine = outcome.engine
+    params = {}
+    for chunk, virtual_stage in zip(engine.stage.chunks, engine.virtual_stages):
+        start = spec.bounds[virtual_stage][0]
+        for name, param in chunk.named_parameters(remove_duplicate=False):
+            local, _, rest = name.partition(".")
+            params[f"{start + int(local)}.{rest}"] = param.detach().clone()
+    losses = []
+    if rank == 0:
+        metrics = Path(run_dir) / "metrics.jsonl"
+        losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    return {"params": params, "losses": losses, "summary": outcome.summary if rank == 0 else None}
+
+
+def reference_training(overrides: list[str]) -> dict[str, Any]:
+    """Single-process training of the whole model on the same global batches: the gold standard."""
+    from models import build_model
+    from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
+    from pipedream.optim import build_optimizer, build_scheduler
+
+    cfg = compose_config(overrides)
+    seed = int(cfg.train.seed)
+    model = build_model(cfg.model, seed=seed)
+    network = model.build_sequential()
+    train_set, _ = build_datasets(cfg.model, cfg.data, seed)
+    batch, micro = int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size)
+    order = GlobalBatchOrder(len(train_set), batch, seed)
+    optimizer = build_optimizer(cfg.optim, list(network.parameters()), float(cfg.train.lr))
+    scheduler = build_scheduler(optimizer, cfg.train)
+    losses = []
+    for step in range(int(cfg.train.steps)):
+        optimizer.zero_grad(set_to_none=True)
+        parts = microbatches(train_set, order.indices(step), micro)
+        total = 0.0
+        for inputs, targets in parts:
+            loss = model.loss_fn(network(inputs), targets)
+            (loss / len(parts)).backward()
+            total += float(loss.detach())
+        if float(cfg.train.grad_clip) > 0:
+            torch.nn.utils.clip_grad_norm_(network.parameters(), float(cfg.train.grad_clip))
+        optimizer.step()
+        scheduler.step()
+        losses.append(total / len(parts))
+    params = {name: p.detach().clone() for name, p in network.named_parameters(remove_duplicate=False)}
+    return {"params": params, "losses": losses}
+
+
+def merge_params(results: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    merged: dict[str, torch.Tensor] = {}
+    for result in results:
+        for name, tensor in result["params"].items():
+            if name in merged:  # another data-parallel replica (or a tied copy): must agree exactly
+                torch.testing.assert_close(tensor, merged[name], rtol=0, atol=0)
+            merged[name] = tensor
+    return merged
