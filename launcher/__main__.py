@@ -8,12 +8,23 @@ import sys
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException, MissingConfigException
+from omegaconf.errors import OmegaConfBaseException
 
 from pipedream.errors import ConfigError
 
 from .commands import build_launch
 
 CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+
+
+def describe_missing_option(error: MissingConfigException) -> str:
+    """'model=nope' -> 'model=nope is unknown: choose one of gpt_small, gpt_tiny, mlp'."""
+    group, _, name = str(error.missing_cfg_file or "").partition("/")
+    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group else []
+    if options:
+        return f"{group}={name} is unknown: choose one of {', '.join(options)}"
+    return str(error).splitlines()[0]
 
 
 def main(argv: list[str]) -> int:
@@ -29,8 +40,11 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except Exception as error:  # Hydra's own errors (unknown group option, bad override syntax)
-        print(f"error: {error}".splitlines()[0], file=sys.stderr)
+    except MissingConfigException as error:
+        print(f"error: {describe_missing_option(error)}", file=sys.stderr)
+        return 2
+    except (HydraException, OmegaConfBaseException) as error:  # bad override syntax, unknown key
+        print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
         return 2
     node_rank = cfg.launcher.get("node_rank")
     if cfg.launcher.dry_run or (plan.nnodes > 1 and node_rank is None):

@@ -1,0 +1,57 @@
+"""Every unusable configuration is refused before any process starts, with one line that names the
+value, the rule and a way out, and a non-zero exit."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.__main__ import main as launch
+from pipedream.errors import ConfigError
+from pipedream.run_spec import build_run_spec
+from tests.training_harness import compose_config
+
+CASES = [
+    (["model=nope"], "model=nope is unknown"),
+    (["data=nope"], "data=nope is unknown"),
+    (["optim=lion"], "optim=lion is unknown"),
+    (["schedule=zigzag"], "schedule=zigzag is unknown"),
+    (["model.hidden_size=0"], "model.hidden_size = 0 must be a positive integer"),
+    (["train.micro_batch_size=-1"], "train.micro_batch_size = -1 must be a positive integer"),
+    (["parallel.pp=0"], "parallel.pp = 0 must be a positive integer"),
+    (["parallel.pp=1", "parallel.dp=3"], "not divisible by parallel.dp*train.micro_batch_size = 3*4 = 12"),
+    (["data=text_file", "data.path=/no/such/file.txt"], "does not exist"),
+    (["data=text_file"], "data=text_file needs data.path"),
+    (["+data.seq_len=512"], "exceeds the model's context model.seq_len=64"),
+    (["model.num_heads=3"], "model.num_heads=3 does not divide model.hidden_size=128"),
+    (["schedule=interleaved", "parallel.pp=4", "parallel.vpp=2", "train.global_batch_size=24"],
+     "needs microbatches (6) to be a multiple of pp (4)"),
+    (["parallel.pp=4", "parallel.vpp=2", "schedule=interleaved"], "fewer than pp*vpp = 8"),
+    (["parallel.layers_per_stage=[2,2]"], "sums to 4 but the model has 6 layers"),
+    (["parallel.vpp=2"], "needs schedule=interleaved"),
+    (["model=mlp"], "use data=synthetic"),
+    (["model=vgg16"], "cannot be trained"),
+    (["recompute.granularity=selective"], "recompute.granularity='selective' is not supported"),
+]
+
+
+@pytest.mark.parametrize("overrides,message", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_launcher_refuses_with_one_line(capsys, overrides, message):
+    assert launch(overrides + ["launcher.dry_run=true"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+
+
+def test_world_size_mismatch_names_both_numbers():
+    cfg = compose_config(["parallel.pp=2", "parallel.dp=2"])
+    with pytest.raises(ConfigError, match=r"parallel.pp\*tp\*dp = 2\*1\*2 = 4 but WORLD_SIZE = 3"):
+        build_run_spec(cfg, world_size=3)
+
+
+def test_training_entry_refuses_before_any_process_group(monkeypatch, capsys):
+    import torch.distributed as dist
+
+    from pipedream.train import run
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    assert run(compose_config(["parallel.pp=2"])) == 2
+    assert "WORLD_SIZE = 3" in capsys.readouterr().err
+    assert not dist.is_initialized()

@@ -1,0 +1,32 @@
+from __future__ import annotations
+
+from launcher.commands import build_launch
+from tests.training_harness import compose_config
+
+
+def test_single_node_command():
+    cfg = compose_config(["parallel.pp=2", "parallel.dp=2"])
+    plan = build_launch(cfg, ["parallel.pp=2", "parallel.dp=2"], "runs/x")
+    assert plan.world_size == 4 and plan.nnodes == 1
+    assert plan.commands == [["torchrun", "--standalone", "--nproc-per-node=4", "--max-restarts=0", "-m",
+                              "pipedream.train", "parallel.pp=2", "parallel.dp=2", "train.run_dir=runs/x"]]
+
+
+def test_two_node_commands_share_a_rendezvous():
+    overrides = ["parallel.pp=2", "parallel.dp=2", "launcher.nnodes=2", "launcher.master_addr=10.0.0.1",
+                 "launcher.master_port=1234", "launcher.max_restarts=3"]
+    cfg = compose_config(overrides)
+    plan = build_launch(cfg, [o for o in overrides if not o.startswith("launcher.")], "runs/y")
+    assert plan.nproc_per_node == 2 and len(plan.commands) == 2
+    for node, command in enumerate(plan.commands):
+        assert command[:8] == ["torchrun", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+                               "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:1234", "--rdzv-id=pipedream",
+                               "--max-restarts=3"]
+        assert command[-1] == "train.run_dir=runs/y"
+
+
+def test_dry_run_prints_every_node(capsys):
+    from launcher.__main__ import main
+    assert main(["launcher.nnodes=2", "parallel.pp=2", "parallel.dp=1"]) == 0
+    out = capsys.readouterr().out
+    assert "# node 0" in out and "# node 1" in out and out.count("torchrun") == 2
