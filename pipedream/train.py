@@ -2,6 +2,7 @@
 (``python -m launcher`` computes N and runs this for you)."""
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -29,6 +30,11 @@ def run(cfg: Any) -> int:
         train(cfg, spec, ctx)
     except (ConfigError, NonFiniteError) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
+        return 1
+    except RuntimeError as error:  # gloo/NCCL: a peer died or stayed silent past the timeout
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        print(f"error: rank {os.environ.get('RANK', '0')}: communication failed (a peer died, or was silent longer "
+              f"than train.timeout_s={cfg.train.timeout_s}): {first_line}", file=sys.stderr, flush=True)
         return 1
     finally:
         shutdown()
