@@ -32,11 +32,11 @@ def main(argv: list[str]) -> int:
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
             cfg = compose(config_name="config", overrides=argv)
+        from pipedream.plan_config import apply_plan
         from pipedream.run_spec import build_run_spec
         run_dir = str(cfg.train.run_dir)
         plan = build_launch(cfg, overrides, run_dir)
-        if not cfg.parallel.get("plan"):
-            build_run_spec(cfg, plan.world_size)
+        build_run_spec(apply_plan(cfg), plan.world_size)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

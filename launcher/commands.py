@@ -19,8 +19,11 @@ def world_size_of(cfg: Any) -> int:
     """Processes the job needs: from the plan file if one is given, else pp * tp * dp."""
     plan_path = cfg.parallel.get("plan")
     if plan_path:
-        from planner.plan import load_plan
-        return int(load_plan(str(plan_path)).world_size)
+        from planner.plan import PlanError, load_plan
+        try:
+            return int(load_plan(str(plan_path)).world_size)
+        except PlanError as error:
+            raise ConfigError(str(error)) from None
     return int(cfg.parallel.pp) * int(cfg.parallel.tp) * int(cfg.parallel.dp)
 
 

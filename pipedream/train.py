@@ -13,12 +13,15 @@ from omegaconf import DictConfig
 from .distributed import init_distributed, shutdown, world_size_from_env
 from .errors import ConfigError
 from .optim import NonFiniteError
+from .plan_config import apply_plan, check_plan_world_size
 from .run_spec import build_run_spec
 
 
 def run(cfg: Any) -> int:
     """Validates, trains, and returns an exit code; errors become one line on stderr."""
     try:
+        check_plan_world_size(cfg, world_size_from_env())
+        cfg = apply_plan(cfg)
         spec = build_run_spec(cfg, world_size_from_env())
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)

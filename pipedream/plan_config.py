@@ -1,0 +1,48 @@
+"""Applies a planner plan file (``parallel.plan=plan.json``) to the training config: the plan's
+degrees, schedule, batch sizes, recomputation and layer split replace the config's."""
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf, open_dict
+
+from .errors import ConfigError
+
+
+def apply_plan(cfg: Any) -> Any:
+    """Returns ``cfg`` unchanged without a plan, else a copy carrying the plan's choices."""
+    path = cfg.parallel.get("plan")
+    if not path:
+        return cfg
+    from planner.plan import PlanError, load_plan
+    try:
+        plan = load_plan(str(path))
+    except PlanError as error:
+        raise ConfigError(str(error)) from None
+    expected_layers = int(cfg.model.num_layers) + (2 if cfg.model.name == "gpt" else 0)
+    if plan.model.num_layers != expected_layers:
+        raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={cfg.model.name} has "
+                          f"{expected_layers} pipeline layers: plan for this model (python -m planner model=...)")
+    planned = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    with open_dict(planned):
+        planned.parallel.pp, planned.parallel.tp = plan.parallel.pp, plan.parallel.tp
+        planned.parallel.dp, planned.parallel.vpp = plan.parallel.dp, plan.parallel.vpp
+        planned.parallel.layers_per_stage = [end - start for start, end in (st.layers for st in plan.stages)]
+        replicas = [st.replicas for st in plan.stages[:plan.parallel.pp]]
+        if len(set(replicas)) > 1:
+            planned.parallel.stage_replicas = replicas
+        planned.schedule.name = plan.schedule
+        planned.train.global_batch_size = plan.batch.global_batch
+        planned.train.micro_batch_size = plan.batch.micro
+        planned.recompute.granularity = plan.recompute
+    return planned
+
+
+def check_plan_world_size(cfg: Any, world_size: int) -> None:
+    path = cfg.parallel.get("plan")
+    if path:
+        from planner.plan import PlanError, load_plan
+        try:
+            load_plan(str(path)).check_world_size(world_size)
+        except PlanError as error:
+            raise ConfigError(str(error)) from None
