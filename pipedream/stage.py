@@ -98,7 +98,9 @@ class Stage:
             if self.is_last[chunk]:
                 loss = self.loss_fn(outputs, target)
                 outputs = loss * loss_scale
-        nbytes = counter.total + _nbytes(outputs)
+        counter.pack(inputs)   # the stash holds the input and output too (each storage counted once)
+        counter.pack(outputs)
+        nbytes = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
         self.stats.add(chunk, nbytes)
         return loss.detach() if self.is_last[chunk] else outputs.detach()
@@ -121,5 +123,3 @@ class Stage:
             return self.loss_fn(outputs, target) if self.is_last[chunk] else outputs
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
