@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import itertools
-import math
 import random
 
-from planner import cost
 from planner.hardware import DEVICES, Cluster, Level
 from planner.profile import LayerProfile, Profile
 
@@ -46,3 +44,75 @@ def replica_splits(total: int, parts: int):
     for first in range(1, total - parts + 2):
         for rest in replica_splits(total - first, parts - 1):
             yield (first, *rest)
+
+
+def scalar_uniform(profile, cluster, t, p, v, d, rec, b, schedule, batch, workspace):
+    """Independent re-derivation of one equi-replicated configuration (plain loops, formulas written
+    out): (iteration time, peak memory per device), or None if the configuration is not valid."""
+    n_layers = profile.num_layers
+    kinds = [layer.kind for layer in profile.layers]
+    units = [i for i, k in enumerate(kinds) if k == "block"] or list(range(n_layers))
+    parts = p * v
+    if len(units) % parts:
+        return None
+    if batch % (d * b):
+        return None
+    m = batch // (d * b)
+    if m < 1:
+        return None
+    if schedule == "interleaved" and (v < 2 or m % p or p < 2):
+        return None
+    if schedule != "interleaved" and v != 1:
+        return None
+    if schedule == "2bw" and m < p:
+        return None
+    per = len(units) // parts
+    starts = [0] + [units[j * per] for j in range(1, parts)] + [n_layers]
+    fwd, bwd = profile.times(b)
+    L = profile.layers
+    tp_level = cluster.level_for_span(t)
+    pp_level = cluster.level_for_span(p * t * d)
+    dp_level = cluster.level_for_span(t * d)
+    per_mb, mem = [], []
+    working = max((L[i].activation_bytes for i in range(n_layers) if L[i].recomputable), default=0.0) * b if rec else 0.0
+    sync = 0.0
+    for r in range(p):
+        comp = tp = sent = params = opt = act = 0.0
+        for c in range(v):
+            j = c * p + r
+            lo, hi = starts[j], starts[j + 1]
+            for i in range(lo, hi):
+                comp += fwd[i] + bwd[i] + (fwd[i] if rec and L[i].recomputable else 0.0)
+                tp += L[i].tp_forward_bytes + L[i].tp_backward_bytes + (
+                    L[i].tp_forward_bytes if rec and L[i].recomputable else 0.0)
+                params += L[i].parameter_bytes
+                opt += L[i].optimizer_bytes
+                act += (L[i].activation_bytes_recompute if rec and L[i].recomputable else L[i].activation_bytes)
+            if j < parts - 1:
+                sent += L[hi - 1].output_bytes
+            if j > 0:
+                sent += L[lo - 1].output_bytes
+        tp_time = tp * b / tp_level.bandwidth if t > 1 else 0.0
+        p2p = 0.0
+        if p > 1:
+            p2p = sent * b / t / pp_level.bandwidth + 2 * v * pp_level.latency
+            if t > 1:
+                p2p += sent * b * (t - 1) / t / tp_level.bandwidth
+        per_mb.append(comp + tp_time + p2p)
+        if schedule == "gpipe":
+            flight = m
+        elif schedule in ("1f1b", "2bw"):
+            flight = min(p - r, m)
+        else:
+            flight = min((p - r - 1) * 2 + (v - 1) * p + 1, m * v) / v
+        versions = 2 if schedule == "2bw" else 1
+        mem.append(params * (versions + 1) + opt + act * b * flight + working + workspace)
+        if d > 1:
+            sync = max(sync, 2 * (d - 1) / d * params / dp_level.bandwidth)
+    stage = max(per_mb)
+    if schedule == "2bw":
+        time = m * max(stage, sync / m)
+    else:
+        bubble = (p - 1) / (v * m) if schedule == "interleaved" else (p - 1) / m
+        time = stage * m * (1 + bubble) + sync
+    return time, max(mem)

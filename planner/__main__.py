@@ -1,0 +1,56 @@
+"""``python -m planner model=... cluster=... train.global_batch_size=... planner.out=plan.json``
+
+The dry run: choose a plan, print it with the alternatives and the end-to-end training time,
+write the plan JSON. ``planner.validate=plan.json planner.world_size=N`` checks a plan file
+instead. Bad input ends in one line on stderr and exit status 2.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Sequence
+
+from .errors import PlannerError
+from .plan import PlanError, load_plan
+
+
+def run(argv: Sequence[str]) -> int:
+    from .auto import make_plan
+    from .config import compose, inputs_from_config
+    from .report import alternatives_table, plan_table, training_time
+
+    cfg = compose(argv)
+    p = cfg.planner
+    if p.get("validate"):
+        plan = load_plan(str(p.validate))
+        if p.get("world_size") is not None:
+            plan.check_world_size(int(p.world_size))
+        print(f"{p.validate}: valid plan for {plan.world_size} processes "
+              f"(pp={plan.parallel.pp} tp={plan.parallel.tp} dp={plan.parallel.dp}, {plan.schedule})")
+        return 0
+    inputs = inputs_from_config(cfg)
+    outcome = make_plan(inputs, str(p.algorithm), str(p.semantics), bool(p.simulate))
+    precision = inputs.spec.precision if inputs.spec is not None else inputs.profile.precision
+    print(plan_table(outcome, inputs.cluster.device.flops(precision)))
+    print()
+    print(alternatives_table(outcome))
+    print()
+    sequence_model = cfg.model.name in ("gpt", "bert") and inputs.profile.source != "graph.txt"
+    seq = cfg.model.get("seq_len") if sequence_model else None
+    print(training_time(outcome, float(p.train_tokens), seq))
+    if p.get("out"):
+        outcome.plan.save(str(p.out))
+        print(f"wrote {p.out}; run it with: scripts/train.sh model={cfg.model.get('preset') or cfg.model.name} "
+              f"parallel.plan={p.out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except (PlannerError, PlanError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,90 @@
+"""Config -> Inputs. Composes ``conf/planner.yaml`` with Hydra's Compose API (no chdir, no outputs/)
+and turns Hydra's multi-line composition errors into one line."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import PlannerError
+from .hardware import cluster_from_config
+from .inputs import Inputs
+from .model_specs import spec_from_config
+from .profile import Profile, analytic_profile, load_profile
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+
+def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
+    from hydra import compose as hydra_compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf.errors import OmegaConfBaseException as OmegaConfError
+
+    try:
+        with initialize_config_dir(str(CONF_DIR), version_base=None):
+            cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+    except MissingConfigException as err:
+        raise PlannerError(_missing_group(str(err), overrides)) from None
+    except (HydraException, OmegaConfError) as err:
+        raise PlannerError(f"bad override: {str(err).splitlines()[0]}") from None
+    from omegaconf import open_dict
+
+    choice = cfg.hydra.runtime.choices.get("model")
+    with open_dict(cfg):
+        del cfg["hydra"]
+        if choice and not cfg.model.get("preset"):
+            cfg.model.preset = choice  # the config's file name (gpt_tiny) labels the model
+    return cfg
+
+
+def _missing_group(message: str, overrides: Sequence[str]) -> str:
+    for group in ("cluster", "model"):
+        for item in overrides:
+            if item.startswith(f"{group}="):
+                name = item.split("=", 1)[1]
+                known = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+                return f"{group}={name} is unknown: choose one of {', '.join(known)} (files in conf/{group}/)"
+    return message.splitlines()[0]
+
+
+def _plain(node: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(node, resolve=True) if not isinstance(node, (dict, list)) else node
+
+
+def build_profile(cfg: Any, spec, cluster) -> Profile:
+    p = cfg.planner
+    if p.get("graph"):
+        from .graph_txt import import_graph
+
+        return import_graph(str(p.graph), int(p.graph_micro_batch), name=f"graph:{Path(str(p.graph)).name}")
+    if p.get("profile"):
+        return load_profile(str(p.profile))
+    return analytic_profile(spec, cluster.device, 1)
+
+
+def inputs_from_config(cfg: Any) -> Inputs:
+    cluster = cluster_from_config(_plain(cfg.cluster))
+    model_cfg = dict(_plain(cfg.model))
+    if cfg.planner.get("precision"):
+        model_cfg["precision"] = cfg.planner.precision
+    spec = spec_from_config(model_cfg, cluster.device.default_precision)
+    profile = build_profile(cfg, spec, cluster)
+    batch = cfg.train.global_batch_size
+    if not isinstance(batch, int) or batch < 1:
+        raise PlannerError(f"train.global_batch_size = {batch!r} must be a positive integer")
+    micro = cfg.train.get("micro_batch_size")
+    if micro is not None and (not isinstance(micro, int) or micro < 1 or batch % micro):
+        raise PlannerError(f"train.global_batch_size = {batch} is not a multiple of train.micro_batch_size = "
+                           f"{micro}: choose a micro-batch among {[b for b in range(1, batch + 1) if batch % b == 0][:12]}"
+                           f" or train.micro_batch_size=null")
+    p = cfg.planner
+    analytic = profile.source == "analytic"
+    return Inputs(
+        model=profile.model if profile.source == "graph.txt" else str(cfg.model.get("preset") or cfg.model.name),
+        profile=profile, cluster=cluster,
+        global_batch=batch, spec=spec if analytic else None, workspace_fraction=float(p.workspace_fraction),
+        max_micro_batch=int(p.max_micro_batch), micro_batch=micro,
+        schedules=tuple(str(s) for s in p.schedules), recompute=tuple(bool(r) for r in p.recompute),
+        max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
+        top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"))

@@ -1,0 +1,123 @@
+"""Compute, communication and memory models shared by every search.
+
+All functions take scalars or numpy arrays (broadcasting), so searches can evaluate thousands of
+configurations at once while the brute-force checks evaluate one. Times in seconds, sizes in bytes.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+FLUSH_SCHEDULES = ("gpipe", "1f1b", "interleaved")
+ASYNC_SCHEDULES = ("pipedream", "2bw")
+SCHEDULES = FLUSH_SCHEDULES + ASYNC_SCHEDULES
+RECOMPUTE_EXTRA = 4.0 / 3.0  # ch. 3.3.3: c_extra, used only when a profile has no forward/backward split
+
+
+def transfer_time(nbytes, bandwidth, latency=0.0):
+    """Point-to-point message: latency + size / bandwidth (ch. 2.4.1: bytes over link bandwidth)."""
+    return np.where(np.asarray(nbytes) > 0, latency + np.asarray(nbytes) / bandwidth, 0.0)
+
+
+def ring_allreduce_time(nbytes, n, bandwidth):
+    """Ring all-reduce: each of n workers sends and receives 2 (n-1)/n of the bytes (ch. 2.4.1, ch. 4.3.3)."""
+    n = np.asarray(n, dtype=float)
+    return 2.0 * (n - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes) / bandwidth
+
+
+def pipedream_sync_time(nbytes, replicas, bandwidth):
+    """PipeDream's data-parallel term in T^k(i->j, m): 2 (m-1) sum|w_l| / B_k (ch. 2.4.1)."""
+    return 2.0 * (np.asarray(replicas, dtype=float) - 1.0) * np.asarray(nbytes) / bandwidth
+
+
+def pipedream_stage_time(compute, param_bytes, replicas, bandwidth):
+    """T^k(i->j, m) = (1/m) max(A^{k-1}(i->j), 2 (m-1) sum|w| / B_k) (ch. 2.4.1)."""
+    replicas = np.asarray(replicas, dtype=float)
+    return np.maximum(compute, pipedream_sync_time(param_bytes, replicas, bandwidth)) / replicas
+
+
+def pipedream_boundary_time(output_bytes, bandwidth):
+    """Activation forward + gradient backward across a stage boundary: 2 a_s / B_k (ch. 2.4.1)."""
+    return 2.0 * np.asarray(output_bytes) / bandwidth
+
+
+def tp_allreduce_bytes(b, s, h, t, dtype_bytes=2):
+    """Tensor-parallel traffic per layer per micro-batch: 8 b s h (t-1)/t elements (ch. 4.3.2)."""
+    t = np.asarray(t, dtype=float)
+    return 8.0 * b * s * h * (t - 1.0) / t * dtype_bytes
+
+
+def scatter_gather_bytes(b, s, h, t, dtype_bytes=2):
+    """Between pipeline stages with the scatter/gather optimisation: b s h / t (ch. 4.4.1)."""
+    return b * s * h / np.asarray(t, dtype=float) * dtype_bytes
+
+
+def bubble_fraction(schedule: str, p, m, v=1):
+    """Pipeline bubble over ideal time: (p-1)/m for gpipe and 1f1b, (p-1)/(v m) interleaved (ch. 4.2.2);
+    none in steady state for pipedream and 2bw (ch. 2.4.2, 3.2.1)."""
+    p, m, v = (np.asarray(x, dtype=float) for x in (p, m, v))
+    if schedule in ASYNC_SCHEDULES:
+        return np.zeros(np.broadcast(p, m, v).shape)
+    if schedule == "interleaved":
+        return (p - 1.0) / (v * m)
+    return (p - 1.0) / m
+
+
+def flush_iteration_time(schedule: str, stage_time, p, m, v=1):
+    """(m + (p-1)/v) (t_f + t_b) for one batch of m micro-batches (eq. 4.1, with ch. 4.2.2's v)."""
+    return np.asarray(stage_time) * np.asarray(m) * (1.0 + bubble_fraction(schedule, p, m, v))
+
+
+def in_flight(schedule: str, p, stage, m, v=1, devices_downstream=None, replicas=1):
+    """Micro-batches whose activations a device holds at its peak, in units of a full stage's activations.
+
+    gpipe: all m (ch. 4.2.2). 1f1b / 2bw: p - stage, at most m (ch. 3.2.2). interleaved: Megatron's
+    warm-up (p - stage - 1) * 2 + (v - 1) * p chunk-forwards plus the one in progress, each 1/v of the
+    stage. pipedream: 1F1B-RR admits ceil(devices from this stage on / replicas) (NOAM, ch. 2.4.2).
+    """
+    p, stage, m, v = (np.asarray(x, dtype=float) for x in (p, stage, m, v))
+    if schedule == "gpipe":
+        return m
+    if schedule in ("1f1b", "2bw"):
+        return np.minimum(p - stage, m)
+    if schedule == "interleaved":
+        chunks = np.minimum((p - stage - 1.0) * 2.0 + (v - 1.0) * p + 1.0, m * v)
+        return chunks / v
+    if schedule == "pipedream":
+        down = p - stage if devices_downstream is None else np.asarray(devices_downstream, dtype=float)
+        return np.ceil(down / np.asarray(replicas, dtype=float))
+    raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def weight_versions(schedule: str, in_flight_count=1):
+    """Weight copies a device keeps: 1 with flushes, 2 with 2BW (ch. 3.2.1), one per in-flight input
+    with PipeDream's weight stashing (ch. 2.4.3)."""
+    if schedule == "2bw":
+        return 2.0
+    if schedule == "pipedream":
+        return np.maximum(np.asarray(in_flight_count, dtype=float), 1.0)
+    return 1.0
+
+
+def device_memory(param_bytes, optimizer_bytes, versions, activation_bytes, in_flight_count,
+                  working_bytes=0.0, workspace_bytes=0.0):
+    """weights x versions + gradients (one weight's size) + optimizer state + stashed activations x
+    in-flight + the recompute working set + workspace (ch. 3.3.3 MEMORY(.), extended with the optimizer)."""
+    return (np.asarray(param_bytes) * (np.asarray(versions) + 1.0) + optimizer_bytes
+            + np.asarray(activation_bytes) * in_flight_count + working_bytes + workspace_bytes)
+
+
+def stage_compute(forward, backward, recompute: bool, recomputable_forward=None):
+    """Forward + backward, plus the forward again for recomputed layers (ch. 3.3.1, 4.3.5)."""
+    total = np.asarray(forward) + np.asarray(backward)
+    if recompute:
+        total = total + (forward if recomputable_forward is None else recomputable_forward)
+    return total
+
+
+def samples_per_second(global_batch, iteration_time):
+    return np.asarray(global_batch) / np.asarray(iteration_time)
+
+
+def tflops_per_device(flops_per_iteration, iteration_time, devices):
+    """Achieved FLOP/s per device as Table 4.1 counts it: model FLOPs / (time x devices)."""
+    return np.asarray(flops_per_iteration) / (np.asarray(iteration_time) * devices) / 1e12

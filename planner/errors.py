@@ -1,0 +1,10 @@
+"""The planner's error type: every bad input ends in one line that names the value and a way out."""
+from __future__ import annotations
+
+
+class PlannerError(ValueError):
+    """Bad planner input (model, cluster, batch, profile); the message is one line for the user."""
+
+
+class ProfileError(PlannerError):
+    """A profile cannot be built, read or imported (e.g. a branchy PipeDream graph)."""

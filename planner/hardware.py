@@ -1,0 +1,173 @@
+"""Device sheets and hierarchical topologies: what the cost model needs to know about a cluster.
+
+A topology is a list of levels from the device up (dissertation ch. 2.4.1, Figure 2.6): level k
+groups ``count`` components of level k-1 joined by links of ``bandwidth`` bytes/s (what one
+device gets when it talks across that level). Device sheets carry dense peak FLOP/s per
+precision from the vendors' data sheets and an achievable fraction for the analytic profiles.
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from .errors import PlannerError
+
+GIB = 1024**3
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class DeviceSheet:
+    """One accelerator type. ``peak_flops`` maps precision -> dense peak FLOP/s."""
+
+    name: str
+    memory_bytes: float
+    peak_flops: Mapping[str, float]
+    memory_bandwidth: float  # bytes/s of device memory (HBM, GDDR, DRAM)
+    default_precision: str = "fp32"
+    matmul_efficiency: float = 0.7  # best fraction of peak a large GEMM reaches
+    half_efficiency_flops: float = 2e9  # GEMM size (FLOPs) that reaches half of matmul_efficiency
+
+    def flops(self, precision: str) -> float:
+        """Peak FLOP/s at ``precision``; falls back to fp32 where the sheet has no entry."""
+        if precision in self.peak_flops:
+            return self.peak_flops[precision]
+        return self.peak_flops["fp32"]
+
+
+def _sheet(name: str, mem_gib: float, peaks: dict[str, float], bw_gbs: float, default: str,
+           eff: float, half: float) -> DeviceSheet:
+    return DeviceSheet(name, mem_gib * GIB, MappingProxyType({k: v * TFLOPS for k, v in peaks.items()}),
+                       bw_gbs * 1e9, default, eff, half)
+
+
+# Vendor data sheets (dense, no sparsity): A100 (2020), V100 SXM2 (2017), H100/H200 SXM (2022/23),
+# GTX 1080 Ti (2017). Efficiencies are calibrated so that the GPT presets land near Table 4.1.
+DEVICES: Mapping[str, DeviceSheet] = MappingProxyType({
+    "a100_40gb": _sheet("a100_40gb", 40, {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
+                        1555, "bf16", 0.65, 4e9),
+    "a100_80gb": _sheet("a100_80gb", 80, {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
+                        2039, "bf16", 0.65, 4e9),
+    "v100_16gb": _sheet("v100_16gb", 16, {"fp32": 15.7, "fp16": 125}, 900, "fp16", 0.7, 2e9),
+    "v100_32gb": _sheet("v100_32gb", 32, {"fp32": 15.7, "fp16": 125}, 900, "fp16", 0.7, 2e9),
+    "h100_80gb": _sheet("h100_80gb", 80, {"fp32": 67, "tf32": 495, "fp16": 989, "bf16": 989, "fp8": 1979},
+                        3350, "bf16", 0.7, 1e10),
+    "h200": _sheet("h200", 140, {"fp32": 67, "tf32": 495, "fp16": 989, "bf16": 989, "fp8": 1979},
+                   4800, "bf16", 0.7, 1e10),
+    "gtx_1080ti": _sheet("gtx_1080ti", 11, {"fp32": 11.3, "fp16": 0.177}, 484, "fp32", 0.8, 1e9),
+})
+
+
+def measure_local_cpu(devices: int = 1, seconds: float = 0.2) -> DeviceSheet:
+    """The machine we run on, measured: fp32 matmul FLOP/s and RAM, shared by ``devices`` processes."""
+    import torch  # local import: the rest of the planner runs without torch
+
+    n = 512
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b  # warm-up
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        reps += 1
+    flops = 2 * n**3 * reps / (time.perf_counter() - start)
+    memory = _total_ram_bytes()
+    return DeviceSheet("local_cpu", memory / devices, MappingProxyType({"fp32": flops / devices}),
+                       20e9 / devices, "fp32", 1.0, 1e6)
+
+
+def _total_ram_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 8.0 * GIB
+
+
+@dataclass(frozen=True)
+class Level:
+    """``count`` components of the level below, joined by links of ``bandwidth`` bytes/s."""
+
+    name: str
+    count: int
+    bandwidth: float
+    latency: float = 0.0
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    device: DeviceSheet
+    levels: tuple[Level, ...]
+    devices_per_node: int
+    runtime_device: str = "cuda"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_devices(self) -> int:
+        return math.prod(level.count for level in self.levels)
+
+    @property
+    def nodes(self) -> int:
+        return self.num_devices // self.devices_per_node
+
+    def level_for_span(self, span: int) -> Level:
+        """The lowest level whose components hold ``span`` consecutive devices."""
+        covered = 1
+        for level in self.levels:
+            covered *= level.count
+            if span <= covered:
+                return level
+        return self.levels[-1]
+
+    def bandwidth_for_span(self, span: int) -> float:
+        return self.level_for_span(max(span, 1)).bandwidth
+
+    def with_nodes(self, nodes: int) -> "Cluster":
+        """The same cluster with another node count (the top level's count)."""
+        top = replace(self.levels[-1], count=nodes * self.devices_per_node // math.prod(
+            lv.count for lv in self.levels[:-1]))
+        return replace(self, levels=self.levels[:-1] + (top,))
+
+
+def device_sheet(name: str, devices: int = 1) -> DeviceSheet:
+    if name == "local_cpu":
+        return measure_local_cpu(devices)
+    if name not in DEVICES:
+        raise PlannerError(f"cluster.sheet={name!r} is not a known device; choose one of "
+                           f"{sorted(DEVICES) + ['local_cpu']}")
+    return DEVICES[name]
+
+
+def cluster_from_config(cfg: Mapping[str, Any], sheet: DeviceSheet | None = None) -> Cluster:
+    """Build a Cluster from a ``conf/cluster/*.yaml`` mapping (keys documented in docs/planner.md)."""
+    name = str(cfg.get("name", "cluster"))
+    nodes = int(cfg.get("nodes", 1))
+    per_node = int(cfg.get("devices_per_node", 1))
+    if nodes < 1 or per_node < 1:
+        raise PlannerError(f"cluster {name}: nodes = {nodes} and devices_per_node = {per_node} must be >= 1")
+    raw_levels = list(cfg.get("levels") or [{"name": "local", "bandwidth_gbit_s": 100}])
+    levels = []
+    for k, raw in enumerate(raw_levels):
+        bandwidth = float(raw["bandwidth_gbit_s"]) * 1e9 / 8  # Gbit/s -> bytes/s
+        latency = float(raw.get("latency_us", 0.0)) * 1e-6
+        if k == 0:
+            count = per_node
+        elif k == len(raw_levels) - 1:
+            count = nodes // math.prod(int(r["count"]) for r in raw_levels[1:-1]) if len(raw_levels) > 2 else nodes
+        else:
+            count = int(raw["count"])
+        levels.append(Level(str(raw.get("name", f"level{k}")), max(count, 1), bandwidth, latency))
+    if len(raw_levels) == 1 and nodes > 1:
+        levels.append(Level("network", nodes, levels[0].bandwidth, levels[0].latency))
+    sheet_name = str(cfg.get("sheet", "local_cpu" if cfg.get("device") == "cpu" else "a100_80gb"))
+    sheet = sheet or device_sheet(sheet_name, per_node)
+    if "memory_gib" in cfg and cfg["memory_gib"] is not None:
+        sheet = replace(sheet, memory_bytes=float(cfg["memory_gib"]) * GIB)
+    cluster = Cluster(name, sheet, tuple(levels), per_node, str(cfg.get("device", "cuda")))
+    if cluster.num_devices != nodes * per_node:
+        raise PlannerError(f"cluster {name}: levels multiply to {cluster.num_devices} devices but "
+                           f"nodes * devices_per_node = {nodes * per_node}; fix the middle levels' counts")
+    return cluster

@@ -1,0 +1,68 @@
+"""Everything a search needs, resolved once from the config: model, profile, cluster, batch, limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .hardware import Cluster
+from .model_specs import ModelSpec
+from .profile import Profile, analytic_profile
+
+
+@dataclass(frozen=True)
+class Inputs:
+    model: str
+    profile: Profile  # at tensor-parallel degree 1
+    cluster: Cluster
+    global_batch: int
+    spec: ModelSpec | None = None  # analytic models can be re-profiled at any tensor-parallel degree
+    workspace_fraction: float = 0.05
+    max_micro_batch: int = 32
+    micro_batch: int | None = None  # fixed by the user; None = search
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+    recompute: tuple[bool, ...] = (False, True)
+    max_tp: int | None = None
+    replication: bool = True
+    memory_constraint: bool = True
+    top_k: int = 4
+    pin_tp: int | None = None  # fix the tensor-parallel degree (planner.tp)
+    pin_pp: int | None = None  # fix the pipeline depth (planner.pp)
+
+    @property
+    def capacity(self) -> float:
+        return self.cluster.device.memory_bytes
+
+    @property
+    def workspace(self) -> float:
+        """Bytes kept free for kernels' workspace, allocator fragmentation and the CUDA context."""
+        return self.workspace_fraction * self.capacity
+
+    def tp_degrees(self) -> list[int]:
+        """Tensor-parallel degrees: divisors of n that divide the head count and align with nodes
+        (t divides the devices per node or is a multiple of it, so no group straddles a node edge)."""
+        if self.spec is None or self.spec.max_tp == 1:
+            return [1] if self.pin_tp in (None, 1) else []
+        limit = min(self.spec.max_tp, self.max_tp or self.cluster.num_devices)
+        per_node = self.cluster.devices_per_node
+        if self.pin_tp is not None:
+            return [self.pin_tp] if self.cluster.num_devices % self.pin_tp == 0 else []
+        return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.max_tp % t == 0
+                and (per_node % t == 0 or t % per_node == 0)]
+
+    def profile_at(self, tp: int) -> Profile:
+        if tp == 1 or self.spec is None:
+            return self.profile
+        return analytic_profile(self.spec, self.cluster.device, tp)
+
+    def micro_batches(self, per_pipeline: int) -> list[int]:
+        """Candidate micro-batch sizes for B / d samples per pipeline."""
+        if self.micro_batch is not None:
+            return [self.micro_batch] if per_pipeline % self.micro_batch == 0 else []
+        return [b for b in divisors(per_pipeline) if b <= self.max_micro_batch]
+
+    def flops_per_sample(self, recompute: bool) -> float:
+        return self.profile.flops_per_sample_recompute if recompute else self.profile.flops_per_sample
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,162 @@
+"""Measure a profile on this device: ``python -m planner.profile model=gpt_tiny planner.profile_out=p.json``.
+
+Each layer of ``models.build_model(cfg.model)`` runs alone on the previous layer's output (the last
+one with the loss): forward and backward times after warm-up, median of repeats (CUDA events on a
+GPU, ``perf_counter`` on a CPU), the bytes autograd saves for backward (saved-tensor hooks, without
+parameters), the output bytes, parameter bytes, and forward FLOPs (``torch.utils.flop_counter``).
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from typing import Any, Sequence
+
+from .errors import PlannerError
+from .profile import LayerProfile, Profile
+
+ADAM_STATE_PER_WEIGHT = 2.0  # AdamW keeps m and v, each the size of the weights
+
+
+def _timer(device: Any):
+    import torch
+
+    if device.type == "cuda":
+        def timed(fn):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = fn()
+            end.record()
+            torch.cuda.synchronize(device)
+            return out, start.elapsed_time(end) / 1000.0
+    else:
+        def timed(fn):
+            t0 = time.perf_counter()
+            out = fn()
+            return out, time.perf_counter() - t0
+    return timed
+
+
+def _saved_bytes(fn, params: set[int]):
+    """Run ``fn`` under saved-tensor hooks; bytes of distinct non-parameter storages autograd keeps."""
+    import torch
+
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if t.data_ptr() not in params:
+            storage = t.untyped_storage()
+            seen[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return out, float(sum(seen.values()))
+
+
+def measure_layer(layer, inp, run, timed, warmup: int, repeats: int):
+    """(forward s, backward s, output, saved bytes, flops) of one layer at one micro-batch size."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    params = {p.data_ptr() for p in layer.parameters()}
+
+    def fresh():
+        x = inp.detach().requires_grad_(inp.is_floating_point())
+        return x, run(layer, x)
+
+    fwd_times, bwd_times = [], []
+    for i in range(warmup + repeats):
+        (x, out), t_fwd = timed(fresh)
+        grad = torch.ones_like(out) if out.dim() else None
+        _, t_bwd = timed(lambda: out.backward(grad))
+        layer.zero_grad(set_to_none=True)
+        if i >= warmup:
+            fwd_times.append(t_fwd)
+            bwd_times.append(t_bwd)
+    (_, out), saved = _saved_bytes(fresh, params)
+    with FlopCounterMode(display=False) as counter:
+        fresh()
+    return statistics.median(fwd_times), statistics.median(bwd_times), out.detach(), saved, counter.get_total_flops()
+
+
+def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: str | None = None,
+                    warmup: int = 2, repeats: int = 5) -> Profile:
+    import torch
+
+    from models import build_model
+
+    device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
+    spec = build_model(model_cfg)
+    layers = spec.build()
+    for module in layers.values():
+        module.to(device).train()
+    timed = _timer(device)
+    n = spec.num_layers
+    rows: list[dict] = [dict(forward_s=[], backward_s=[]) for _ in range(n)]
+    gen = torch.Generator().manual_seed(0)
+    for b in micro_batches:
+        x, y = spec.make_batch(b, gen)
+        inp, target = x.to(device), y.to(device)
+        for i in range(n):
+            last = i == n - 1
+            run = (lambda m, t: spec.loss_fn(m(t), target)) if last else (lambda m, t: m(t))
+            fwd, bwd, out, saved, flops = measure_layer(layers[i], inp, run, timed, warmup, repeats)
+            row = rows[i]
+            row["forward_s"].append(fwd)
+            row["backward_s"].append(bwd)
+            row.update(output_bytes=0.0 if last else out.numel() * out.element_size() / b,
+                       activation_bytes=saved / b, activation_bytes_recompute=inp.numel() * inp.element_size() / b,
+                       flops=flops / b)
+            inp = out
+    kinds = _kinds(str(model_cfg["name"]), n)
+    profile_layers = []
+    for i, row in enumerate(rows):
+        weights = float(sum(p.numel() * p.element_size() for p in layers[i].parameters()))
+        profile_layers.append(LayerProfile(
+            name=f"{kinds[i]}{i}", kind=kinds[i], forward_s=tuple(row["forward_s"]), backward_s=tuple(row["backward_s"]),
+            output_bytes=row["output_bytes"], parameter_bytes=weights, optimizer_bytes=ADAM_STATE_PER_WEIGHT * weights,
+            activation_bytes=row["activation_bytes"], activation_bytes_recompute=row["activation_bytes_recompute"],
+            flops=row["flops"], recomputable=kinds[i] in ("block", "layer")))
+    params = sum(p.numel() for p in spec.build_sequential().parameters())
+    fwd_flops = sum(layer.flops for layer in profile_layers)
+    return Profile(str(model_cfg.get("preset") or model_cfg["name"]), _device_label(device), "measured", "fp32", 1,
+                   tuple(int(b) for b in micro_batches), tuple(profile_layers), int(params), 3 * fwd_flops,
+                   4 * fwd_flops)
+
+
+def _kinds(family: str, n: int) -> list[str]:
+    if family == "gpt":
+        return ["embedding"] + ["block"] * (n - 2) + ["head"]
+    if family == "mlp":
+        return ["block"] * n
+    return ["layer"] * n
+
+
+def _device_label(device: Any) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({torch.get_num_threads()} threads)"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .config import compose
+
+    try:
+        cfg = compose(sys.argv[1:] if argv is None else argv)
+        if cfg.model.get("planner_only"):
+            raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.name} is planner-only (analytic); "
+                               f"measure a trainable model (gpt_tiny, gpt_small, mlp)")
+        p = cfg.planner
+        profile = measure_profile(cfg.model, list(p.profile_micro_batches), p.get("profile_device"),
+                                  int(p.profile_warmup), int(p.profile_repeats))
+    except (PlannerError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    profile.save(str(p.profile_out))
+    total = sum(layer.forward_s[-1] + layer.backward_s[-1] for layer in profile.layers)
+    print(f"wrote {p.profile_out}: {profile.num_layers} layers of {profile.model} on {profile.device}, "
+          f"{total * 1e3:.2f} ms forward+backward at micro-batch {profile.micro_batch_sizes[-1]}")
+    return 0

@@ -1,0 +1,215 @@
+"""Analytic model descriptions: per-layer FLOPs, parameters and activation sizes, for models far too
+large to build (the GPT family of Table 4.1, GPT-3, BERT-Large) and the CNNs PipeDream evaluated.
+
+A model is an ordered list of partitionable layers (the same granularity as ``models.LayerModel``:
+embedding, one entry per transformer block, head). ``layer_specs(tp)`` gives the per-device costs
+at tensor-parallel degree ``tp``, per sample (one sequence or one image).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from models.formulas import gpt_flops_per_iteration, gpt_parameters
+
+from .errors import PlannerError
+
+PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+OPTIMIZER_BYTES_PER_PARAM = {"fp32": 8, "mixed": 12}  # Adam m, v (+ fp32 master copy when mixed)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Per device and per sample. ``gemm_flops`` sizes the layer's typical GEMM (for efficiency)."""
+
+    name: str
+    kind: str  # embedding | block | head | layer
+    forward_flops: float
+    gemm_flops: float
+    memory_traffic_bytes: float
+    parameters: float
+    output_bytes: float
+    activation_bytes: float
+    activation_bytes_recompute: float
+    tp_forward_bytes: float = 0.0  # bytes each device sends in tensor-parallel all-reduces, forward
+    tp_backward_bytes: float = 0.0
+    recomputable: bool = True
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """GPT (decoder, causal) or BERT (encoder) with Megatron's tensor-parallel layout (ch. 4.2.3)."""
+
+    name: str
+    family: str  # gpt | bert
+    num_layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    precision: str = "bf16"
+
+    @property
+    def max_tp(self) -> int:
+        return self.heads
+
+    def num_parameters(self) -> int:
+        if self.family == "gpt":
+            return gpt_parameters(self.num_layers, self.hidden, self.vocab, self.seq_len)
+        h = self.hidden  # BERT: eq. 4.3's blocks and embeddings + token types, pooler, MLM transform
+        return gpt_parameters(self.num_layers, h, self.vocab, self.seq_len) + 2 * h + 2 * (h * h + h) + 2 * h
+
+    def flops_per_sample(self, recompute: bool) -> float:
+        """Eq. 4.2 for one sequence (its recompute term follows the plan's choice)."""
+        return gpt_flops_per_iteration(1, self.num_layers, self.hidden, self.vocab, self.seq_len, recompute)
+
+    def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
+        s, h, a, v, t = self.seq_len, self.hidden, self.heads, self.vocab, tp
+        e = PRECISION_BYTES[self.precision]
+        ar = 2 * (t - 1) / t  # ring all-reduce: bytes sent per byte reduced (Patarasuk & Yuan 2009)
+        # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16
+        block_act = s * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+        block = LayerSpec(
+            name="block", kind="block",
+            forward_flops=(24 * s * h * h + 4 * s * s * h) / t,  # ch. 4.5.1: 24Bsh^2 + 4Bs^2h per layer
+            gemm_flops=2 * s * h * h / t,
+            memory_traffic_bytes=block_act,
+            parameters=(12 * h * h + 13 * h) / t,  # eq. 4.3's per-layer term, split t ways
+            output_bytes=s * h * e,
+            activation_bytes=block_act,
+            activation_bytes_recompute=s * h * e,  # checkpoint each layer's input (ch. 4.3.5, c = l)
+            tp_forward_bytes=2 * ar * s * h * e,  # ch. 4.3.2: 2 all-reduces of bsh forward ...
+            tp_backward_bytes=2 * ar * s * h * e,  # ... and 2 backward: 8bsh(t-1)/t per layer
+        )
+        embedding = LayerSpec(
+            name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
+            memory_traffic_bytes=3 * s * h * e, parameters=v * h / t + s * h,
+            output_bytes=s * h * e, activation_bytes=s * h, activation_bytes_recompute=s * h,
+            tp_forward_bytes=ar * s * h * e, recomputable=False)  # vocab-parallel lookup: one all-reduce
+        head = LayerSpec(
+            name="head", kind="head",
+            forward_flops=2 * s * h * v / t,  # ch. 4.5.1: the logit layer, 2BshV forward
+            gemm_flops=2 * s * h * v / t,
+            memory_traffic_bytes=s * v / t * (e + 4), parameters=v * h / t + 2 * h,
+            output_bytes=4.0, activation_bytes=s * v / t * (e + 4) + s * h * e,
+            activation_bytes_recompute=s * v / t * (e + 4) + s * h * e, recomputable=False)
+        blocks = [LayerSpec(**{**block.__dict__, "name": f"block{i}"}) for i in range(self.num_layers)]
+        return [embedding, *blocks, head]
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """A model given directly as a chain of layers at tp = 1 (CNNs, MLPs)."""
+
+    name: str
+    layers: tuple[LayerSpec, ...]
+    precision: str = "fp32"
+
+    @property
+    def max_tp(self) -> int:
+        return 1
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def num_parameters(self) -> int:
+        return int(sum(layer.parameters for layer in self.layers))
+
+    def flops_per_sample(self, recompute: bool) -> float:
+        """Forward + backward (2x forward) + the recomputed forward when asked."""
+        fwd = sum(layer.forward_flops for layer in self.layers)
+        return fwd * (4 if recompute else 3)
+
+    def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
+        if tp != 1:
+            raise PlannerError(f"model {self.name} has no tensor-parallel layout; use tp = 1")
+        return list(self.layers)
+
+
+ModelSpec = TransformerSpec | ChainSpec
+
+
+def _conv(name: str, cin: int, cout: int, k: int, hw_out: int, hw_in: int, e: int, bias: bool,
+          extra_out: float = 1.0) -> LayerSpec:
+    """A convolution (+ BN/ReLU/pool folded in): 2 K^2 Cin Cout Ho Wo FLOPs per sample."""
+    flops = 2 * k * k * cin * cout * hw_out * hw_out
+    out = cout * hw_out * hw_out
+    inp = cin * hw_in * hw_in
+    return LayerSpec(name, "layer", flops, flops, (inp + 2 * out) * e, k * k * cin * cout + (cout if bias else 0),
+                     out * e / extra_out, (inp + 2 * out) * e, inp * e)
+
+
+def vgg16(precision: str = "fp32", image: int = 224, classes: int = 1000) -> ChainSpec:
+    """VGG-16 (Simonyan & Zisserman 2015): 13 convs (pools folded into the conv before) and 3 FCs."""
+    e = PRECISION_BYTES[precision]
+    plan = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+    layers, cin, hw, i = [], 3, image, 0
+    while i < len(plan):
+        cout = plan[i]
+        pool = i + 1 < len(plan) and plan[i + 1] == "M"
+        spec = _conv(f"conv{len(layers) + 1}", cin, cout, 3, hw, hw, e, True, extra_out=4.0 if pool else 1.0)
+        layers.append(spec)
+        cin, hw, i = cout, hw // 2 if pool else hw, i + (2 if pool else 1)
+    for j, (fin, fout) in enumerate([(cin * hw * hw, 4096), (4096, 4096), (4096, classes)]):
+        flops = 2 * fin * fout
+        layers.append(LayerSpec(f"fc{j + 1}", "layer", flops, flops, (fin + fout) * e, fin * fout + fout,
+                                fout * e, (fin + 2 * fout) * e, fin * e))
+    return ChainSpec("vgg16", tuple(layers), precision)
+
+
+def resnet50(precision: str = "fp32", image: int = 224, classes: int = 1000) -> ChainSpec:
+    """ResNet-50 v1.5 (He et al. 2016): stem, 16 bottleneck blocks, pooled classifier."""
+    e = PRECISION_BYTES[precision]
+    stem = _conv("stem", 3, 64, 7, image // 2, image, e, False, extra_out=4.0)
+    layers, cin, hw = [stem], 64, image // 4
+    for stage, (width, blocks) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)]):
+        for blk in range(blocks):
+            stride = 2 if stage > 0 and blk == 0 else 1
+            out_hw = hw // stride
+            parts = [_conv("", cin, width, 1, hw, hw, e, False), _conv("", width, width, 3, out_hw, hw, e, False),
+                     _conv("", width, 4 * width, 1, out_hw, out_hw, e, False)]
+            if blk == 0:
+                parts.append(_conv("", cin, 4 * width, 1, out_hw, hw, e, False))
+            flops = sum(p.forward_flops for p in parts)
+            layers.append(LayerSpec(
+                f"bottleneck{stage + 1}.{blk}", "layer", flops, flops / len(parts),
+                sum(p.memory_traffic_bytes for p in parts), sum(p.parameters for p in parts) + 2 * 6 * width,
+                4 * width * out_hw * out_hw * e, sum(p.activation_bytes for p in parts), cin * hw * hw * e))
+            cin, hw = 4 * width, out_hw
+    flops = 2 * cin * classes
+    layers.append(LayerSpec("fc", "layer", flops, flops, cin * hw * hw * e, cin * classes + classes,
+                            classes * e, (cin * hw * hw + cin) * e, cin * hw * hw * e))
+    return ChainSpec("resnet50", tuple(layers), precision)
+
+
+def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
+    """The trainable MLP (models.mlp): ``num_layers`` residual blocks x + fc2(gelu(fc1(x))), h -> h."""
+    e = PRECISION_BYTES[precision]
+    flops = 2 * 2 * hidden * hidden  # two h x h GEMMs, 2 FLOPs per multiply-add
+    layer = LayerSpec("block", "block", flops, 2 * hidden * hidden, 4 * hidden * e, 2 * (hidden * hidden + hidden),
+                      hidden * e, 3 * hidden * e, hidden * e)
+    return ChainSpec("mlp", tuple(LayerSpec(**{**layer.__dict__, "name": f"block{i}"}) for i in range(num_layers)),
+                     precision)
+
+
+def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") -> ModelSpec:
+    """``conf/model/*.yaml`` -> analytic spec. ``name`` is the family (gpt, bert, mlp, vgg16, resnet50)."""
+    family = str(cfg.get("name", ""))
+    precision = str(cfg.get("precision") or default_precision)
+    if precision not in PRECISION_BYTES:
+        raise PlannerError(f"model.precision={precision!r} is unknown; choose one of {sorted(PRECISION_BYTES)}")
+    label = str(cfg.get("preset") or family)
+    if family in ("gpt", "bert"):
+        try:
+            return TransformerSpec(label, family, int(cfg["num_layers"]), int(cfg["hidden_size"]),
+                                   int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision)
+        except KeyError as missing:
+            raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
+    if family == "mlp":
+        return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
+    if family == "vgg16":
+        return vgg16(precision, int(cfg.get("image_size", 224)), int(cfg.get("num_classes", 1000)))
+    if family == "resnet50":
+        return resnet50(precision, int(cfg.get("image_size", 224)), int(cfg.get("num_classes", 1000)))
+    raise PlannerError(f"model.name={family!r} is not known to the planner; choose gpt, bert, mlp, vgg16 or resnet50")

@@ -1,0 +1,94 @@
+"""The dry run's text: the chosen plan as a table, the alternatives and why they lost, and the
+end-to-end training time for a token budget (eq. 4.4)."""
+from __future__ import annotations
+
+from models.formulas import training_days
+
+from .auto import Outcome
+from .search import GIB, Candidate
+
+
+def _split(c: Candidate, limit: int = 6) -> str:
+    stages = [f"[{s},{e})x{len(r) // c.tp}" for s, e, r in c.stages]
+    if len(stages) > limit:
+        stages = stages[: limit - 2] + [f"... ({len(stages) - limit + 2} more)"] + stages[-1:]
+    return " ".join(stages)
+
+
+def _bubble_rule(schedule: str) -> str:
+    return {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v m)"}.get(
+        schedule, "none in steady state")
+
+
+def _sim_line(sim, m: int) -> str:
+    """The simulator's view: idle over busy time and peak in-flight, next to the formulas."""
+    if not sim.ran:
+        return sim.note
+    steps = f", {sim.steps} steps: one fill and drain" if sim.steps > 1 else ""
+    if sim.microbatches != m:
+        steps += f" (not {m}, to stay interactive)"
+    ok = "matches" if sim.peak_in_flight == sim.peak_in_flight_formula else "DIFFERS from"
+    return (f"idle {sim.bubble_simulated:.2%} of busy time at m={sim.microbatches}{steps} (formula "
+            f"{sim.bubble_formula:.2%}; the rest is stage imbalance and messages); peak in-flight "
+            f"{max(sim.peak_in_flight)} {ok} the formula ({max(sim.peak_in_flight_formula)})")
+
+
+def _row(name: str, value: str) -> str:
+    return f"  {name:<22} {value}"
+
+
+def plan_table(outcome: Outcome, peak_flops: float) -> str:
+    c, plan, sim = outcome.result.best, outcome.plan, outcome.sim
+    n = plan.cluster.num_devices
+    lines = [
+        f"Plan for {plan.model.name} ({plan.model.num_parameters / 1e9:.3g}B parameters, {plan.model.num_layers} "
+        f"layers) on {plan.cluster.name}: {n} x {plan.planner['device']}, global batch {c.global_batch}",
+        f"  algorithm: {outcome.result.algorithm} ({outcome.result.considered} configurations) - {outcome.reason}",
+        _row("degrees", f"pp={c.pp} tp={c.tp} dp={c.dp} vpp={c.vpp}  ({plan.world_size} devices)"),
+        _row("layer split x replicas", _split(c)),
+        _row("micro-batch", f"b={c.micro}, m={c.num_microbatches} micro-batches per pipeline"),
+        _row("schedule", c.schedule + (f" (v={c.vpp})" if c.vpp > 1 else "")),
+        _row("recomputation", "full" if c.recompute else "none"),
+        _row("iteration time", f"{c.iteration_time:.4g} s"),
+        _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
+        _row("TFLOP/s per device", f"{c.tflops_per_device:.4g}" + (
+            f" ({c.tflops_per_device * 1e12 / peak_flops:.0%} of peak)" if peak_flops else "")),
+        _row("memory per device", f"{c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB "
+                                  f"({c.memory_bytes / c.capacity_bytes:.0%})"),
+        _row("bubble", f"{c.bubble_fraction:.2%} of ideal time ({_bubble_rule(c.schedule)})"),
+        _row("time per iteration", ", ".join(f"{k} {v:.3g} s" for k, v in c.breakdown.items() if v > 0)),
+    ]
+    lines.append(_row("simulator check", _sim_line(sim, c.num_microbatches if c.schedule != "pipedream"
+                                               else c.global_batch // c.micro)))
+    for note in plan.planner.get("notes", []):
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
+
+
+def alternatives_table(outcome: Outcome) -> str:
+    alts = outcome.result.alternatives
+    if not alts:
+        return "Alternatives: none (no other configuration fits)"
+    head = f"  {'#':>2} {'configuration':<44} {'time s':>9} {'samples/s':>10} {'TFLOP/s':>8} {'GiB':>7}  why it lost"
+    lines = ["Next best alternatives:", head]
+    for i, a in enumerate(alts, 1):
+        label = a.describe() if a.algorithm != "data-parallel" else f"data parallelism (d={a.dp} b={a.micro})"
+        lines.append(f"  {i:>2} {label:<44} {a.iteration_time:>9.4g} {a.samples_per_s:>10.4g} "
+                     f"{a.tflops_per_device:>8.4g} {a.memory_bytes / GIB:>7.2f}  {a.why_lost}")
+    return "\n".join(lines)
+
+
+def training_time(outcome: Outcome, tokens: float, seq_len: int | None) -> str:
+    """Eq. 4.4 (8 T P / (n X)) with the predicted X, and the same budget counted in iterations."""
+    c, plan = outcome.result.best, outcome.plan
+    if not seq_len:
+        return "End-to-end training time: n/a (eq. 4.4 needs a sequence model; this one has no tokens)"
+    iterations = tokens / (c.global_batch * seq_len)
+    direct = iterations * c.iteration_time / 86400
+    if c.tflops_per_device <= 0:
+        return (f"End-to-end training on {tokens:.3g} tokens: {direct:.1f} days as {iterations:.3g} iterations x "
+                f"{c.iteration_time:.3g} s (eq. 4.4 needs FLOPs, which this profile lacks)")
+    days = training_days(tokens, plan.model.num_parameters, plan.world_size, c.tflops_per_device * 1e12)
+    return (f"End-to-end training on {tokens:.3g} tokens: {days:.1f} days by eq. 4.4 (8TP/(nX), X = "
+            f"{c.tflops_per_device:.3g} TFLOP/s), {direct:.1f} days as {iterations:.3g} iterations x "
+            f"{c.iteration_time:.3g} s")

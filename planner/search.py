@@ -1,0 +1,165 @@
+"""Candidates, ranking and "why it lost", shared by the PTD-P and 2BW searches.
+
+A search feeds ``Rows`` with one numpy block per (t, p, v, recompute, schedule) (vectorised over
+micro-batch sizes); ``rank`` picks the fastest configuration that fits and the next best ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import PlannerError
+from .inputs import Inputs
+from .uniform import Estimates, even_boundaries
+
+GIB = 1024**3
+PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "dp_comm")
+PART_NAMES = {"compute": "compute", "bubble": "pipeline bubble", "tp_comm": "tensor-parallel all-reduces",
+              "p2p_comm": "pipeline sends", "dp_comm": "data-parallel all-reduce"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str
+    pp: int
+    tp: int
+    dp: int
+    vpp: int
+    schedule: str
+    micro: int
+    num_microbatches: int
+    global_batch: int
+    recompute: bool
+    stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # per virtual stage: [start, end), ranks
+    iteration_time: float
+    samples_per_s: float
+    tflops_per_device: float
+    bubble_fraction: float
+    memory_bytes: float
+    capacity_bytes: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    why_lost: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def key(self) -> tuple:
+        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute)
+
+    def describe(self) -> str:
+        v = f" v={self.vpp}" if self.vpp > 1 else ""
+        rec = " recompute" if self.recompute else ""
+        return f"(p={self.pp} t={self.tp} d={self.dp}{v} b={self.micro} {self.schedule}{rec})"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    algorithm: str
+    best: Candidate
+    alternatives: tuple[Candidate, ...]
+    considered: int
+    notes: tuple[str, ...] = ()
+
+
+class Rows:
+    """Accumulates per-configuration estimates as columns."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = {}
+
+    def add(self, est: Estimates, micro: np.ndarray, schedule: str, **keys: int) -> None:
+        mask = est.valid
+        if not mask.any():
+            return
+        n = int(mask.sum())
+        put = self.cols.setdefault
+        for name, value in keys.items():
+            put(name, []).append(np.full(n, value))
+        put("schedule", []).append(np.full(n, schedule, dtype=object))
+        put("micro", []).append(np.asarray(micro)[mask])
+        for name in ("microbatches", "iteration_time", "memory", "bubble"):
+            put(name, []).append(getattr(est, name)[mask])
+        for name in PARTS:
+            put("t_" + name, []).append((est.bubble_time if name == "bubble" else getattr(est, name))[mask])
+
+    def table(self) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v) for k, v in self.cols.items()}
+
+
+def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Virtual stage j = chunk * p + rank; rank r owns global ranks [r d t, (r+1) d t) (pp slowest)."""
+    bounds = even_boundaries(inputs.profile_at(t), p * v)
+    assert bounds is not None
+    out = []
+    for j in range(p * v):
+        rank = j % p
+        out.append((int(bounds[j]), int(bounds[j + 1]), tuple(range(rank * d * t, (rank + 1) * d * t))))
+    return tuple(out)
+
+
+def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: int) -> Candidate:
+    p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
+    rec = bool(tab["recompute"][i])
+    time = float(tab["iteration_time"][i])
+    batch = inputs.global_batch
+    flops = inputs.flops_per_sample(rec) * batch
+    return Candidate(
+        algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
+        batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
+        flops / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]), inputs.capacity,
+        {k: float(tab["t_" + k][i]) for k in PARTS})
+
+
+def why_lost(alt: Candidate, best: Candidate) -> str:
+    """One phrase: how much slower and the part of the iteration that grew most."""
+    if not alt.fits:
+        gain = best.iteration_time / alt.iteration_time - 1
+        return (f"{gain:.0%} faster but needs {alt.memory_bytes / GIB:.1f} GiB per device "
+                f"> {alt.capacity_bytes / GIB:.1f} GiB")
+    slower = alt.iteration_time / best.iteration_time - 1
+    if slower < 1e-6:
+        return f"as fast, but more memory ({alt.memory_bytes / GIB:.1f} vs {best.memory_bytes / GIB:.1f} GiB)"
+    part = max(PARTS, key=lambda k: alt.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0))
+    a, b = alt.breakdown.get(part, 0.0), best.breakdown.get(part, 0.0)
+    return f"{slower:.1%} slower: {PART_NAMES[part]} +{a - b:.3g} s per iteration ({a:.3g} s vs {b:.3g} s)"
+
+
+def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()) -> SearchResult:
+    if not rows.cols:
+        raise PlannerError(f"{algorithm}: no configuration of {inputs.model} matches "
+                           f"train.global_batch_size={inputs.global_batch} on {inputs.cluster.num_devices} devices "
+                           f"(the batch must split into d pipelines x b x m micro-batches; try a batch divisible by "
+                           f"{inputs.cluster.num_devices})")
+    tab = rows.table()
+    fits = tab["memory"] <= inputs.capacity
+    if not fits.any():
+        i = int(tab["memory"].argmin())
+        frugal = _candidate(inputs, algorithm, tab, i)
+        raise PlannerError(
+            f"{inputs.model} fits no configuration on {inputs.cluster.num_devices} x {inputs.cluster.device.name}: "
+            f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()} but "
+            f"{inputs.capacity / GIB:.1f} GiB are available; add devices or use a smaller model")
+    order = np.lexsort((tab["memory"], tab["iteration_time"]))
+    best = _candidate(inputs, algorithm, tab, int(order[fits[order]][0]))
+    seen, alternatives = {best.key}, []
+    fastest_oom = None
+    for i in order:
+        if len(alternatives) >= inputs.top_k and fastest_oom is not None:
+            break
+        if not fits[i]:
+            if fastest_oom is None and tab["iteration_time"][i] < best.iteration_time:
+                fastest_oom = _candidate(inputs, algorithm, tab, int(i))
+            continue
+        key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i],
+               bool(tab["recompute"][i]))
+        if key in seen or len(alternatives) >= inputs.top_k:
+            continue
+        seen.add(key)
+        alternatives.append(_candidate(inputs, algorithm, tab, int(i)))
+    if fastest_oom is not None:
+        alternatives.append(fastest_oom)
+    alternatives = [Candidate(**{**a.__dict__, "why_lost": why_lost(a, best)}) for a in alternatives]
+    return SearchResult(algorithm, best, tuple(alternatives), int(len(order)), notes)

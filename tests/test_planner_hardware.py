@@ -1,0 +1,79 @@
+"""Device sheets, cluster presets and topologies; every model preset gives an analytic profile."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from planner.errors import PlannerError
+from planner.hardware import DEVICES, GIB, cluster_from_config, device_sheet
+from planner.model_specs import spec_from_config
+from planner.profile import analytic_profile
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+
+
+def load(group: str, name: str) -> dict:
+    return yaml.safe_load((CONF / group / f"{name}.yaml").read_text())
+
+
+def test_required_presets_exist():
+    for name in ("dgx_a100", "pipedream_cluster_a", "pipedream_cluster_b", "v100_16gb_x8", "local_cpu"):
+        assert name in CLUSTERS
+    for name in ("gpt_1.7b", "gpt_1t", "gpt3_175b", "bert_large", "vgg16", "resnet50"):
+        assert name in MODELS
+    for sheet in ("a100_40gb", "a100_80gb", "v100_16gb", "v100_32gb", "h100_80gb", "h200", "gtx_1080ti"):
+        assert sheet in DEVICES
+
+
+@pytest.mark.parametrize("name", [c for c in CLUSTERS if c != "local_cpu"])
+def test_cluster_presets(name):
+    cfg = load("cluster", name)
+    assert {"name", "device", "nodes", "devices_per_node"} <= set(cfg)  # the trainer's keys stay
+    cluster = cluster_from_config(cfg)
+    assert cluster.num_devices == cfg["nodes"] * cfg["devices_per_node"]
+    assert cluster.levels[0].bandwidth > cluster.levels[-1].bandwidth  # faster inside a node
+
+
+def test_dgx_a100_matches_the_paper():
+    cluster = cluster_from_config({**load("cluster", "dgx_a100"), "nodes": 384})
+    assert cluster.num_devices == 3072 and cluster.device.memory_bytes == 80 * GIB
+    assert cluster.device.flops("bf16") == 312e12
+    assert cluster.bandwidth_for_span(8) == 300e9  # NVSwitch inside the node
+    assert cluster.bandwidth_for_span(16) == 25e9  # one 200 Gb/s HDR card per GPU
+    assert cluster.with_nodes(2).num_devices == 16
+
+
+def test_local_cpu_is_measured():
+    cfg = load("cluster", "local_cpu")
+    assert cfg["device"] == "cpu"
+    cluster = cluster_from_config(cfg)
+    assert cluster.device.name == "local_cpu" and cluster.device.flops("fp32") > 1e8
+    assert cluster.device.flops("bf16") == cluster.device.flops("fp32")  # no sheet entry: fp32
+
+
+def test_unknown_sheet_is_one_line():
+    with pytest.raises(PlannerError, match="not a known device") as err:
+        device_sheet("tpu_v9")
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_model_presets_profile(name):
+    cfg = load("model", name)
+    spec = spec_from_config(cfg, "bf16")
+    prof = analytic_profile(spec, DEVICES["a100_80gb"])
+    assert prof.num_layers == spec.num_layers + (2 if cfg["name"] in ("gpt", "bert") else 0)
+    assert prof.num_parameters > 0 and all(t > 0 for layer in prof.layers[1:] for t in layer.forward_s)
+    if cfg.get("planner_only"):
+        assert cfg["name"] not in ("gpt", "mlp")  # the trainer refuses them by name
+
+
+def test_bad_model_config():
+    with pytest.raises(PlannerError, match="model.name='lstm'"):
+        spec_from_config({"name": "lstm"})
+    with pytest.raises(PlannerError, match="model.hidden_size is missing"):
+        spec_from_config({"name": "gpt", "num_layers": 2})

@@ -1,0 +1,123 @@
+"""Profiles: interpolation, JSON round trip, the three sources (analytic, measured, graph.txt)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from planner.errors import ProfileError
+from planner.graph_txt import profile_from_graph
+from planner.hardware import DEVICES
+from planner.model_specs import TransformerSpec, vgg16
+from planner.profile import LayerProfile, Profile, analytic_profile, load_profile
+
+CHAIN = """node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=600.000, parameter_size=0.000
+node2 -- Conv2d(3, 64) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=800.000, parameter_size=100.000
+node3 -- ReLU(inplace) -- forward_compute_time=0.500, backward_compute_time=1.000, activation_size=800.000, parameter_size=0.000
+node4 -- Linear(in_features=8, out_features=2) -- forward_compute_time=1.000, backward_compute_time=3.000, activation_size=16.000, parameter_size=72.000
+\tnode1 -- node2
+\tnode3 -- node4
+\tnode2 -- node3
+"""
+
+# A residual connection: node2 feeds node3 and the add (node4); PipeDream's ResNet graphs look like this.
+BRANCHY = """node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=600.000, parameter_size=0.000
+node2 -- Conv2d(3, 64) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=800.000, parameter_size=100.000
+node3 -- Conv2d(64, 64) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=800.000, parameter_size=100.000
+node4 -- Add -- forward_compute_time=0.100, backward_compute_time=0.100, activation_size=800.000, parameter_size=0.000
+\tnode1 -- node2
+\tnode2 -- node3
+\tnode2 -- node4
+\tnode3 -- node4
+"""
+
+
+def _layer(times):
+    return LayerProfile("l", "layer", tuple(times), tuple(2 * t for t in times), 1.0, 2.0, 4.0, 3.0, 1.0)
+
+
+def test_interpolation_between_and_beyond_points():
+    prof = Profile("m", "d", "measured", "fp32", 1, (2, 4, 8), (_layer([2.0, 3.0, 5.0]),))
+    f, b = prof.times_many([1, 2, 3, 4, 6, 8, 16])
+    assert f[:, 0].tolist() == pytest.approx([1.0, 2.0, 2.5, 3.0, 4.0, 5.0, 9.0])
+    assert b[:, 0].tolist() == pytest.approx([2.0, 4.0, 5.0, 6.0, 8.0, 10.0, 18.0])
+    single = Profile("m", "d", "graph.txt", "fp32", 1, (4,), (_layer([2.0]),))
+    assert single.times(8)[0][0] == pytest.approx(4.0)
+
+
+def test_json_round_trip(tmp_path):
+    spec = TransformerSpec("g", "gpt", 2, 64, 4, 16, 32, "bf16")
+    prof = analytic_profile(spec, DEVICES["a100_80gb"], 2)
+    path = tmp_path / "p.json"
+    prof.save(path)
+    back = load_profile(path)
+    assert back == prof
+    assert json.loads(path.read_text())["schema"] == "pipedream-profile/1"
+    with pytest.raises(ProfileError, match="schema"):
+        from planner.profile import profile_from_json
+        profile_from_json({"schema": "other"})
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "missing.json")
+
+
+def test_analytic_profile_scales_with_tensor_parallelism():
+    spec = TransformerSpec("g", "gpt", 4, 4096, 32, 2048, 51200, "bf16")
+    one, eight = (analytic_profile(spec, DEVICES["a100_80gb"], t) for t in (1, 8))
+    blk1, blk8 = one.layers[1], eight.layers[1]
+    assert blk8.parameter_bytes == pytest.approx(blk1.parameter_bytes / 8)
+    assert blk8.forward_s[0] > blk1.forward_s[0] / 8  # smaller GEMMs run less efficiently
+    assert blk8.forward_s[0] < blk1.forward_s[0] / 4
+    assert blk1.tp_forward_bytes == 0 and blk8.tp_forward_bytes + blk8.tp_backward_bytes == pytest.approx(
+        8 * 2048 * 4096 * 7 / 8 * 2)  # ch. 4.3.2: 8bsh(t-1)/t elements of 2 bytes
+    assert one.flops_per_sample_recompute / one.flops_per_sample == pytest.approx(4 / 3, rel=0.05)
+    # per-sample time falls as the micro-batch grows (arithmetic intensity, Figure 4.7)
+    f, _ = one.times_many([1, 8])
+    assert f[1, 1] / 8 < f[0, 1]
+
+
+def test_cnn_analytic_profile_is_uneven():
+    prof = analytic_profile(vgg16(), DEVICES["v100_16gb"])
+    fwd, _ = prof.times(32)
+    assert prof.num_layers == 16 and fwd.max() / fwd.min() > 10
+    assert prof.layers[-3].parameter_bytes > 100e6 * 4  # fc1 holds most of VGG's weights
+
+
+def test_graph_txt_chain_import():
+    prof = profile_from_graph(CHAIN, micro_batch=4, name="tiny")
+    assert [layer.name.split(":")[0] for layer in prof.layers] == ["node2", "node3", "node4"]
+    assert prof.layers[0].forward_s == (0.002,) and prof.layers[2].backward_s == (0.003,)
+    assert prof.layers[0].output_bytes == 200.0  # 800 bytes for 4 samples
+    assert prof.layers[2].parameter_bytes == 72.0
+
+
+def test_graph_txt_branchy_graph_is_refused_clearly():
+    with pytest.raises(ProfileError) as err:
+        profile_from_graph(BRANCHY, micro_batch=1)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "not a linear chain" in message and "node2" in message and "antichain" in message
+
+
+def test_graph_txt_garbage_line():
+    with pytest.raises(ProfileError, match="line 1"):
+        profile_from_graph("hello\n", 1)
+
+
+def test_measured_profile_of_gpt_tiny():
+    """Source (a): run models.build_model's layers on this CPU (tiny sizes, one repeat)."""
+    pytest.importorskip("torch")
+    from planner.measure import measure_profile
+
+    cfg = {"name": "gpt", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "seq_len": 8, "vocab_size": 64,
+           "tie_embeddings": True, "dropout": 0.0}
+    prof = measure_profile(cfg, [1, 2], "cpu", warmup=1, repeats=1)
+    assert [layer.kind for layer in prof.layers] == ["embedding", "block", "block", "head"]
+    assert all(t > 0 for layer in prof.layers for t in layer.forward_s + layer.backward_s)
+    blk = prof.layers[1]
+    assert blk.output_bytes == 8 * 32 * 4  # s h fp32 per sample
+    assert blk.parameter_bytes == (12 * 32 * 32 + 13 * 32) * 4  # eq. 4.3's per-layer term
+    assert blk.activation_bytes > blk.activation_bytes_recompute == 8 * 32 * 4
+    assert blk.flops >= 24 * 8 * 32 * 32  # 24 s h^2 forward (ch. 4.5.1)
+    assert prof.num_parameters == (64 + 8) * 32 + 2 * (12 * 32 * 32 + 13 * 32) + 2 * 32
+    assert np.isfinite(prof.times(4)[0]).all()
