@@ -3,26 +3,52 @@ from __future__ import annotations
 
 from typing import Any
 
-from .gpt import gpt_model
+from pipedream.errors import ConfigError
+from pipedream.tensor_parallel import TensorParallel
+
+from .bert import bert_model
+from .gpt import check_tensor_parallel, gpt_model
 from .mlp import mlp_model
 from .spec import LayerModel
 
-TRAINABLE_MODELS = ("gpt", "mlp")
+TRAINABLE_MODELS = ("gpt", "bert", "mlp")
 
 
-def build_model(model_cfg: Any, seed: int = 0) -> LayerModel:
-    """``model_cfg`` is the Hydra ``model`` group (or any mapping with the same keys)."""
+def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
+    """One-line ConfigError if the model cannot be split over ``tp`` tensor-parallel ranks; run it
+    before creating any process group."""
+    if tp == 1:
+        return
     name = model_cfg["name"]
-    if name == "gpt":
-        return gpt_model(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),
-                         num_heads=int(model_cfg["num_heads"]), seq_len=int(model_cfg["seq_len"]),
-                         vocab_size=int(model_cfg.get("vocab_size", 256)),
-                         tie_embeddings=bool(model_cfg.get("tie_embeddings", True)),
-                         dropout=float(model_cfg.get("dropout", 0.0)), seed=seed)
+    if name not in ("gpt", "bert"):
+        raise ConfigError(f"model={name} has no tensor-parallel form but parallel.tp={tp}: set parallel.tp=1 "
+                          f"or train model=gpt_tiny / model=bert_tiny")
+    check_tensor_parallel(int(model_cfg["hidden_size"]), int(model_cfg["num_heads"]), tp)
+
+
+def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
+    """``model_cfg`` is the Hydra ``model`` group (or any mapping with the same keys). With ``tp``
+    (a ``TensorParallel`` context) GPT and BERT are built as this rank's tensor-parallel slice."""
+    name = model_cfg["name"]
+    if model_cfg.get("planner_only"):
+        raise ConfigError(f"model={model_cfg.get('preset') or name} is planner-only (analytic sizes): "
+                          f"train a small preset instead (e.g. model=gpt_tiny or model=bert_tiny)")
+    if name in ("gpt", "bert"):
+        common = dict(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),
+                      num_heads=int(model_cfg["num_heads"]), seq_len=int(model_cfg["seq_len"]),
+                      vocab_size=int(model_cfg.get("vocab_size", 256)),
+                      tie_embeddings=bool(model_cfg.get("tie_embeddings", True)),
+                      dropout=float(model_cfg.get("dropout", 0.0)), seed=seed, tp=tp)
+        if name == "gpt":
+            return gpt_model(**common)
+        return bert_model(**common, pre_ln=bool(model_cfg.get("pre_ln", False)),
+                          mask_fraction=float(model_cfg.get("mask_fraction", 0.15)))
     if name == "mlp":
+        check_tensor_parallel_config(model_cfg, 1 if tp is None else tp.size)
         return mlp_model(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),
                          seed=seed)
     raise ValueError(f"model.name={name!r} cannot be trained; trainable models are {list(TRAINABLE_MODELS)}")
 
 
-__all__ = ["LayerModel", "TRAINABLE_MODELS", "build_model", "gpt_model", "mlp_model"]
+__all__ = ["LayerModel", "TRAINABLE_MODELS", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",
+           "mlp_model"]

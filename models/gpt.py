@@ -9,6 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pipedream.errors import ConfigError
+from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,
+                                       mark_replicated, mark_sharded, parallelize_block, shard_tensor,
+                                       vocab_parallel_cross_entropy, vocab_parallel_logits)
+
 from .spec import LayerModel, seeded
 
 INIT_STD = 0.02
@@ -29,9 +34,12 @@ class Embedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, hidden: int, num_heads: int, dropout: float, proj_std: float):
+    """Multi-head self-attention; ``causal=False`` makes it bidirectional (BERT)."""
+
+    def __init__(self, hidden: int, num_heads: int, dropout: float, proj_std: float, causal: bool = True):
         super().__init__()
         self.num_heads = num_heads
+        self.causal = causal
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.dropout = dropout
@@ -46,7 +54,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(hidden, dim=2)
         shape = (batch, seq, self.num_heads, hidden // self.num_heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, seq, hidden)))
 
@@ -93,17 +101,69 @@ class Head(nn.Module):
         return F.linear(self.ln_f(x), self.weight)
 
 
+class ParallelHead(nn.Module):
+    """Tensor-parallel head: the replicated final LayerNorm, then this rank's slice of the
+    (padded) vocabulary; the logits stay split for ``vocab_parallel_cross_entropy``."""
+
+    def __init__(self, head: Head, tp: TensorParallel):
+        super().__init__()
+        self.tp = tp
+        self.ln_f = head.ln_f
+        spec = ShardSpec(dim=0, full_size=head.weight.shape[0])
+        self.weight = mark_sharded(nn.Parameter(shard_tensor(head.weight.detach(), spec, tp)), spec)
+        mark_replicated(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return vocab_parallel_logits(self.ln_f(x), self.weight, self.tp)
+
+
 def language_model_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def parallel_language_model_loss(logits: torch.Tensor, targets: torch.Tensor, tp: TensorParallel,
+                                 vocab_size: int) -> torch.Tensor:
+    """``language_model_loss`` on vocabulary-parallel logits (targets -100 are ignored as there)."""
+    return vocab_parallel_cross_entropy(logits, targets, tp, vocab_size)
+
+
+def check_tensor_parallel(hidden_size: int, num_heads: int, tp: int) -> None:
+    """One-line ConfigError unless heads (and so hidden and the 4h MLP) split evenly over ``tp``
+    ranks; the vocabulary is padded to a multiple of t instead. Needs no process group, so a
+    configuration can be checked before any is created."""
+    if hidden_size % num_heads:
+        raise ConfigError(f"model.hidden_size={hidden_size} is not divisible by model.num_heads={num_heads}: "
+                          f"choose a hidden size that is a multiple of the head count")
+    divide(num_heads, tp, "model.num_heads", "choose parallel.tp dividing the number of attention heads")
+    divide(hidden_size, tp, "model.hidden_size", "choose parallel.tp dividing the hidden size")
+
+
+def parallelize_gpt_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker) -> nn.Module:
+    """The tensor-parallel form of a dense GPT layer: exactly its slice on this rank. (A model too big
+    for one device would initialise the shards directly under ``rng.fork`` instead of slicing.)"""
+    if isinstance(layer, Embedding):
+        layer.wte = VocabParallelEmbedding.from_dense_weight(layer.wte.weight.detach(), tp)
+        return mark_replicated(layer)
+    if isinstance(layer, Head):
+        return ParallelHead(layer, tp)
+    return parallelize_block(layer, tp, rng)
+
+
 def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, vocab_size: int = 256,
-              tie_embeddings: bool = True, dropout: float = 0.0, seed: int = 0) -> LayerModel:
+              tie_embeddings: bool = True, dropout: float = 0.0, seed: int = 0,
+              tp: TensorParallel | None = None) -> LayerModel:
     """GPT as ``num_layers + 2`` pipeline layers. With tying, the head starts from (and stays
-    equal to) the token embedding."""
+    equal to) the token embedding. With ``tp``, every layer is this rank's slice of the dense layer
+    (same seed) and the loss is the vocabulary-parallel cross-entropy."""
     last = num_layers + 1
+    if tp is not None:
+        check_tensor_parallel(hidden_size, num_heads, tp.size)
 
     def build_layer(i: int) -> nn.Module:
+        dense = build_dense_layer(i)
+        return dense if tp is None else parallelize_gpt_layer(dense, tp, RNGTracker(seed + i, tp.rank))
+
+    def build_dense_layer(i: int) -> nn.Module:
         if i == 0:
             return seeded(seed, partial(Embedding, vocab_size, hidden_size, seq_len, dropout))
         if i == last:
@@ -120,5 +180,7 @@ def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, v
         return tokens[:, :-1], tokens[:, 1:]
 
     tied = (((0, "wte.weight"), (last, "weight")),) if tie_embeddings else ()
+    loss_fn = language_model_loss if tp is None else partial(parallel_language_model_loss, tp=tp,
+                                                             vocab_size=vocab_size)
     return LayerModel(name="gpt", num_layers=num_layers + 2, build_layer=build_layer,
-                      loss_fn=language_model_loss, make_batch=make_batch, tied=tied)
+                      loss_fn=loss_fn, make_batch=make_batch, tied=tied)

@@ -98,6 +98,47 @@ class TokenWindows(torch.utils.data.Dataset):
         return window[:-1], window[1:]
 
 
+def mlm_mask_id(vocab_size: int) -> int:
+    """The reserved [MASK] token: the last id (byte 255 never occurs in UTF-8 text)."""
+    return vocab_size - 1
+
+
+class MaskedLanguageModeling(torch.utils.data.Dataset):
+    """BERT's masked-language-model corruption of another dataset's input windows.
+
+    Exactly ``round(mask_fraction * seq_len)`` positions (at least one) per sample become targets:
+    80% of them are replaced by [MASK], 10% by a random non-[MASK] token, 10% kept. Targets are the
+    original ids there and -100 elsewhere. The choice depends only on (seed, index), so every rank
+    and the single-process reference see the same masks; a fixed count per sample also makes the
+    mean over micro-batch means equal the mean over the whole batch."""
+
+    IGNORE_INDEX = -100
+
+    def __init__(self, windows: torch.utils.data.Dataset, vocab_size: int, seed: int, mask_fraction: float = 0.15):
+        if not 0.0 < mask_fraction <= 1.0:
+            raise ConfigError(f"model.mask_fraction={mask_fraction} must be in (0, 1]: BERT uses 0.15")
+        self.windows, self.seed, self.mask_fraction = windows, seed, mask_fraction
+        self.mask_id = mlm_mask_id(vocab_size)
+
+    def __len__(self) -> int:
+        return len(self.windows)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens = self.windows[index][0]
+        rng = np.random.default_rng([self.seed, 0x4D4C4D, index])  # "MLM": a stream of its own
+        count = max(1, round(self.mask_fraction * len(tokens)))
+        positions = torch.from_numpy(rng.choice(len(tokens), count, replace=False))
+        action = torch.from_numpy(rng.random(count))
+        random_tokens = torch.from_numpy(rng.integers(0, self.mask_id, count))
+        targets = torch.full_like(tokens, self.IGNORE_INDEX)
+        targets[positions] = tokens[positions]
+        inputs = tokens.clone()
+        inputs[positions[action < 0.8]] = self.mask_id
+        swap = (action >= 0.8) & (action < 0.9)
+        inputs[positions[swap]] = random_tokens[swap]
+        return inputs, targets
+
+
 class TeacherRegression(torch.utils.data.Dataset):
     """x ~ N(0, I), y = sin(x W) for a fixed random W: a smooth target an MLP can fit."""
 
@@ -123,9 +164,26 @@ def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.util
         full = TeacherRegression(total, int(model_cfg["hidden_size"]), seed)
         cut = int(total * (1.0 - float(data_cfg.get("val_fraction", 0.1))))
         return (torch.utils.data.Subset(full, range(cut)), torch.utils.data.Subset(full, range(cut, total)))
-    train, val = load_token_corpus(data_cfg, int(model_cfg.get("vocab_size", 256)), seed)
+    vocab_size = int(model_cfg.get("vocab_size", 256))
     seq_len = int(model_cfg["seq_len"])
+    if model_cfg["name"] == "bert":
+        return _mlm_datasets(model_cfg, data_cfg, vocab_size, seq_len, seed)
+    train, val = load_token_corpus(data_cfg, vocab_size, seed)
     return TokenWindows(train, seq_len), TokenWindows(val, seq_len)
+
+
+def _mlm_datasets(model_cfg: Any, data_cfg: Any, vocab_size: int, seq_len: int, seed: int
+                  ) -> tuple[MaskedLanguageModeling, MaskedLanguageModeling]:
+    mask_id = mlm_mask_id(vocab_size)
+    synthetic = data_cfg["name"] == "synthetic"
+    train, val = load_token_corpus(data_cfg, mask_id if synthetic else vocab_size, seed)  # synthetic: no [MASK]
+    for part in (train, val):
+        if len(part) and int(part.max()) >= mask_id:
+            raise ConfigError(f"data holds token id {int(part.max())} but model=bert reserves id {mask_id} "
+                              f"(model.vocab_size - 1) for [MASK]: raise model.vocab_size to {int(part.max()) + 2}")
+    fraction = float(model_cfg.get("mask_fraction", 0.15))
+    return (MaskedLanguageModeling(TokenWindows(train, seq_len), vocab_size, seed, fraction),
+            MaskedLanguageModeling(TokenWindows(val, seq_len), vocab_size, seed + 1, fraction))
 
 
 @dataclass(frozen=True)
