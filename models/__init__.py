@@ -1,15 +1,28 @@
-"""Trainable models as ordered layer lists (see ``models.spec.LayerModel``)."""
+"""Trainable models as ordered layer lists (see ``models.spec.LayerModel``).
+
+The torch-backed names load lazily, so ``models.formulas`` (used by the planner's dry run) does
+not pay for importing torch.
+"""
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from pipedream.errors import ConfigError
-from pipedream.tensor_parallel import TensorParallel
 
-from .bert import bert_model
-from .gpt import check_tensor_parallel, gpt_model
-from .mlp import mlp_model
-from .spec import LayerModel
+if TYPE_CHECKING:
+    from pipedream.tensor_parallel import TensorParallel
+
+    from .spec import LayerModel
+
+_LAZY = {"bert_model": ".bert", "gpt_model": ".gpt", "mlp_model": ".mlp", "LayerModel": ".spec"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 TRAINABLE_MODELS = ("gpt", "bert", "mlp")
 
@@ -23,12 +36,17 @@ def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
     if name not in ("gpt", "bert"):
         raise ConfigError(f"model={name} has no tensor-parallel form but parallel.tp={tp}: set parallel.tp=1 "
                           f"or train model=gpt_tiny / model=bert_tiny")
+    from .gpt import check_tensor_parallel
     check_tensor_parallel(int(model_cfg["hidden_size"]), int(model_cfg["num_heads"]), tp)
 
 
 def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
     """``model_cfg`` is the Hydra ``model`` group (or any mapping with the same keys). With ``tp``
     (a ``TensorParallel`` context) GPT and BERT are built as this rank's tensor-parallel slice."""
+    from .bert import bert_model
+    from .gpt import gpt_model
+    from .mlp import mlp_model
+
     name = model_cfg["name"]
     if model_cfg.get("planner_only"):
         raise ConfigError(f"model={model_cfg.get('preset') or name} is planner-only (analytic sizes): "
