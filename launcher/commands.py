@@ -16,7 +16,8 @@ class LaunchPlan:
 
 
 def world_size_of(cfg: Any) -> int:
-    """Processes the job needs: from the plan file if one is given, else pp * tp * dp."""
+    """Processes the job needs: from the plan file if one is given, else the sum of
+    ``parallel.stage_replicas`` or pp * tp * dp."""
     plan_path = cfg.parallel.get("plan")
     if plan_path:
         from planner.plan import PlanError, load_plan
@@ -24,6 +25,9 @@ def world_size_of(cfg: Any) -> int:
             return int(load_plan(str(plan_path)).world_size)
         except PlanError as error:
             raise ConfigError(str(error)) from None
+    replicas = cfg.parallel.get("stage_replicas")
+    if replicas:  # 1F1B-RR (schedule=pipedream): the stages' replica counts add up
+        return sum(int(r) for r in replicas) * int(cfg.parallel.tp)
     return int(cfg.parallel.pp) * int(cfg.parallel.tp) * int(cfg.parallel.dp)
 
 

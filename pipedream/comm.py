@@ -9,6 +9,7 @@ the meta device), recomputed whenever a micro-batch's input shape changes.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Callable
@@ -17,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .layout import ParallelLayout
+from .tensor_parallel import TensorParallel, gather_chunks, scatter_chunk
 
 TAG_SPACE = 1 << 30
 
@@ -37,6 +39,7 @@ class CommStats:
 class _Pending:
     work: object
     buffer: torch.Tensor
+    gather_to: torch.Size | None = None   # scatter/gather: the full shape to all-gather into
 
 
 @dataclass
@@ -50,17 +53,15 @@ class PipeComm:
     timeout: timedelta
     input_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
     output_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
+    tp: TensorParallel | None = None      # with scatter_gather: send 1/t, all-gather on arrival
+    scatter_gather: bool = False
     stats: CommStats = field(default_factory=CommStats)
     _recvs: dict[tuple[bool, int, int], _Pending] = field(default_factory=dict)
     _sends: list[_Pending] = field(default_factory=list)
+    _warned_indivisible: bool = False
 
-    def _peer(self, chunk: int, forward: bool) -> int:
-        coords = self.layout.coords(self.rank)
-        if forward:
-            pp_rank, _ = self.layout.next_virtual_stage(coords.pp, chunk)
-        else:
-            pp_rank, _ = self.layout.prev_virtual_stage(coords.pp, chunk)
-        return self.layout.rank_of(pp_rank, coords.dp, coords.tp)
+    def _peer(self, microbatch: int, chunk: int, forward: bool) -> int:
+        return self.layout.peer_rank(self.rank, microbatch, chunk, forward)
 
     def _peer_chunk(self, chunk: int, forward: bool) -> int:
         pp_rank = self.layout.coords(self.rank).pp
@@ -70,12 +71,12 @@ class PipeComm:
     # activations flow forward: I send my chunk's output, receive my chunk's input
     def send_activation(self, microbatch: int, chunk: int, tensor: torch.Tensor) -> None:
         tag = message_tag(microbatch, self._peer_chunk(chunk, True), self.layout.vpp, False)
-        self._send(tensor, self._peer(chunk, True), tag)
+        self._send(tensor, self._peer(microbatch, chunk, True), tag)
 
     def post_recv_activation(self, microbatch: int, chunk: int) -> None:
         shape, dtype = self.input_spec(microbatch, chunk)
         tag = message_tag(microbatch, chunk, self.layout.vpp, False)
-        self._post_recv((False, microbatch, chunk), shape, dtype, self._peer(chunk, False), tag)
+        self._post_recv((False, microbatch, chunk), shape, dtype, self._peer(microbatch, chunk, False), tag)
 
     def wait_activation(self, microbatch: int, chunk: int) -> torch.Tensor:
         return self._wait_recv((False, microbatch, chunk))
@@ -83,12 +84,12 @@ class PipeComm:
     # gradients flow backward: I send my input's gradient, receive my output's gradient
     def send_gradient(self, microbatch: int, chunk: int, tensor: torch.Tensor) -> None:
         tag = message_tag(microbatch, self._peer_chunk(chunk, False), self.layout.vpp, True)
-        self._send(tensor, self._peer(chunk, False), tag)
+        self._send(tensor, self._peer(microbatch, chunk, False), tag)
 
     def post_recv_gradient(self, microbatch: int, chunk: int) -> None:
         shape, dtype = self.output_spec(microbatch, chunk)
         tag = message_tag(microbatch, chunk, self.layout.vpp, True)
-        self._post_recv((True, microbatch, chunk), shape, dtype, self._peer(chunk, True), tag)
+        self._post_recv((True, microbatch, chunk), shape, dtype, self._peer(microbatch, chunk, True), tag)
 
     def wait_gradient(self, microbatch: int, chunk: int) -> torch.Tensor:
         return self._wait_recv((True, microbatch, chunk))
@@ -96,7 +97,23 @@ class PipeComm:
     def is_posted(self, is_grad: bool, microbatch: int, chunk: int) -> bool:
         return (is_grad, microbatch, chunk) in self._recvs
 
+    def _splits(self, shape: torch.Size) -> bool:
+        """Scatter/gather (ch. 4.4.1): tensor-parallel ranks hold identical boundary tensors, so each
+        sends only its 1/t slice to its counterpart; the receivers all-gather. Both sides decide
+        from the shape alone, so they always agree."""
+        if not self.scatter_gather or self.tp is None or self.tp.size == 1:
+            return False
+        if math.prod(shape) % self.tp.size:
+            if not self._warned_indivisible:
+                self._warned_indivisible = True
+                print(f"comm: a boundary tensor of shape {tuple(shape)} does not split into {self.tp.size} "
+                      f"equal parts: sending it whole", flush=True)
+            return False
+        return True
+
     def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+        if self._splits(tensor.shape):
+            tensor = scatter_chunk(tensor, self.tp)
         tensor = tensor.contiguous()
         work = dist.isend(tensor, dst, tag=tag)
         self._sends.append(_Pending(work, tensor))
@@ -106,8 +123,11 @@ class PipeComm:
     def _post_recv(self, key: tuple[bool, int, int], shape: torch.Size, dtype: torch.dtype, src: int, tag: int) -> None:
         if key in self._recvs:
             return
+        gather_to = None
+        if self._splits(torch.Size(shape)):
+            gather_to, shape = torch.Size(shape), (math.prod(shape) // self.tp.size,)
         buffer = torch.empty(shape, dtype=dtype, device=self.device)
-        self._recvs[key] = _Pending(dist.irecv(buffer, src, tag=tag), buffer)
+        self._recvs[key] = _Pending(dist.irecv(buffer, src, tag=tag), buffer, gather_to)
 
     def _wait_recv(self, key: tuple[bool, int, int]) -> torch.Tensor:
         if key not in self._recvs:
@@ -115,7 +135,20 @@ class PipeComm:
         pending = self._recvs.pop(key)
         pending.work.wait(self.timeout)
         self.stats.bytes_received += pending.buffer.numel() * pending.buffer.element_size()
+        if pending.gather_to is not None:
+            return gather_chunks(pending.buffer, self.tp, pending.gather_to)
         return pending.buffer
+
+    def park(self) -> dict[tuple[bool, int, int], _Pending]:
+        """Sets the posted receives aside (an asynchronous run between two steps), so that an
+        evaluation's micro-batch ids cannot collide with them; ``unpark`` puts them back."""
+        parked, self._recvs = self._recvs, {}
+        return parked
+
+    def unpark(self, parked: dict[tuple[bool, int, int], _Pending]) -> None:
+        if self._recvs:
+            raise RuntimeError(f"receives {sorted(self._recvs)[:3]} are still posted: finish them before unpark")
+        self._recvs = parked
 
     def wait_sends(self) -> None:
         """Completes outstanding sends (their buffers can then be freed)."""

@@ -1,6 +1,7 @@
 """Walks one rank's action list: compute on the Stage, transfers through PipeComm, gradient sync
 and the optimizer step through callbacks. Receives are posted one compute action ahead so that
-communication overlaps the compute before it."""
+communication overlaps the compute before it. With a WeightStore (asynchronous schedules) every
+forward and backward runs on the weight version the store assigns to it."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,7 @@ import torch
 from .comm import PipeComm
 from .schedules import Action, Kind
 from .stage import Stage
+from .weights import WeightStore
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 
@@ -24,6 +26,7 @@ class Recorder(Protocol):
 class IterationResult:
     loss_sum: float = 0.0      # sum of unscaled micro-batch losses (last stage only)
     loss_count: int = 0
+    losses: dict[int, float] = field(default_factory=dict)   # micro-batch -> its loss (last stage only)
 
 
 @dataclass
@@ -34,6 +37,10 @@ class Executor:
     step: Callable[[], None]
     recorder: Recorder | None = None
     clock: Callable[[], float] = field(default=time.perf_counter)
+    weights: WeightStore | None = None
+    # Flush schedules complete their sends before the gradient all-reduce. Asynchronous ones must
+    # not: a send's receive may be posted later in the window, and Gloo's send waits for it.
+    sends_before_sync: bool = True
 
     def __post_init__(self) -> None:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
@@ -67,7 +74,7 @@ class Executor:
                 grad = self._last_input_grads.pop((action.microbatch, action.chunk))
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
             elif kind is Kind.SYNC_GRADS:
-                if self.comm is not None:
+                if self.comm is not None and self.sends_before_sync:
                     self.comm.wait_sends()
                 self.sync_grads()
             elif kind is Kind.STEP:
@@ -96,12 +103,16 @@ class Executor:
             wait = self.clock() - before
         target = batches[mb][1] if self.stage.is_last[chunk] else None
         if train:
-            out = self.stage.forward(mb, chunk, inputs, target, loss_scale)
+            weights = self.weights.weights_for(action) if self.weights is not None else None
+            out = self.stage.forward(mb, chunk, inputs, target, loss_scale, weights)
+            if self.weights is not None:
+                self.weights.after_forward(action)
         else:
             out = self.stage.forward_only(chunk, inputs, target)
         if self.stage.is_last[chunk]:
             result.loss_sum += float(out)
             result.loss_count += 1
+            result.losses[mb] = float(out)
         else:
             self._outputs[(mb, chunk)] = out
         return wait
@@ -115,6 +126,8 @@ class Executor:
             grad_output = self.comm.wait_gradient(mb, chunk)
             wait = self.clock() - before
         grad_input = self.stage.backward(mb, chunk, grad_output)
+        if self.weights is not None:
+            self.weights.after_backward(action)
         if grad_input is not None:
             self._last_input_grads[(mb, chunk)] = grad_input
         return wait

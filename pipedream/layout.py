@@ -3,6 +3,10 @@
 Ranks are ordered tensor-parallel fastest, then data-parallel, then pipeline (as Megatron-LM):
 rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so tensor-parallel peers are neighbours (same
 node) and pipeline stages are furthest apart.
+
+``stage_replicas`` (PipeDream's 1F1B-RR) replaces the grid with one pipeline whose stage s runs on
+``stage_replicas[s]`` consecutive ranks; micro-batch k visits replica k % stage_replicas[s]. There
+is one data stream (``coords(rank).dp`` is 0); ``replica(rank)`` is the index within the stage.
 """
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import ConfigError
+from .schedules.replicated import ReplicatedPipeline
 
 
 class Coords(NamedTuple):
@@ -24,15 +29,28 @@ class ParallelLayout:
     dp: int = 1
     tp: int = 1
     vpp: int = 1
+    stage_replicas: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("pp", "dp", "tp", "vpp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name} = {value!r} must be a positive integer")
+        if self.stage_replicas:
+            replicas = list(self.stage_replicas)
+            if any(not isinstance(r, int) or isinstance(r, bool) or r < 1 for r in replicas):
+                raise ConfigError(f"parallel.stage_replicas={replicas}: every stage needs a positive replica count")
+            if len(replicas) != self.pp:
+                raise ConfigError(f"parallel.stage_replicas={replicas} has {len(replicas)} entries but parallel.pp = "
+                                  f"{self.pp}: set parallel.pp={len(replicas)} or give one count per stage")
+            if (self.dp, self.tp, self.vpp) != (1, 1, 1):
+                raise ConfigError(f"parallel.stage_replicas={replicas} replaces parallel.dp and needs tp = vpp = 1 "
+                                  f"(got dp={self.dp}, tp={self.tp}, vpp={self.vpp}): set them to 1")
 
     @property
     def world_size(self) -> int:
+        if self.stage_replicas:
+            return sum(self.stage_replicas)
         return self.pp * self.dp * self.tp
 
     @property
@@ -42,14 +60,23 @@ class ParallelLayout:
     def coords(self, rank: int) -> Coords:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a world of {self.world_size}")
+        if self.stage_replicas:
+            return Coords(self.replicated().stage_of(rank), 0, 0)
         tp_rank = rank % self.tp
         dp_rank = (rank // self.tp) % self.dp
         return Coords(rank // (self.tp * self.dp), dp_rank, tp_rank)
 
     def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+        """With ``stage_replicas``, ``dp_rank`` is the replica index within the stage."""
+        if self.stage_replicas:
+            return self.replicated().first_rank(pp_rank) + dp_rank
         return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
 
     def check_world_size(self, world_size: int) -> None:
+        if self.stage_replicas and world_size != self.world_size:
+            raise ConfigError(f"parallel.stage_replicas={list(self.stage_replicas)} sums to {self.world_size} ranks "
+                              f"but WORLD_SIZE = {world_size}: make the replicas sum to {world_size} or launch "
+                              f"{self.world_size} processes")
         if world_size != self.world_size:
             raise ConfigError(f"parallel.pp*tp*dp = {self.pp}*{self.tp}*{self.dp} = {self.world_size} but "
                               f"WORLD_SIZE = {world_size}: launch {self.world_size} processes "
@@ -68,6 +95,32 @@ class ParallelLayout:
 
     def virtual_stage(self, pp_rank: int, chunk: int) -> int:
         return chunk * self.pp + pp_rank
+
+    def peer_rank(self, rank: int, microbatch: int, chunk: int, forward: bool) -> int:
+        """The rank that receives this rank's output of ``chunk`` (forward) or sends its input
+        (backward) for ``microbatch``: the same data-parallel and tensor-parallel coordinates on the
+        next/previous virtual stage, or with ``stage_replicas`` the replica that micro-batch visits."""
+        coords = self.coords(rank)
+        step = self.next_virtual_stage if forward else self.prev_virtual_stage
+        pp_rank, _ = step(coords.pp, chunk)
+        if self.stage_replicas:
+            return self.replicated().route(pp_rank, microbatch)
+        return self.rank_of(pp_rank, coords.dp, coords.tp)
+
+    def replicated(self) -> ReplicatedPipeline:
+        """The pipeline as stage replica counts: ``stage_replicas``, or one replica per stage (each
+        data-parallel pipeline on its own; its all-reduce spans the pipelines)."""
+        return ReplicatedPipeline(self.stage_replicas or (1,) * self.pp)
+
+    def stage_replica_count(self, pp_rank: int) -> int:
+        """Ranks whose gradients one update of stage ``pp_rank`` averages."""
+        return self.stage_replicas[pp_rank] if self.stage_replicas else self.dp
+
+    def replica(self, rank: int) -> int:
+        """This rank's index among the replicas of its stage."""
+        if self.stage_replicas:
+            return self.replicated().replica_of(rank)
+        return self.coords(rank).dp
 
 
 def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] | None = None

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models import TRAINABLE_MODELS
+from models import TRAINABLE_MODELS, check_tensor_parallel_config
 
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
-from .schedules import SCHEDULES, ScheduleError, build_schedule
+from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
 
 OPTIMIZERS = ("adamw", "sgd")
 DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
@@ -31,6 +31,8 @@ class RunSpec:
     bounds: tuple[tuple[int, int], ...]   # [start, end) per virtual stage
     recompute: bool
     seq_len: int | None        # tokens per sample (None for the MLP)
+    vertical_sync: bool = False   # pipedream only: every stage uses the input stage's version
+    scatter_gather: bool = True   # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
 
 
 def _positive(cfg: Any, key: str) -> int:
@@ -102,19 +104,41 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         _positive(cfg, key)
     if not float(cfg.train.lr) > 0:
         raise ConfigError(f"train.lr = {cfg.train.lr} must be > 0")
-    if _get(cfg, "parallel.tp") not in (1, None):
-        raise ConfigError(f"parallel.tp = {cfg.parallel.tp}: tensor parallelism is not available yet; use parallel.tp=1")
+    tp = _get(cfg, "parallel.tp") or 1
+    if isinstance(tp, int) and tp > 1:
+        check_tensor_parallel_config(cfg.model, tp)
+        if _get(cfg, "parallel.stage_replicas"):
+            raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
+                              f"with tp=1, or use parallel.dp for equal replicas")
 
-    layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp)
+    replicas = _get(cfg, "parallel.stage_replicas")
+    replicas = tuple(replicas) if replicas else ()
+    if replicas and schedule != "pipedream":
+        raise ConfigError(f"parallel.stage_replicas={list(replicas)} gives stages their own replica counts, which "
+                          f"only schedule=pipedream (1F1B-RR) runs: use schedule=pipedream, or parallel.dp for "
+                          f"equal replicas")
+    layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
+                            stage_replicas=replicas)
     if layout.vpp > 1 and schedule != "interleaved":
         raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved (got schedule={schedule})")
+    vertical_sync = bool(_get(cfg, "schedule.vertical_sync") or False)
+    if vertical_sync and schedule != "pipedream":
+        raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "
+                          f"set schedule.vertical_sync=false or use schedule=pipedream")
+    if schedule in ASYNC_SCHEDULES and layout.pp > 1 and _get(cfg, "model.tie_embeddings"):
+        raise ConfigError(f"schedule={schedule} cannot tie the embedding (stage 0) to the head "
+                          f"(stage {layout.pp - 1}): stages update at different times, so their copies would diverge; "
+                          f"set model.tie_embeddings=false")
     global_batch, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
     if global_batch % (layout.dp * micro):
         raise ConfigError(f"train.global_batch_size={global_batch} is not divisible by parallel.dp*train.micro_batch_size "
                           f"= {layout.dp}*{micro} = {layout.dp * micro}: use a multiple of {layout.dp * micro}")
     microbatches = global_batch // (layout.dp * micro)
     try:
-        build_schedule(schedule, layout.pp, microbatches, layout.vpp)
+        if replicas:
+            pipedream_replicated(replicas, microbatches)
+        else:
+            build_schedule(schedule, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
     bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
@@ -122,4 +146,5 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         layout.check_world_size(world_size)
     return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
-                   recompute=granularity == "full", seq_len=seq_len)
+                   recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
+                   scatter_gather=bool(_get(cfg, "comm.scatter_gather") if _get(cfg, "comm") else True))

@@ -11,14 +11,18 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Callable, Union
+from dataclasses import dataclass, field
+from typing import Callable, Hashable, Union
 
 from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
 from pipedream.schedules.common import ScheduleError, needed_receive, peer_stage
 
 PeerFn = Callable[[int, Action, int, int], tuple[int, int]]
 """(rank, comm action, pp, vpp) -> (peer rank, peer chunk)."""
+NeedsFn = Callable[[int, Action], Union[Action, None]]
+"""(rank, compute action) -> the receive it consumes, or None."""
+SyncGroupFn = Callable[[int], Union[Hashable, None]]
+"""rank -> the group whose members' SYNC_GRADS meet (an all-reduce), or None for a local one."""
 Value = Union[float, Mapping[tuple[int, int], float]]
 """A scalar for every (rank, chunk), or a mapping (rank, chunk) -> value."""
 
@@ -99,6 +103,7 @@ class SimResult:
     idle_fraction: float
     peak_in_flight: list[int]
     peak_stash_bytes: list[float]
+    starts: list[list[float]] = field(default_factory=list)  # per rank, per action: when it started
 
 
 def _messages(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn) -> tuple[dict, dict]:
@@ -172,12 +177,29 @@ def check_compute(schedule: list[list[Action]], microbatches: int, vpp: int) -> 
 
 
 def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: int | None = None,
-             peer: PeerFn = peer_stage) -> SimResult:
-    """Simulate one iteration; raises ChannelError, ScheduleError or DeadlockError."""
+             peer: PeerFn = peer_stage, needs: NeedsFn | None = None,
+             sync_groups: SyncGroupFn | None = None) -> SimResult:
+    """Simulate one iteration; raises ChannelError, ScheduleError or DeadlockError.
+
+    ``needs`` tells which receive a compute consumes (default: by pipeline position, as
+    ``needed_receive``). With ``sync_groups``, the n-th SYNC_GRADS of every member of a group starts
+    when the last member reaches it (an all-reduce), so collectives take part in deadlock detection.
+    """
     costs = costs or Costs()
     pp = len(schedule)
     vpp = vpp or 1 + max((a.chunk for actions in schedule for a in actions), default=0)
+    if needs is None:
+        def needs(rank: int, action: Action) -> Action | None:
+            return needed_receive(rank, action, pp, vpp)
     check_channel_order(schedule, pp, vpp, peer)
+    members: dict[Hashable, list[int]] = {}
+    for rank in range(pp):
+        group = sync_groups(rank) if sync_groups else None
+        if group is not None:
+            members.setdefault(group, []).append(rank)
+    syncs_done = [0] * pp
+    sync_arrivals: dict[tuple[Hashable, int], dict[int, float]] = {}
+    starts: list[list[float]] = [[] for _ in range(pp)]
 
     pc, clock = [0] * pp, [0.0] * pp
     arrivals: dict[tuple[int, int], list[float]] = {}  # channel -> arrival time of each sent message
@@ -192,6 +214,8 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
     def advance(rank: int, action: Action) -> bool:
         """Run ``action`` on ``rank`` if its input is there; False when blocked."""
         kind, key = action.kind, (action.microbatch, action.chunk)
+        if kind in (Kind.RECV_ACT, Kind.RECV_GRAD, *_RECV_OF):
+            starts[rank].append(clock[rank])
         if kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
             src, _ = peer(rank, action, pp, vpp)
             posted[rank][action] = (src, n_posted[rank][src])
@@ -206,7 +230,7 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
             return True
         start = clock[rank]
         if kind in COMPUTE_KINDS:
-            need = needed_receive(rank, action, pp, vpp)
+            need = needs(rank, action)
             if need is not None:
                 if need not in posted[rank]:
                     raise ScheduleError(f"rank {rank}: {action} consumes {need}, which is not posted before it")
@@ -231,6 +255,15 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
                 duration = costs.of("backward", rank, action.chunk)
         else:
             duration = costs.sync if kind is Kind.SYNC_GRADS else costs.step
+            group = sync_groups(rank) if sync_groups and kind is Kind.SYNC_GRADS else None
+            if group is not None:
+                arrived = sync_arrivals.setdefault((group, syncs_done[rank]), {})
+                arrived[rank] = clock[rank]
+                if len(arrived) < len(members[group]):
+                    return False
+                start = max(arrived.values())
+                syncs_done[rank] += 1
+        starts[rank].append(start)
         timelines[rank].append(Interval(action, start, start + duration))
         clock[rank] = start + duration
         return True
@@ -242,24 +275,27 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
                 pc[rank] += 1
                 progressed = True
         if not progressed:
-            raise DeadlockError(_describe_deadlock(schedule, pc, posted, pp, vpp, peer))
-    return _result(pp, vpp, timelines, waits, clock, peak, peak_stash)
+            raise DeadlockError(_describe_deadlock(schedule, pc, posted, pp, vpp, peer, needs))
+    return _result(pp, vpp, timelines, waits, clock, peak, peak_stash, starts)
 
 
 def _describe_deadlock(schedule: list[list[Action]], pc: list[int], posted: list[dict[Action, tuple[int, int]]],
-                       pp: int, vpp: int, peer: PeerFn) -> str:
+                       pp: int, vpp: int, peer: PeerFn, needs: NeedsFn) -> str:
     blocked = []
     for rank, actions in enumerate(schedule):
         if pc[rank] < len(actions):
             action = actions[pc[rank]]
-            need = needed_receive(rank, action, pp, vpp)
+            if action.kind is Kind.SYNC_GRADS:
+                blocked.append(f"rank {rank} blocked at {action} (waiting for the other members of its all-reduce)")
+                continue
+            need = needs(rank, action)
             src = posted[rank][need][0] if need in posted[rank] else peer(rank, need, pp, vpp)[0]
             blocked.append(f"rank {rank} blocked at {action} (waiting for {need} from rank {src})")
     return "deadlock: " + ", ".join(blocked)
 
 
 def _result(pp: int, vpp: int, timelines: list[list[Interval]], waits: list[list[Interval]], clock: list[float],
-            peak: list[int], peak_stash: list[float]) -> SimResult:
+            peak: list[int], peak_stash: list[float], starts: list[list[float]]) -> SimResult:
     total = max(clock, default=0.0)
     busy = [sum(i.end - i.start for i in tl if i.action.kind in COMPUTE_KINDS) for tl in timelines]
     other = [sum(i.end - i.start for i in tl if i.action.kind not in COMPUTE_KINDS) for tl in timelines]
@@ -270,4 +306,4 @@ def _result(pp: int, vpp: int, timelines: list[list[Interval]], waits: list[list
         idle_fractions=[i / total if total else 0.0 for i in idle],
         bubble_fraction=sum(idle) / sum(busy) if sum(busy) else 0.0,
         idle_fraction=sum(idle) / (pp * total) if total else 0.0,
-        peak_in_flight=list(peak), peak_stash_bytes=list(peak_stash))
+        peak_in_flight=list(peak), peak_stash_bytes=list(peak_stash), starts=starts)

@@ -7,6 +7,7 @@ from typing import Callable
 
 import torch
 from torch import nn
+from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 
@@ -62,6 +63,8 @@ class Stage:
     Stage inputs and outputs are kept per in-flight (micro-batch, chunk) and dropped as soon as
     its backward ends. ``recompute`` keeps only the chunk's input and recomputes the forward
     inside the backward (torch.utils.checkpoint restores the RNG state so dropout matches).
+    ``weights`` (asynchronous schedules) runs the chunk on one weight version instead of its
+    parameters; autograd then accumulates gradients on that version (see ``weights.py``).
     """
 
     def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
@@ -85,16 +88,19 @@ class Stage:
         return params
 
     def forward(self, microbatch: int, chunk: int, inputs: torch.Tensor, target: torch.Tensor | None = None,
-                loss_scale: float = 1.0) -> torch.Tensor:
+                loss_scale: float = 1.0, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
         """Runs the chunk; returns its output (to send on) or, on the last stage, the unscaled loss."""
         if not self.is_first[chunk]:
             inputs = inputs.detach().requires_grad_(True)
-        counter = _SavedBytesCounter(self._parameter_ptrs)
+        weight_ptrs = self._parameter_ptrs
+        if weights is not None:
+            weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
+        counter = _SavedBytesCounter(weight_ptrs)
         with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
             if self.recompute:
-                outputs = checkpoint(self.chunks[chunk], inputs, use_reentrant=False)
+                outputs = checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
             else:
-                outputs = self.chunks[chunk](inputs)
+                outputs = self._run_chunk(chunk, inputs, weights)
             if self.is_last[chunk]:
                 loss = self.loss_fn(outputs, target)
                 outputs = loss * loss_scale
@@ -104,6 +110,11 @@ class Stage:
         self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
         self.stats.add(chunk, nbytes)
         return loss.detach() if self.is_last[chunk] else outputs.detach()
+
+    def _run_chunk(self, chunk: int, inputs: torch.Tensor, weights: dict[str, torch.Tensor] | None) -> torch.Tensor:
+        if weights is None:
+            return self.chunks[chunk](inputs)
+        return functional_call(self.chunks[chunk], weights, (inputs,))
 
     def backward(self, microbatch: int, chunk: int, grad_output: torch.Tensor | None = None
                  ) -> torch.Tensor | None:

@@ -38,8 +38,10 @@ def span_color(kind: str, chunk: int) -> str:
     return shades[min(chunk, len(shades) - 1)] if shades else _OTHER
 
 
-def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "") -> None:
-    """Draw one row per rank (rank 0 on top); idle time stays white. Writes a PNG to ``path``."""
+def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "", *, xlabel: str = "time",
+                  width: float | None = None) -> None:
+    """Draw one row per rank (rank 0 on top); idle time stays white. Writes a PNG to ``path``.
+    ``width`` (inches) defaults to one that grows with the time span (unit-cost timelines)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -48,7 +50,7 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
     start = min((s[4] for row in timelines for s in row), default=0.0)
     end = max((s[5] for row in timelines for s in row), default=1.0)
     length = max(end - start, 1e-12)
-    width = min(max(6.0, 0.3 * length if length > 4 else 6.0), 30.0)
+    width = width or min(max(6.0, 0.3 * length if length > 4 else 6.0), 30.0)
     fig = Figure(figsize=(width, 0.55 * ranks + 1.4))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
@@ -68,7 +70,7 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
     ax.set_yticks(range(ranks), [f"rank {ranks - 1 - y}" for y in range(ranks)])
     ax.set_xlim(0, length)
     ax.set_ylim(-0.6, ranks - 0.4)
-    ax.set_xlabel("time")
+    ax.set_xlabel(xlabel)
     ax.set_title(title)
     names = {"F": "forward", "B": "backward"}
     interleaved = any(c > 0 for _, c in chunks)

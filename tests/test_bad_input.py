@@ -29,6 +29,7 @@ CASES = [
     (["parallel.vpp=2"], "needs schedule=interleaved"),
     (["model=mlp"], "use data=synthetic"),
     (["model=vgg16"], "cannot be trained"),
+    (["parallel.tp=3", "parallel.pp=1"], "model.num_heads=4 is not divisible by parallel.tp=3"),
     (["recompute.granularity=selective"], "recompute.granularity='selective' is not supported"),
 ]
 

@@ -37,6 +37,7 @@ def train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) ->
 def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
     from pipedream.distributed import init_distributed
     from pipedream.run_spec import build_run_spec
+    from pipedream.tensor_parallel import gather_tensor, shard_spec
     from pipedream.trainer import train
 
     cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
@@ -48,7 +49,10 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
         start = spec.bounds[virtual_stage][0]
         for name, param in chunk.named_parameters(remove_duplicate=False):
             local, _, rest = name.partition(".")
-            params[f"{start + int(local)}.{rest}"] = param.detach().clone()
+            value = param.detach()
+            if engine.tp is not None and shard_spec(param) is not None:  # tensor-parallel shard
+                value = gather_tensor(value, shard_spec(param), engine.tp)
+            params[f"{start + int(local)}.{rest}"] = value.clone()
     losses = []
     if rank == 0:
         metrics = Path(run_dir) / "metrics.jsonl"

@@ -11,7 +11,7 @@ import math
 import string
 import sys
 
-from pipedream.schedules import SCHEDULES, ScheduleError, build_schedule
+from pipedream.schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule
 from pipedream.schedules.actions import Action
 from pipedream.simulate import Costs, SimResult, simulate
 
@@ -77,16 +77,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pp", type=int, required=True, help="pipeline ranks")
     parser.add_argument("--microbatches", type=int, required=True, help="micro-batches per iteration")
     parser.add_argument("--vpp", type=int, default=1, help="model chunks per rank (interleaved)")
+    parser.add_argument("--steps", type=int, default=1,
+                        help="steps of the run (pipedream and 2bw never flush, so their lists span the run)")
     parser.add_argument("--backward-cost", type=float, default=1.0, help="backward time / forward time")
     parser.add_argument("--png", help="also draw the timeline to this PNG file")
     try:
         args = parser.parse_args(argv)
         if not args.backward_cost > 0:
             raise ScheduleError(f"--backward-cost = {args.backward_cost} must be > 0")
-        schedule = build_schedule(args.schedule, args.pp, args.microbatches, args.vpp)
+        schedule = build_schedule(args.schedule, args.pp, args.microbatches, args.vpp, args.steps)
         result = simulate(schedule, Costs(forward=1.0, backward=args.backward_cost), vpp=args.vpp)
         print(grid(result))
-        print(summary(result, args.microbatches))
+        run_microbatches = args.microbatches * (args.steps if args.schedule in ASYNC_SCHEDULES else 1)
+        print(summary(result, run_microbatches))
         if args.png:
             from pipedream.timeline_plot import plot_timeline, spans_from_sim
 

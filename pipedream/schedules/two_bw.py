@@ -1,0 +1,48 @@
+"""PipeDream-2BW: 1F1B without flushes, gradients accumulated over m >= p micro-batches into one
+update per batch, exactly two weight versions per stage (dissertation ch. 3.2.1).
+
+The order of forwards and backwards is 1F1B's over the whole run of ``m * steps`` micro-batches
+(warm-up p - s - 1 forwards at stage s, then one forward and one backward, then the drain); the
+backward that completes a batch is followed by SYNC_GRADS (data-parallel all-reduce) and STEP.
+Micro-batch k (0-indexed) uses weight version max(k // m - 1, 0) in both passes (``versions.py``),
+which is always the stage's current or shadow version because m >= p. With ``steps = 1`` the list
+is exactly ``1f1b``'s. Steady-state bubble: none; the run's warm-up and drain cost (p-1)(t_f + t_b).
+"""
+from __future__ import annotations
+
+from .actions import Action, Kind
+from .common import ScheduleError, backward_block, check_sizes, forward_block
+
+
+def check_two_bw(pp: int, microbatches: int, vpp: int, steps: int = 1) -> None:
+    check_sizes(pp, microbatches, vpp)
+    check_sizes(pp, steps, vpp)
+    if vpp != 1:
+        raise ScheduleError(f"schedule 2bw needs vpp = 1, got {vpp}; interleaving needs a flush schedule")
+    if microbatches < pp:
+        raise ScheduleError(f"schedule 2bw needs microbatches per batch (m = {microbatches}) >= pp ({pp}) so two "
+                            f"weight versions suffice: use m >= {pp} (raise train.global_batch_size)")
+
+
+def two_bw(pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[list[Action]]:
+    check_two_bw(pp, microbatches, vpp, steps)
+    total = microbatches * steps
+
+    def backward(mb: int, rank: int) -> list[Action]:
+        block = backward_block(mb, 0, rank, pp)
+        if (mb + 1) % microbatches == 0:
+            block += [Action(Kind.SYNC_GRADS), Action(Kind.STEP)]
+        return block
+
+    ranks = []
+    for rank in range(pp):
+        warmup = min(pp - rank - 1, total)
+        actions: list[Action] = []
+        for mb in range(warmup):
+            actions += forward_block(mb, 0, rank, pp)
+        for i in range(total - warmup):
+            actions += forward_block(warmup + i, 0, rank, pp) + backward(i, rank)
+        for mb in range(total - warmup, total):
+            actions += backward(mb, rank)
+        ranks.append(actions)
+    return ranks

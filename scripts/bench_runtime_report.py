@@ -1,0 +1,197 @@
+"""Statistics and the Markdown section of scripts/bench_runtime.py (kept apart from the runners so
+each file stays small). Every sentence with a number is generated from the measured JSON."""
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+TARGET_VS_TORCH = 1.10
+TARGET_OF_IDEAL = 0.95
+
+
+@dataclass
+class Stat:
+    median: float
+    min: float
+    max: float
+
+    @staticmethod
+    def of(values: list[float]) -> "Stat":
+        return Stat(statistics.median(values), min(values), max(values))
+
+
+def ideal_bubble(schedule: str, m: int, pp: int) -> float:
+    """(p-1)/(v*m + p-1): the idle share of an iteration with equal stages and free communication."""
+    v = 2 if schedule == "interleaved" else 1
+    return (pp - 1) / (v * m + pp - 1)
+
+
+def analyse(times: dict[str, list[float]], global_batch: int, microbatches: int, pp: int) -> dict[str, Any]:
+    """Per case: step time stats, throughput; pipelines also their ratios, taken repeat by repeat."""
+    single = times["single-process"]
+    rows: dict[str, Any] = {}
+    for name, values in times.items():
+        row: dict[str, Any] = {"step_time_s": asdict(Stat.of(values)),
+                               "samples_per_s": global_batch / statistics.median(values), "times_s": values}
+        if name != "single-process":
+            runtime, schedule = name.split(" ", 1)
+            bubble = ideal_bubble(schedule, microbatches, pp)
+            ideal = [s / (pp * (1 - bubble)) for s in single]
+            row.update(ideal_step_time_s=statistics.median(ideal), ideal_bubble=bubble,
+                       of_ideal=asdict(Stat.of([i / t for i, t in zip(ideal, values)])),
+                       speedup_vs_single=asdict(Stat.of([s / t for s, t in zip(single, values)])))
+            if runtime == "pipedream":
+                theirs = times[f"torch {schedule}"]
+                row["vs_torch"] = asdict(Stat.of([t / o for t, o in zip(theirs, values)]))   # throughput ratio
+        rows[name] = row
+    return rows
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    from pipedream.peak_flops import cpu_model
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
+            "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}"}
+
+
+def cpu_busy_jiffies() -> tuple[int, int]:
+    """(busy, total) jiffies of the whole machine from /proc/stat; (0, 0) where unavailable."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return 0, 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return sum(fields) - idle, sum(fields)
+
+
+def other_load(before: tuple[int, int], after: tuple[int, int], own_cpu_s: float) -> float | None:
+    """Share of the machine's CPU that processes other than the benchmark used while it ran."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    busy, total = after[0] - before[0], after[1] - before[1]
+    if total <= 0:
+        return None
+    return max(0.0, (busy - own_cpu_s * ticks) / total)
+
+
+def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's two targets, on the MLP workload (the compute-heavy blocks)."""
+    if "mlp" not in data["workloads"]:
+        return []
+    ours = data["workloads"]["mlp"]["cases"]["pipedream 1f1b"]
+    return [
+        {"name": f"our 1f1b >= {TARGET_VS_TORCH:.2f}x the throughput of torch Schedule1F1B (MLP)",
+         "value": ours["vs_torch"]["median"], "goal": TARGET_VS_TORCH,
+         "met": ours["vs_torch"]["median"] >= TARGET_VS_TORCH, "format": "ratio"},
+        {"name": f"our 1f1b >= {TARGET_OF_IDEAL:.0%} of the ideal (2 stages, m=8, MLP)",
+         "value": ours["of_ideal"]["median"], "goal": TARGET_OF_IDEAL,
+         "met": ours["of_ideal"]["median"] >= TARGET_OF_IDEAL, "format": "percent"},
+    ]
+
+
+def _fmt_ms(stat: dict[str, float]) -> str:
+    return f"{stat['median'] * 1e3:.1f} ({stat['min'] * 1e3:.1f}-{stat['max'] * 1e3:.1f})"
+
+
+def _fmt_ratio(stat: dict[str, float] | None, percent: bool = False) -> str:
+    if stat is None:
+        return ""
+    if percent:
+        return f"{stat['median']:.0%} ({stat['min']:.0%}-{stat['max']:.0%})"
+    return f"{stat['median']:.2f}x ({stat['min']:.2f}-{stat['max']:.2f})"
+
+
+def trace_notes(workload: dict[str, Any], pp: int, img: str | None) -> list[str]:
+    """What the traced iteration of our 1f1b shows: compute per micro-batch in the pipeline
+    against the single process, imbalance, and the simulator's prediction from those durations."""
+    traced = workload.get("traced") or {}
+    r = traced.get("report")
+    if not r:
+        return []
+    m = workload["microbatches"]
+    solo = workload["cases"]["single-process"]["step_time_s"]["median"] / (m * pp)   # one stage, one micro-batch
+    per_stage = {k.split(".")[0]: r["forward_s"][k] + r["backward_s"][k] for k in r["forward_s"]}
+    slowest = max(per_stage.values())
+    extra = r["iteration_time_s"] - r["predicted_iteration_time_s"]
+    gap = (f"the measured iteration is {extra * 1e3:.1f} ms longer: message latency and waits for the CPU, "
+           "which the simulator does not model" if extra > 0 else
+           "the measured iteration is no longer: communication is hidden")
+    lines = [
+        f"Traced iteration of our 1f1b (after warm-up): {r['iteration_time_s'] * 1e3:.1f} ms. Forward + backward "
+        "of one micro-batch per stage: " + ", ".join(f"stage {k} {v * 1e3:.1f} ms" for k, v in per_stage.items())
+        + f", against {solo * 1e3:.1f} ms for half the model in the single process (its step time / (m p)): "
+        f"compute runs {slowest / solo:.2f}x slower on the slowest stage while both processes work "
+        f"(the cores share caches and memory bandwidth, and any other load on the machine).",
+        f"The simulator fed with these measured durations predicts {r['predicted_iteration_time_s'] * 1e3:.1f} ms "
+        f"for the iteration ({gap})."
+        f" Measured idle share per rank (time not in forward/backward compute): "
+        + ", ".join(f"{b:.1%}" for b in r["bubble_fraction_per_rank"])
+        + f"; ideal {r['ideal_bubble_fraction']:.1%}.",
+    ]
+    if img:
+        lines += ["", f"![measured timeline]({img}/timeline.png)", "",
+                  f"![predicted timeline]({img}/timeline_predicted.png)"]
+    return lines
+
+
+def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
+    m, s = data["machine"], data["settings"]
+    load = data.get("other_load")
+    load_text = (f" Other processes used {load:.0%} of the machine's CPU while it ran (a shared machine: "
+                 f"their load slows some runs, which the min-max ranges show)." if load is not None else "")
+    out = ["## Runtime: our pipeline vs torch.distributed.pipelining vs one process", "",
+           f"Measured {data['date']} on {m['cpu']} ({m['cores']} cores), torch {m['torch']}, Python {m['python']}, "
+           f"{m['os']}, in {data['duration_s']:.0f} s. Generated by `{data['command']}`; do not edit by hand."
+           + load_text, "",
+           f"{s['pp']} pipeline stages ({s['pp']} processes, Gloo, 1 thread each) against the same model in one "
+           f"process (1 thread) with the same micro-batches and gradient accumulation; the same optimizer "
+           f"(this repository's SGD config) everywhere; {s['repeats']} repeats, runs alternated, "
+           f"{s['warmup']} warm-up + {s['steps']} timed iterations per run; a run disturbed by other processes "
+           f"(more than {s.get('max_other_load', 1):.0%} of the CPU) is run again, up to {s.get('tries', 1)} times, "
+           f"after waiting for the machine to go quiet (at most {s.get('wait_budget_s', 0):.0f} s in all). Step time: median (min-max) over "
+           f"repeats. Ratios are taken per repeat, then median (min-max). *vs torch*: our throughput / torch's on "
+           f"the same schedule. *Ideal*: single-process time / (p (1 - bubble)), bubble = (p-1)/(v m + p-1).", ""]
+    for name, w in data["workloads"].items():
+        loads = [v for values in w.get("other_load_per_run", {}).values() for v in values]
+        load_line = (f" Other processes' share of the CPU during the timed runs: median "
+                     f"{statistics.median(loads):.0%}, max {max(loads):.0%}." if loads else "")
+        out += [f"### {w['description']}", "",
+                f"Global batch {w['global_batch']} = {w['microbatches']} micro-batches of {w['micro_batch']}."
+                + load_line, "",
+                "| runtime | step time ms | samples/s | vs torch | speedup vs 1 process | ideal ms | of ideal |",
+                "|---|---|---|---|---|---|---|"]
+        for case_name, row in w["cases"].items():
+            ideal = f"{row['ideal_step_time_s'] * 1e3:.1f}" if "ideal_step_time_s" in row else ""
+            out.append(f"| {case_name} | {_fmt_ms(row['step_time_s'])} | {row['samples_per_s']:.1f} | "
+                       f"{_fmt_ratio(row.get('vs_torch'))} | {_fmt_ratio(row.get('speedup_vs_single'))} | {ideal} | "
+                       f"{_fmt_ratio(row.get('of_ideal'), percent=True)} |")
+        out.append("")
+        notes = trace_notes(w, s["pp"], images.get(name))
+        out += notes + ([""] if notes else [])
+    out += ["### Targets", ""]
+    for t in data["targets"]:
+        value = f"{t['value']:.2f}x" if t["format"] == "ratio" else f"{t['value']:.1%}"
+        out.append(f"- {t['name']}: measured {value}, **{'met' if t['met'] else 'not met'}**.")
+    out.append("")
+    return "\n".join(out)
+
+
+def replace_section(path: Path, name: str, body: str) -> None:
+    """Rewrites only this script's section of a shared Markdown file (other scripts own theirs)."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = f"{begin}\n{body.rstrip()}\n{end}"
+    text = path.read_text(encoding="utf-8") if path.exists() else (
+        "# Benchmarks\n\nEach section is written by the script it names, between its `<!-- name:begin/end -->` "
+        "markers; rerun the script to refresh its section.\n")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")

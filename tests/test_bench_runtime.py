@@ -1,0 +1,48 @@
+"""The runtime benchmark's smoke run (--quick) and its Markdown section handling; no timings are
+asserted (benchmarks are scripts that report, never timed tests)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+from bench_runtime_report import analyse, ideal_bubble, replace_section  # noqa: E402
+
+
+def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_runtime.py"), "--quick",
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "bench_runtime.json").read_text())
+    cases = data["workloads"]["mlp"]["cases"]
+    assert set(cases) == {"single-process", "pipedream gpipe", "torch gpipe", "pipedream 1f1b", "torch 1f1b",
+                          "pipedream interleaved", "torch interleaved"}
+    assert all(row["step_time_s"]["min"] <= row["step_time_s"]["median"] <= row["step_time_s"]["max"]
+               for row in cases.values())
+    assert data["machine"]["cores"] and data["machine"]["torch"]
+    text = (tmp_path / "benchmarks.md").read_text()
+    assert text.count("<!-- bench_runtime:begin -->") == 1 and "| pipedream 1f1b |" in text
+    assert (tmp_path / "img" / "bench_runtime" / "mlp" / "timeline.png").exists()
+
+
+def test_replace_section_keeps_other_sections(tmp_path) -> None:
+    path = tmp_path / "benchmarks.md"
+    path.write_text("# Benchmarks\n\n<!-- planner:begin -->\nplanner numbers\n<!-- planner:end -->\n")
+    replace_section(path, "bench_runtime", "first")
+    replace_section(path, "bench_runtime", "second")
+    text = path.read_text()
+    assert "planner numbers" in text and "second" in text and "first" not in text
+    assert text.count("<!-- bench_runtime:begin -->") == 1
+
+
+def test_ratios_are_pairwise() -> None:
+    times = {"single-process": [1.0, 2.0], "pipedream 1f1b": [0.5, 1.0], "torch 1f1b": [1.0, 1.0]}
+    rows = analyse(times, global_batch=8, microbatches=8, pp=2)
+    assert rows["pipedream 1f1b"]["vs_torch"] == {"median": 1.5, "min": 1.0, "max": 2.0}
+    assert rows["pipedream 1f1b"]["speedup_vs_single"]["median"] == 2.0
+    assert rows["pipedream 1f1b"]["of_ideal"]["median"] == (1 / (2 * (1 - ideal_bubble("1f1b", 8, 2)))) / 0.5
+    assert ideal_bubble("interleaved", 8, 2) == 1 / 17
