@@ -63,12 +63,37 @@ def complete_checkpoints(root: Path) -> list[Path]:
         return []
     found = []
     for path in sorted(root.iterdir()):
-        if STEP_DIR.match(path.name) and (path / MARKER).exists() and (path / ".metadata").exists():
+        if not path.name.startswith("step_"):
+            continue
+        problem = _problem(path)
+        if problem is None:
             found.append(path)
-        elif path.name.startswith("step_"):
-            warnings.warn(f"checkpoint {path} is incomplete (no {MARKER} marker or no DCP metadata): skipped",
-                          stacklevel=2)
+        else:
+            warnings.warn(f"checkpoint {path} is unusable ({problem}): skipped", stacklevel=2)
     return found
+
+
+def _problem(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be used, or None. The marker lists every file's size, so a
+    truncated or missing file is caught before any rank starts reading."""
+    if not STEP_DIR.match(path.name):
+        return "not committed: written by a run that stopped while saving"
+    marker = path / MARKER
+    if not marker.exists():
+        return f"no {MARKER} marker"
+    try:
+        manifest = json.loads(marker.read_text())
+    except json.JSONDecodeError:
+        return f"unreadable {MARKER} marker"
+    for name, size in manifest["files"].items():
+        file = path / name
+        if not file.exists() or file.stat().st_size != size:
+            return f"{name} is missing or truncated"
+    return None
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(json.loads((path / MARKER).read_text())["step"])
 
 
 def rng_state() -> dict[str, Any]:
@@ -106,7 +131,8 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         (final / "extra.json").write_text(json.dumps(extra, indent=1, default=str))
-        (final / MARKER).write_text(f"{step}\n")  # written last: the checkpoint now counts
+        files = {p.name: p.stat().st_size for p in sorted(final.iterdir())}
+        (final / MARKER).write_text(json.dumps({"step": step, "files": files}))  # last: now it counts
         for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
     dist.barrier()
@@ -122,7 +148,7 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
     dcp.load(state, checkpoint_id=str(path))
     set_model_state_dict(module, state["model"], options=OPTIONS)
     set_optimizer_state_dict(module, optimizer, state["optim"], options=OPTIONS)
-    step = int((path / MARKER).read_text().strip())
+    step = checkpoint_step(path)
     set_schedule_position(optimizer, scheduler, step)
     own = path / f"rank{rank}.pt"
     if own.exists():
@@ -132,3 +158,66 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
             if "cuda" in saved["rng"] and torch.cuda.is_available():
                 torch.cuda.set_rng_state(saved["rng"]["cuda"])
     return step
+
+
+class RunCheckpoints:
+    """The trainer's view: resume at start (``train.resume``), save every ``checkpoint.every`` steps."""
+
+    def __init__(self, cfg: Any, engine: Any, rank: int, run_dir: Path):
+        ckpt = cfg.get("checkpoint") or {}
+        self.every = int(ckpt.get("every") or 0)
+        self.keep = int(ckpt.get("keep") or 0)
+        self.root = Path(str(ckpt.get("dir") or run_dir / "checkpoints"))
+        self.resume_from = cfg.train.get("resume")
+        self.engine, self.rank = engine, rank
+        spec = engine.spec
+        self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}-v{spec.layout.vpp}-"
+                           f"{spec.schedule}-{list(spec.bounds)}")
+        self.module = layers_module(_global_layers(engine))
+        from omegaconf import OmegaConf
+        self.extra = {"config": OmegaConf.to_container(cfg, resolve=True), "layout": self.layout_key}
+        plan = cfg.parallel.get("plan")
+        if plan and Path(str(plan)).exists():
+            self.extra["plan"] = json.loads(Path(str(plan)).read_text())
+
+    def resume(self) -> int:
+        """Steps already done (0 for a fresh run)."""
+        if not self.resume_from:
+            return 0
+        if str(self.resume_from) == "auto":
+            found = complete_checkpoints(self.root)
+            if not found:
+                if self.rank == 0:
+                    print(f"resume: no complete checkpoint in {self.root}; starting from step 0", flush=True)
+                return 0
+            path = found[-1]
+        else:
+            path = Path(str(self.resume_from))
+            problem = _problem(path) if path.exists() else "no such folder"
+            if problem is not None:
+                raise CheckpointError(f"train.resume={path} is not a usable checkpoint ({problem}): "
+                                      f"use train.resume=auto or another step_XXXXXXXX folder")
+        step = load_checkpoint(path, self.module, self.engine.optimizer, self.engine.scheduler, self.layout_key,
+                               self.rank)
+        self.engine.resume_at(step)
+        if self.rank == 0:
+            print(f"resume: continuing after step {step} from {path}", flush=True)
+        return step
+
+    def after_step(self, steps_done: int) -> None:
+        if self.every > 0 and steps_done % self.every == 0:
+            self.engine.drain()  # asynchronous schedules: nothing in flight, weights well defined
+            path = save_checkpoint(self.root, steps_done, self.module, self.engine.optimizer, self.layout_key,
+                                   {**self.extra, "step": steps_done}, self.rank, self.keep)
+            if self.rank == 0:
+                print(f"checkpoint: saved {path}", flush=True)
+
+
+def _global_layers(engine: Any) -> dict[int, nn.Module]:
+    """This rank's layers by their index in the whole model."""
+    layers = {}
+    for chunk, virtual_stage in zip(engine.stage.chunks, engine.virtual_stages):
+        start = engine.spec.bounds[virtual_stage][0]
+        for offset, layer in enumerate(chunk):
+            layers[start + offset] = layer
+    return layers

@@ -10,6 +10,7 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from .checkpoint import CheckpointError
 from .distributed import init_distributed, shutdown, world_size_from_env
 from .errors import ConfigError
 from .optim import NonFiniteError
@@ -31,7 +32,7 @@ def run(cfg: Any) -> int:
     try:
         ctx = init_distributed(str(cfg.cluster.get("device", "cpu")), float(cfg.train.timeout_s))
         train(cfg, spec, ctx)
-    except (ConfigError, NonFiniteError) as error:
+    except (ConfigError, NonFiniteError, CheckpointError) as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 1
     except RuntimeError as error:  # gloo/NCCL: a peer died or stayed silent past the timeout

@@ -14,6 +14,7 @@ from tqdm import tqdm
 
 from models import build_model
 
+from .checkpoint import RunCheckpoints
 from .data import GlobalBatchOrder, build_datasets, microbatches
 from .distributed import DistContext
 from .engine import PipelineEngine
@@ -108,8 +109,11 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         losses = [engine.evaluate(_shard_batches(val_set, val_order, i, spec, dp_rank)) for i in range(val_steps)]
         return sum(losses) / len(losses)
 
+    checkpoints = RunCheckpoints(cfg, engine, ctx.rank, run_dir)
+    start_step = checkpoints.resume()
+    progress.update(start_step)
     last_loss, val_loss = math.nan, math.nan
-    for step in range(steps):
+    for step in range(start_step, steps):
         batches = _shard_batches(train_set, order, step, spec, dp_rank)
         traced = step + 1 in to_trace
         recorder.begin_step(step + 1, traced, dist.barrier if traced else None)
@@ -132,6 +136,7 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
             writer.log_step(record)
             progress.set_postfix(loss=f"{result.loss:.3f}", **({"val": f"{val_loss:.3f}"} if "val_loss" in record else {}))
             progress.write(_format_record(record, steps))
+        checkpoints.after_step(step + 1)
     progress.close()
     engine.drain()  # asynchronous schedules: final weights well defined (the last step has already drained)
     if math.isnan(val_loss):

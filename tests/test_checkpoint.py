@@ -1,0 +1,94 @@
+"""Checkpoints: a resumed run continues exactly as if uninterrupted, into the same or another
+layout; incomplete or truncated checkpoints are skipped; the export loads into the plain model."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.checkpoint_harness import train_full, train_interrupted
+from tests.distributed import run_workers
+from tests.test_pipeline_equivalence import assert_matches_reference
+from tests.training_harness import TINY_GPT, merge_params
+
+BASE = TINY_GPT + ["optim=sgd", "train.lr=0.05", "train.steps=4", "checkpoint.every=2"]
+ASYNC = ["model.tie_embeddings=false"]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """Step -> loss from metrics.jsonl (a resumed run appends to it)."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
+
+
+def uninterrupted(tmp_path: Path, layout: list[str], world: int) -> dict:
+    per_rank = run_workers(train_full, world, BASE + layout, str(tmp_path / "full"))
+    return {"params": merge_params(per_rank), "losses": list(losses(tmp_path / "full").values())}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout,world", [(["parallel.pp=2"], 2), (["parallel.pp=1", "parallel.dp=2"], 2),
+                                          (["parallel.pp=2", "schedule=2bw", *ASYNC], 2)],
+                         ids=["pp2", "dp2", "2bw"])
+def test_resume_continues_exactly(tmp_path, layout, world):
+    expected = uninterrupted(tmp_path, layout, world)
+    run_dir = tmp_path / "resumed"
+    assert run_workers(train_interrupted, world, BASE + layout, str(run_dir), 2) == ["stopped"] * world
+    per_rank = run_workers(train_full, world, BASE + layout + ["train.resume=auto"], str(run_dir))
+    result = {"params": merge_params(per_rank), "losses": list(losses(run_dir).values())}
+    assert sorted(losses(run_dir)) == [1, 2, 3, 4]
+    # fp32 on CPU, same layout: bit for bit
+    assert result["losses"] == expected["losses"]
+    for name, value in expected["params"].items():
+        assert torch.equal(result["params"][name], value), name
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("before,after", [(["parallel.pp=2"], ["parallel.pp=1"]),
+                                          (["parallel.pp=1", "parallel.dp=1"], ["parallel.pp=1", "parallel.dp=2"])],
+                         ids=["pp2-to-pp1", "dp1-to-dp2"])
+def test_resume_into_another_layout(tmp_path, before, after):
+    world_before = 2 if "parallel.pp=2" in before else 1
+    world_after = 2 if ("parallel.dp=2" in after or "parallel.pp=2" in after) else 1
+    expected = uninterrupted(tmp_path, before, world_before)
+    run_dir = tmp_path / "resharded"
+    run_workers(train_interrupted, world_before, BASE + before, str(run_dir), 2)
+    per_rank = run_workers(train_full, world_after, BASE + after + ["train.resume=auto"], str(run_dir))
+    assert_matches_reference({"params": merge_params(per_rank), "losses": list(losses(run_dir).values())}, expected)
+
+
+@pytest.mark.slow
+def test_truncated_checkpoint_is_skipped_and_export_loads(tmp_path):
+    from models import build_model
+    from pipedream.checkpoint import complete_checkpoints
+    from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
+    from pipedream.export import export
+    from tests.training_harness import compose_config
+
+    run_dir = tmp_path / "run"
+    overrides = BASE + ["parallel.pp=2", "checkpoint.every=1", "checkpoint.keep=3", "train.eval_batches=2"]
+    run_workers(train_interrupted, 2, overrides, str(run_dir), 3)
+    root = run_dir / "checkpoints"
+    assert [p.name for p in complete_checkpoints(root)] == ["step_00000001", "step_00000002", "step_00000003"]
+    shard = sorted((root / "step_00000003").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:-10])
+    with pytest.warns(UserWarning, match="truncated"):
+        assert [p.name for p in complete_checkpoints(root)][-1] == "step_00000002"
+    per_rank = run_workers(train_full, 2, overrides + ["train.resume=auto"], str(run_dir))  # warns in the ranks
+    assert sorted(losses(run_dir)) == [1, 2, 3, 4]   # step 3 ran again, from the step-2 checkpoint
+    summary = per_rank[0]["summary"]
+
+    # the consolidated export reproduces the run's validation loss in one plain process
+    written = export(run_dir)
+    cfg = compose_config(overrides)
+    network = build_model(cfg.model, seed=0).build_sequential()
+    network.load_state_dict(torch.load(written[0]))
+    model = build_model(cfg.model)
+    _, val_set = build_datasets(cfg.model, cfg.data, int(cfg.train.seed))
+    order = GlobalBatchOrder(len(val_set), int(cfg.train.global_batch_size), int(cfg.train.seed))
+    with torch.no_grad():
+        val = [sum(float(model.loss_fn(network(x), y)) for x, y in parts) / len(parts)
+               for parts in (microbatches(val_set, order.indices(i), 2) for i in range(2))]
+    assert sum(val) / len(val) == pytest.approx(summary["final_val_loss"], rel=1e-5)
