@@ -48,7 +48,12 @@ def init_distributed(device_preference: str, timeout_s: float) -> DistContext:
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         if "MASTER_ADDR" in os.environ:
-            dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timeout)
+            store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
+            # torchrun keeps its store across restarts: a restarted job must not read the addresses
+            # that the previous attempt's (dead) ranks published, so each attempt gets its own keys
+            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            store = dist.PrefixStore(f"pipedream/attempt_{attempt}", store)
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:
             dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return DistContext(rank, world_size, local_rank, device, backend, timeout)
