@@ -112,8 +112,47 @@ def set_schedule_position(optimizer: torch.optim.Optimizer, scheduler: Any, step
     scheduler._last_lr = lrs
 
 
+def _sharded_fqns(module: nn.Module) -> dict[str, Any]:
+    """Global parameter name -> ShardSpec, for tensor-parallel shards."""
+    from .tensor_parallel import shard_spec
+    return {name: shard_spec(p) for name, p in module.named_parameters(remove_duplicate=False)
+            if shard_spec(p) is not None}
+
+
+def _shard_keys(state: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+    """State-dict key -> ShardSpec for every entry shaped like a sharded parameter: the parameter
+    itself (``model``) and its optimizer moments (``optim``: ``state.<name>.<moment>``)."""
+    keys = {}
+    for name, spec in specs.items():
+        keys[f"model.{name}"] = spec
+        prefix = f"optim.state.{name}."
+        for key, value in state["optim"].items():
+            if ("optim." + key).startswith(prefix) and torch.is_tensor(value) and value.dim() > 0:
+                keys["optim." + key] = spec
+    return keys
+
+
+def _get(state: dict[str, Any], key: str) -> Any:
+    part, _, rest = key.partition(".")
+    return state[part][rest]
+
+
+def _set(state: dict[str, Any], key: str, value: Any) -> None:
+    part, _, rest = key.partition(".")
+    state[part][rest] = value
+
+
+def _dense_state(state: dict[str, Any], module: nn.Module, tp: Any) -> dict[str, Any]:
+    """Tensor-parallel shards become dense tensors under the dense names (every tp rank holds the
+    same, DCP writes it once), so a checkpoint loads into any tensor-parallel degree."""
+    from .tensor_parallel import gather_tensor
+    for key, spec in _shard_keys(state, _sharded_fqns(module)).items():
+        _set(state, key, gather_tensor(_get(state, key), spec, tp))
+    return state
+
+
 def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.optim.Optimizer,
-                    layout_key: str, extra: dict[str, Any], rank: int, keep: int) -> Path:
+                    layout_key: str, extra: dict[str, Any], rank: int, keep: int, tp: Any = None) -> Path:
     """Collective: every rank calls it. Returns the committed folder."""
     final = step_dir(root, step)
     partial = final.with_name(final.name + ".partial")
@@ -123,6 +162,8 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
     dist.barrier()
     state = {"model": get_model_state_dict(module, options=OPTIONS),
              "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
+    if tp is not None and tp.size > 1:
+        state = _dense_state(state, module, tp)
     dcp.save(state, checkpoint_id=str(partial))
     # RNG streams are per rank and only meaningful for the same layout: kept beside DCP's files
     torch.save({"layout": layout_key, "rng": rng_state()}, partial / f"rank{rank}.pt")
@@ -140,12 +181,24 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
 
 
 def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
-                    layout_key: str, rank: int) -> int:
+                    layout_key: str, rank: int, tp: Any = None) -> int:
     """Collective. Loads weights and optimizer state (into any layout), the schedule position and,
     for the same layout, this rank's RNG state. Returns the number of steps already done."""
     state = {"model": get_model_state_dict(module, options=OPTIONS),
              "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
+    shards = {}
+    if tp is not None and tp.size > 1:  # read dense tensors, keep this rank's slice
+        shards = _shard_keys(state, _sharded_fqns(module))
+        for key, spec in shards.items():
+            shard = _get(state, key)
+            shape = list(shard.shape)
+            shape[spec.dim] = spec.full_size
+            _set(state, key, torch.empty(shape, dtype=shard.dtype, device=shard.device))
     dcp.load(state, checkpoint_id=str(path))
+    if shards:
+        from .tensor_parallel import shard_tensor
+        for key, spec in shards.items():
+            _set(state, key, shard_tensor(_get(state, key), spec, tp))
     set_model_state_dict(module, state["model"], options=OPTIONS)
     set_optimizer_state_dict(module, optimizer, state["optim"], options=OPTIONS)
     step = checkpoint_step(path)
@@ -198,7 +251,7 @@ class RunCheckpoints:
                 raise CheckpointError(f"train.resume={path} is not a usable checkpoint ({problem}): "
                                       f"use train.resume=auto or another step_XXXXXXXX folder")
         step = load_checkpoint(path, self.module, self.engine.optimizer, self.engine.scheduler, self.layout_key,
-                               self.rank)
+                               self.rank, self.engine.tp)
         self.engine.resume_at(step)
         if self.rank == 0:
             print(f"resume: continuing after step {step} from {path}", flush=True)
@@ -208,7 +261,7 @@ class RunCheckpoints:
         if self.every > 0 and steps_done % self.every == 0:
             self.engine.drain()  # asynchronous schedules: nothing in flight, weights well defined
             path = save_checkpoint(self.root, steps_done, self.module, self.engine.optimizer, self.layout_key,
-                                   {**self.extra, "step": steps_done}, self.rank, self.keep)
+                                   {**self.extra, "step": steps_done}, self.rank, self.keep, self.engine.tp)
             if self.rank == 0:
                 print(f"checkpoint: saved {path}", flush=True)
 

@@ -107,9 +107,6 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     tp = _get(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
         check_tensor_parallel_config(cfg.model, tp)
-        if (_get(cfg, "checkpoint.every") or 0) > 0 or _get(cfg, "train.resume"):
-            raise ConfigError(f"checkpoints with parallel.tp = {tp} are not supported yet: set checkpoint.every=0 "
-                              f"and train.resume=null, or train with parallel.tp=1")
         if _get(cfg, "parallel.stage_replicas"):
             raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
                               f"with tp=1, or use parallel.dp for equal replicas")

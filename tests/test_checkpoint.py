@@ -92,3 +92,15 @@ def test_truncated_checkpoint_is_skipped_and_export_loads(tmp_path):
         val = [sum(float(model.loss_fn(network(x), y)) for x, y in parts) / len(parts)
                for parts in (microbatches(val_set, order.indices(i), 2) for i in range(2))]
     assert sum(val) / len(val) == pytest.approx(summary["final_val_loss"], rel=1e-5)
+
+
+@pytest.mark.slow
+def test_tensor_parallel_checkpoint_reshards_to_dense(tmp_path):
+    """tp = 2 shards are saved as dense tensors: a tp = 2 run resumes into tp = 1 and matches."""
+    layout = ["parallel.pp=1", "parallel.tp=2", "model.vocab_size=255"]
+    expected = uninterrupted(tmp_path, layout, 2)
+    run_dir = tmp_path / "tp"
+    run_workers(train_interrupted, 2, BASE + layout, str(run_dir), 2)
+    per_rank = run_workers(train_full, 1, BASE + ["parallel.pp=1", "model.vocab_size=255", "train.resume=auto"],
+                           str(run_dir))
+    assert_matches_reference({"params": merge_params(per_rank), "losses": list(losses(run_dir).values())}, expected)

@@ -11,7 +11,7 @@ from tests.training_harness import TINY_GPT, merge_params, reference_training, t
 # (schedule, pp, dp, vpp)
 LAYOUTS = [
     ("gpipe", 2, 1, 1), ("gpipe", 4, 1, 1), ("gpipe", 2, 2, 1),
-    ("1f1b", 2, 1, 1), ("1f1b", 4, 1, 1), ("1f1b", 2, 2, 1),
+    ("1f1b", 1, 2, 1), ("1f1b", 2, 1, 1), ("1f1b", 4, 1, 1), ("1f1b", 2, 2, 1),
     ("interleaved", 2, 1, 2), ("interleaved", 4, 1, 2),
 ]
 # SGD keeps the comparison at rounding level; Adam divides by sqrt(v) and turns 1e-12 differences
