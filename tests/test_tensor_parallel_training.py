@@ -32,3 +32,11 @@ def test_tensor_parallel_matches_dense_single_process(tmp_path, pp, tp, dp):
     if pp > 1:
         sent = [[r["bytes_sent"] for r in per_rank[0][i]["summary"]["ranks"]] for i in range(2)]
         assert [a * tp for a in sent[0]] == sent[1]   # scatter/gather: exactly 1/t of the bytes
+
+
+@pytest.mark.slow
+def test_3d_pp2_tp2_dp2_matches_dense_single_process(tmp_path):
+    base = TINY_GPT + ["train.steps=3", "schedule=1f1b", "parallel.pp=2", "parallel.tp=2", "parallel.dp=2"] + SGD
+    per_rank = run_workers(train_rank, 8, [(base, str(tmp_path / "3d"))], timeout=600)
+    result = merge_params([r[0] for r in per_rank])
+    assert_matches_reference({"params": result, "losses": per_rank[0][0]["losses"]}, reference_training(base))
