@@ -1,4 +1,5 @@
-"""Planner speed benchmark: writes docs/bench_planner.json and docs/bench_planner.md (numbers measured
+"""Planner speed benchmark: writes docs/bench_planner.json, docs/bench_planner.md and its section of
+docs/benchmarks.md (numbers measured
 here, never typed). Run: .venv/bin/python scripts/bench_planner.py [--repeats 5]
 
 Cases: PipeDream's hierarchical DP with replication for a 96-block GPT on 16 nodes x 8 devices (one
@@ -96,6 +97,8 @@ def main() -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
     out.with_suffix(".md").write_text(markdown(report))
+    from bench_runtime_report import replace_section  # scripts/ is on sys.path when run as a script
+    replace_section(out.parent / "benchmarks.md", "bench_planner", markdown(report))
     print(markdown(report))
     return 0
 

@@ -24,8 +24,14 @@ class Stat:
         return Stat(statistics.median(values), min(values), max(values))
 
 
+ASYNC = ("2bw", "pipedream")
+
+
 def ideal_bubble(schedule: str, m: int, pp: int) -> float:
-    """(p-1)/(v*m + p-1): the idle share of an iteration with equal stages and free communication."""
+    """(p-1)/(v*m + p-1): the idle share of an iteration with equal stages and free communication;
+    none for the asynchronous schedules in steady state (their fill and drain happen once a run)."""
+    if schedule in ASYNC:
+        return 0.0
     v = 2 if schedule == "interleaved" else 1
     return (pp - 1) / (v * m + pp - 1)
 
@@ -44,7 +50,7 @@ def analyse(times: dict[str, list[float]], global_batch: int, microbatches: int,
             row.update(ideal_step_time_s=statistics.median(ideal), ideal_bubble=bubble,
                        of_ideal=asdict(Stat.of([i / t for i, t in zip(ideal, values)])),
                        speedup_vs_single=asdict(Stat.of([s / t for s, t in zip(single, values)])))
-            if runtime == "pipedream":
+            if runtime == "pipedream" and f"torch {schedule}" in times:
                 theirs = times[f"torch {schedule}"]
                 row["vs_torch"] = asdict(Stat.of([t / o for t, o in zip(theirs, values)]))   # throughput ratio
         rows[name] = row
@@ -194,7 +200,10 @@ def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
            f"(more than {s.get('max_other_load', 1):.0%} of the CPU) is run again, up to {s.get('tries', 1)} times, "
            f"after waiting for the machine to go quiet (at most {s.get('wait_budget_s', 0):.0f} s in all). "
            f"Step time: median (min-max) over repeats. Ratios are taken per repeat, then median (min-max). *vs torch*: our throughput / torch's on "
-           f"the same schedule. *Ideal*: single-process time / (p (1 - bubble)), bubble = (p-1)/(v m + p-1).", ""]
+           f"the same schedule. *Ideal*: single-process time / (p (1 - bubble)), bubble = (p-1)/(v m + p-1). "
+           f"The asynchronous schedules (*2bw*, *pipedream*: no flush; torch has no counterpart) are ours only; "
+           f"their ideal assumes no bubble. A *pipedream* step is m optimizer updates (one per micro-batch), "
+           f"a *2bw* step one.", ""]
     for name, w in data["workloads"].items():
         loads = [v for values in w.get("other_load_per_run", {}).values() for v in values]
         load_line = (f" Other processes' share of the CPU during the timed runs: median "

@@ -20,7 +20,8 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     data = json.loads((tmp_path / "bench_runtime.json").read_text())
     cases = data["workloads"]["mlp"]["cases"]
     assert set(cases) == {"single-process", "pipedream gpipe", "torch gpipe", "pipedream 1f1b", "torch 1f1b",
-                          "pipedream interleaved", "torch interleaved"}
+                          "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream"}
+    assert "vs_torch" not in cases["pipedream 2bw"] and cases["pipedream 2bw"]["ideal_bubble"] == 0.0
     assert all(row["step_time_s"]["min"] <= row["step_time_s"]["median"] <= row["step_time_s"]["max"]
                for row in cases.values())
     assert data["machine"]["cores"] and data["machine"]["torch"]
