@@ -1,6 +1,8 @@
 """Helpers shared by the schedule generators: virtual stages and the comm actions around compute."""
 from __future__ import annotations
 
+from typing import Callable
+
 from .actions import Action, Kind
 
 
@@ -132,3 +134,18 @@ def needed_receive(rank: int, action: Action, pp: int, vpp: int) -> Action | Non
     if action.kind is Kind.BWD and not is_last_virtual_stage(rank, action.chunk, pp, vpp):
         return Action(Kind.RECV_GRAD, action.microbatch, action.chunk)
     return None
+
+
+def one_f_one_b_order(rank: int, pp: int, total: int, forward: Callable[[int], list[Action]],
+                      backward: Callable[[int], list[Action]]) -> list[Action]:
+    """The 1F1B order at ``rank``: p - rank - 1 warm-up forwards, then one forward and one backward
+    in turn, then the remaining backwards. ``forward(mb)``/``backward(mb)`` give each block."""
+    warmup = min(pp - rank - 1, total)
+    actions: list[Action] = []
+    for mb in range(warmup):
+        actions += forward(mb)
+    for i in range(total - warmup):
+        actions += forward(warmup + i) + backward(i)
+    for mb in range(total - warmup, total):
+        actions += backward(mb)
+    return actions

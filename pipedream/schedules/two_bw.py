@@ -11,7 +11,7 @@ is exactly ``1f1b``'s. Steady-state bubble: none; the run's warm-up and drain co
 from __future__ import annotations
 
 from .actions import Action, Kind
-from .common import ScheduleError, backward_block, check_sizes, forward_block
+from .common import ScheduleError, backward_block, check_sizes, forward_block, one_f_one_b_order
 
 
 def check_two_bw(pp: int, microbatches: int, vpp: int, steps: int = 1) -> None:
@@ -34,15 +34,5 @@ def two_bw(pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[lis
             block += [Action(Kind.SYNC_GRADS), Action(Kind.STEP)]
         return block
 
-    ranks = []
-    for rank in range(pp):
-        warmup = min(pp - rank - 1, total)
-        actions: list[Action] = []
-        for mb in range(warmup):
-            actions += forward_block(mb, 0, rank, pp)
-        for i in range(total - warmup):
-            actions += forward_block(warmup + i, 0, rank, pp) + backward(i, rank)
-        for mb in range(total - warmup, total):
-            actions += backward(mb, rank)
-        ranks.append(actions)
-    return ranks
+    return [one_f_one_b_order(rank, pp, total, lambda mb, r=rank: forward_block(mb, 0, r, pp),
+                              lambda mb, r=rank: backward(mb, r)) for rank in range(pp)]
