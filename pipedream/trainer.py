@@ -95,7 +95,9 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     run_dir = agree_on_run_dir(cfg, ctx)
     writer = RunWriter(run_dir, bool(logging_cfg.get("tensorboard", False))) if ctx.rank == 0 else None
     if writer:
-        writer.write_config(OmegaConf.to_yaml(cfg, resolve=False))
+        resolved = OmegaConf.to_container(cfg, resolve=True)   # the run as it ran (timestamp included)
+        resolved["train"]["run_dir"] = str(run_dir)
+        writer.write_config(OmegaConf.to_yaml(OmegaConf.create(resolved)))
     steps = int(cfg.train.steps)
     log_every = max(1, int(cfg.train.log_every))
     eval_every = int(cfg.train.eval_every)

@@ -40,3 +40,23 @@ def test_3d_pp2_tp2_dp2_matches_dense_single_process(tmp_path):
     per_rank = run_workers(train_rank, 8, [(base, str(tmp_path / "3d"))], timeout=600)
     result = merge_params([r[0] for r in per_rank])
     assert_matches_reference({"params": result, "losses": per_rank[0][0]["losses"]}, reference_training(base))
+
+
+@pytest.mark.slow
+def test_every_schedule_runs_tensor_parallel(tmp_path):
+    """gpipe and interleaved equal dense training with tp = 2; 2bw with tp = 2 equals 2bw with tp = 1
+    (whose update rule tests/test_async_training.py checks against its reference)."""
+    base = TINY_GPT + ["train.steps=3", "parallel.pp=2", "parallel.tp=2"] + SGD
+    sync = {"gpipe": ["schedule=gpipe"], "interleaved": ["schedule=interleaved", "parallel.vpp=2"]}
+    two_bw = ["schedule=2bw", "model.tie_embeddings=false"]
+    runs = [(base + extra, str(tmp_path / name)) for name, extra in sync.items()]
+    runs.append((base + two_bw, str(tmp_path / "2bw_tp2")))
+    per_rank = run_workers(train_rank, 4, runs)
+    for index, extra in enumerate(sync.values()):
+        result = merge_params([rank_results[index] for rank_results in per_rank])
+        assert_matches_reference({"params": result, "losses": per_rank[0][index]["losses"]},
+                                 reference_training(base + extra))
+    dense_2bw = run_workers(train_rank, 2, [([o for o in base if o != "parallel.tp=2"] + two_bw,
+                                             str(tmp_path / "2bw_tp1"))])
+    assert_matches_reference({"params": merge_params([r[2] for r in per_rank]), "losses": per_rank[0][2]["losses"]},
+                             {"params": merge_params([r[0] for r in dense_2bw]), "losses": dense_2bw[0][0]["losses"]})
