@@ -1,9 +1,11 @@
 """Point-to-point transfer of activations and gradients between adjacent (virtual) stages.
 
 Every send is non-blocking and every receive is posted before it is needed and waited on only by
-the compute that consumes it, so a schedule whose per-channel order matches on both sides cannot
-deadlock. Messages carry a tag derived from (micro-batch, chunk, direction), which Gloo matches on;
-NCCL matches by order, which the schedules guarantee (checked by the simulator tests).
+the compute that consumes it. Messages to a higher rank travel on one process group and messages
+to a lower rank on another (``groups.DirectedGroups``), so on NCCL no stream carries both
+directions between two ranks; with the per-channel order the schedules guarantee, no issue order
+of the executor can then deadlock (``stream_model``, tested for every schedule). Messages carry a
+tag derived from (micro-batch, chunk, direction), which Gloo matches on; NCCL matches by order.
 Receivers know shapes without a handshake: they come from ``BoundaryShapes`` (shape inference on
 the meta device), recomputed whenever a micro-batch's input shape changes.
 """
@@ -17,6 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .groups import DirectedGroups
 from .layout import ParallelLayout
 from .tensor_parallel import TensorParallel, gather_chunks, scatter_chunk
 
@@ -51,6 +54,7 @@ class PipeComm:
     rank: int
     device: torch.device
     timeout: timedelta
+    groups: DirectedGroups
     input_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
     output_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
     tp: TensorParallel | None = None      # with scatter_gather: send 1/t, all-gather on arrival
@@ -111,11 +115,23 @@ class PipeComm:
             return False
         return True
 
+    def connect(self) -> None:
+        """Exchanges one small message on every channel of the layout, in one global order that
+        every rank follows, so NCCL creates each pair's communicator here, where no rank can wait
+        on another's compute, rather than at a pair's first message mid-schedule."""
+        probe = torch.zeros(1, device=self.device)
+        for src, dst in self.layout.p2p_channels():
+            group = self.groups.carrying(src, dst)
+            if self.rank == src:
+                dist.isend(probe, dst, group=group).wait(self.timeout)
+            elif self.rank == dst:
+                dist.irecv(probe, src, group=group).wait(self.timeout)
+
     def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
         if self._splits(tensor.shape):
             tensor = scatter_chunk(tensor, self.tp)
         tensor = tensor.contiguous()
-        work = dist.isend(tensor, dst, tag=tag)
+        work = dist.isend(tensor, dst, group=self.groups.carrying(self.rank, dst), tag=tag)
         self._sends.append(_Pending(work, tensor))
         self.stats.bytes_sent += tensor.numel() * tensor.element_size()
         self.stats.messages_sent += 1
@@ -127,7 +143,8 @@ class PipeComm:
         if self._splits(torch.Size(shape)):
             gather_to, shape = torch.Size(shape), (math.prod(shape) // self.tp.size,)
         buffer = torch.empty(shape, dtype=dtype, device=self.device)
-        self._recvs[key] = _Pending(dist.irecv(buffer, src, tag=tag), buffer, gather_to)
+        work = dist.irecv(buffer, src, group=self.groups.carrying(src, self.rank), tag=tag)
+        self._recvs[key] = _Pending(work, buffer, gather_to)
 
     def _wait_recv(self, key: tuple[bool, int, int]) -> torch.Tensor:
         if key not in self._recvs:

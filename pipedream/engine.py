@@ -22,6 +22,7 @@ from models.spec import LayerModel
 from .async_runner import AsyncRunner
 from .comm import PipeComm
 from .executor import Batch, Executor, IterationResult
+from .grad_accumulation import fuse_grad_accumulation
 from .groups import ProcessGroups, layer_owner
 from .optim import GradientSync, NonFiniteError, TiedCopy, build_optimizer, build_scheduler
 from .run_spec import RunSpec
@@ -35,7 +36,7 @@ from .tensor_parallel import TensorParallel
 @dataclass
 class StepResult:
     loss: float
-    grad_norm: float
+    grad_norm: float     # NaN when the step did not need it (flush schedules without clipping)
     lr: float
 
 
@@ -58,6 +59,9 @@ class PipelineEngine:
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            model.loss_fn, recompute=spec.recompute)
+        if train_cfg.get("fuse_grad_accumulation", True):
+            for chunk in chunks:
+                fuse_grad_accumulation(chunk, self.stage.weight_grads)
         self.params = self.stage.parameters()
         self.is_async = spec.schedule in ASYNC_SCHEDULES
         self.topology = layout.replicated()
@@ -74,19 +78,23 @@ class PipelineEngine:
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp)[self.coords.pp])
         input_dtype = model.make_batch(1, torch.Generator().manual_seed(0))[0].dtype
         self.shapes = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
-        self.input_shape: tuple[int, ...] = ()
+        self.input_shapes: dict[int, tuple[int, ...]] = {}   # micro-batch -> its input's shape
+        self.run_shape: tuple[int, ...] | None = None         # asynchronous schedules: the one input shape
         self.comm = None
         if layout.pp > 1:
-            self.comm = PipeComm(layout, rank, device, timeout,
-                                 input_spec=lambda mb, c: self.shapes.stage_input(self.input_shape, self.virtual_stages[c]),
-                                 output_spec=lambda mb, c: self.shapes.stage_output(self.input_shape, self.virtual_stages[c]),
+            self.comm = PipeComm(layout, rank, device, timeout, groups.p2p,
+                                 input_spec=lambda mb, c: self.shapes.stage_input(self._shape_of(mb), self.virtual_stages[c]),
+                                 output_spec=lambda mb, c: self.shapes.stage_output(self._shape_of(mb), self.virtual_stages[c]),
                                  tp=tp, scatter_gather=spec.scatter_gather)
+            self.comm.connect()
         self._last_norm = 0.0
+        self._norm_wanted = True
         self._nonfinite = ""
         self.last_losses: dict[int, float] = {}   # async: micro-batch -> loss, of the last window (last stage)
         self.executor = Executor(self.stage, self.comm, self.gradients.sync,
                                  self._async_step if self.is_async else self._step, recorder,
-                                 sends_before_sync=not self.is_async)
+                                 sends_before_sync=not self.is_async,
+                                 weight_grads_after_send=bool(train_cfg.get("weight_grads_after_send", True)))
         self.world_group = dist.group.WORLD
         self.runner = None
         if self.is_async:
@@ -128,7 +136,12 @@ class PipelineEngine:
         return copies
 
     def _step(self) -> None:
-        self._last_norm = self.gradients.clip(self.grad_clip)
+        # The norm reads every gradient and meets the other stages: a flush schedule computes it
+        # only to clip or when asked (a logged step). Without it a non-finite gradient still
+        # stops the run, one step later, through the loss.
+        self._last_norm = math.nan
+        if self.grad_clip > 0 or self._norm_wanted:
+            self._last_norm = self.gradients.clip(self.grad_clip)
         self.optimizer.step()
         self.scheduler.step()
 
@@ -147,17 +160,21 @@ class PipelineEngine:
         self.optimizer.zero_grad(set_to_none=True)
         store.after_update()
 
-    def train_step(self, batches: dict[int, Batch]) -> StepResult:
+    def train_step(self, batches: dict[int, Batch], grad_norm: bool = True) -> StepResult:
         """One iteration over this rank's micro-batches; returns the global mean loss. For the
         asynchronous schedules: this step's window, with the mean loss of the micro-batches that
-        completed in it (NaN when none did, early in a deep pipeline's warm-up)."""
-        self._set_input_shape(batches)
+        completed in it (NaN when none did, early in a deep pipeline's warm-up). ``grad_norm=False``
+        lets a flush schedule skip the gradient norm when it does not clip (every rank must pass
+        the same value)."""
+        self._norm_wanted = grad_norm
         lr = self.optimizer.param_groups[0]["lr"]
         for model_chunk in self.stage.chunks:
             model_chunk.train()
         if self.runner is not None:
+            self._check_run_shape(batches)
             result = self.runner.run_step(self._to_device(batches), self._loss_scale())
             return self._async_result(result, lr)
+        self.input_shapes = _input_shapes(batches)
         self.optimizer.zero_grad(set_to_none=True)
         result = self.executor.run(self.actions, self._to_device(batches), loss_scale=1.0 / self.spec.microbatches)
         loss = self._global_mean(result.loss_sum, result.loss_count)
@@ -201,17 +218,34 @@ class PipelineEngine:
     def evaluate(self, batches: dict[int, Batch]) -> float:
         """With an asynchronous run in flight, evaluates the newest weights of every stage (the
         in-flight micro-batches keep their own versions and resume at the next step)."""
-        self._set_input_shape(batches)
         for model_chunk in self.stage.chunks:
             model_chunk.eval()
         parked = self.comm.park() if self.comm is not None and self.is_async else None
+        training_shapes, self.input_shapes = self.input_shapes, _input_shapes(batches)
         result = self.executor.run(self.eval_actions, self._to_device(batches), loss_scale=1.0, train=False)
+        self.input_shapes = training_shapes
         if parked is not None:
             self.comm.unpark(parked)
         return self._global_mean(result.loss_sum, result.loss_count)
 
-    def _set_input_shape(self, batches: dict[int, Batch]) -> None:
-        self.input_shape = tuple(next(iter(batches.values()))[0].shape)
+    def _shape_of(self, microbatch: int) -> tuple[int, ...]:
+        """Every rank knows each micro-batch's input shape (the data order is deterministic), so
+        receivers size their buffers without asking; flush schedules allow a shape per micro-batch."""
+        shape = self.input_shapes.get(microbatch, self.run_shape)
+        if shape is None:
+            raise RuntimeError(f"no input shape is known for micro-batch {microbatch}")
+        return shape
+
+    def _check_run_shape(self, batches: dict[int, Batch]) -> None:
+        """Asynchronous schedules keep micro-batches of earlier steps in flight, with ids local to a
+        segment: they need one input shape for the whole run."""
+        for shape in _input_shapes(batches).values():
+            if self.run_shape is None:
+                self.run_shape = shape
+            elif shape != self.run_shape:
+                raise ValueError(f"schedule={self.spec.schedule} needs every micro-batch of a run to have the "
+                                 f"same shape: got {shape} after {self.run_shape}; pad the data to one shape or "
+                                 f"use a flush schedule (1f1b, gpipe, interleaved)")
 
     def _to_device(self, batches: dict[int, Batch]) -> dict[int, Batch]:
         if self.device.type == "cpu":
@@ -223,3 +257,7 @@ class PipelineEngine:
         totals = torch.tensor([loss_sum, float(count)], dtype=torch.float64, device=self.device)
         dist.all_reduce(totals)
         return float(totals[0] / totals[1])
+
+
+def _input_shapes(batches: dict[int, Batch]) -> dict[int, tuple[int, ...]]:
+    return {microbatch: tuple(inputs.shape) for microbatch, (inputs, _) in batches.items()}

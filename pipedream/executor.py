@@ -1,7 +1,8 @@
-"""Walks one rank's action list: compute on the Stage, transfers through PipeComm, gradient sync
-and the optimizer step through callbacks. Receives are posted one compute action ahead so that
-communication overlaps the compute before it. With a WeightStore (asynchronous schedules) every
-forward and backward runs on the weight version the store assigns to it."""
+"""Walks one rank's action list in issue order (``schedules.issue_order``: receives posted one
+compute ahead, so a transfer overlaps the compute before it): compute on the Stage, transfers
+through PipeComm, gradient sync and the optimizer step through callbacks. With a WeightStore
+(asynchronous schedules) every forward and backward runs on the weight version the store assigns
+to it."""
 from __future__ import annotations
 
 import time
@@ -12,6 +13,7 @@ import torch
 
 from .comm import PipeComm
 from .schedules import Action, Kind
+from .schedules.issue_order import issue_order
 from .stage import Stage
 from .weights import WeightStore
 
@@ -20,6 +22,8 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 class Recorder(Protocol):
     def record(self, action: Action, start: float, end: float, wait: float) -> None: ...
+
+    def record_weight_grads(self, microbatch: int, chunk: int, start: float, end: float) -> None: ...
 
 
 @dataclass
@@ -41,6 +45,10 @@ class Executor:
     # Flush schedules complete their sends before the gradient all-reduce. Asynchronous ones must
     # not: a send's receive may be posted later in the window, and Gloo's send waits for it.
     sends_before_sync: bool = True
+    # A backward whose input gradient is sent computes that gradient first, sends it, then runs
+    # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Flush schedules
+    # only (weight versions of the asynchronous ones take their gradients at the backward's end).
+    weight_grads_after_send: bool = True
 
     def __post_init__(self) -> None:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
@@ -52,17 +60,16 @@ class Executor:
         and only the last reads targets. ``loss_scale`` is 1/m (losses are averaged over the batch).
         With ``train=False`` forwards run without a graph (evaluation)."""
         result = IterationResult()
-        prefetch = _prefetch_plan(actions)
-        for index, action in enumerate(actions):
+        for action in issue_order(actions):
+            kind = action.kind
+            if kind is Kind.RECV_ACT:
+                self.comm.post_recv_activation(action.microbatch, action.chunk)
+                continue
+            if kind is Kind.RECV_GRAD:
+                self.comm.post_recv_gradient(action.microbatch, action.chunk)
+                continue
             start = self.clock()
             wait = 0.0
-            kind = action.kind
-            if kind in (Kind.FWD, Kind.BWD):
-                for early in prefetch.get(index, ()):
-                    self._post(early)
-            if kind is Kind.RECV_ACT or kind is Kind.RECV_GRAD:
-                self._post(action)
-                continue
             if kind is Kind.FWD:
                 wait = self._forward(action, batches, loss_scale, result, train)
             elif kind is Kind.BWD:
@@ -73,6 +80,10 @@ class Executor:
             elif kind is Kind.SEND_GRAD:
                 grad = self._last_input_grads.pop((action.microbatch, action.chunk))
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
+                if self.recorder is not None:
+                    self.recorder.record(action, start, self.clock(), wait)
+                self._flush_weight_grads(action)
+                continue
             elif kind is Kind.SYNC_GRADS:
                 if self.comm is not None and self.sends_before_sync:
                     self.comm.wait_sends()
@@ -85,11 +96,10 @@ class Executor:
             self.comm.wait_sends()
         return result
 
-    def _post(self, action: Action) -> None:
-        if action.kind is Kind.RECV_ACT:
-            self.comm.post_recv_activation(action.microbatch, action.chunk)
-        else:
-            self.comm.post_recv_gradient(action.microbatch, action.chunk)
+    def _flush_weight_grads(self, action: Action) -> None:
+        start = self.clock()
+        if self.stage.weight_grads.flush() and self.recorder is not None:
+            self.recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
 
     def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
                  train: bool) -> float:
@@ -125,21 +135,11 @@ class Executor:
             before = self.clock()
             grad_output = self.comm.wait_gradient(mb, chunk)
             wait = self.clock() - before
-        grad_input = self.stage.backward(mb, chunk, grad_output)
+        defer = self.weight_grads_after_send and self.weights is None and not self.stage.is_first[chunk]
+        grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer)
         if self.weights is not None:
             self.weights.after_backward(action)
         if grad_input is not None:
             self._last_input_grads[(mb, chunk)] = grad_input
         return wait
 
-
-def _prefetch_plan(actions: list[Action]) -> dict[int, list[Action]]:
-    """For each compute action's index, the receives of the *next* compute action, so they are
-    posted before this compute runs and the transfer overlaps it."""
-    compute_positions = [i for i, a in enumerate(actions) if a.kind in (Kind.FWD, Kind.BWD)]
-    plan: dict[int, list[Action]] = {}
-    for current, following in zip(compute_positions, compute_positions[1:]):
-        receives = [a for a in actions[current + 1:following] if a.kind in (Kind.RECV_ACT, Kind.RECV_GRAD)]
-        if receives:
-            plan[current] = receives
-    return plan

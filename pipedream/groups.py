@@ -1,6 +1,7 @@
-"""Process groups for a layout: a DeviceMesh over (pp, dp, tp) plus the groups that join stages
-holding copies of a tied parameter. With ``stage_replicas`` (1F1B-RR) there is no grid: ``dp`` is
-the group of this rank's stage replicas, which all-reduce gradients before each update."""
+"""Process groups for a layout: a DeviceMesh over (pp, dp, tp), the groups that join stages
+holding copies of a tied parameter, and two groups for point-to-point messages (one per
+direction). With ``stage_replicas`` (1F1B-RR) there is no grid: ``dp`` is the group of this rank's
+stage replicas, which all-reduce gradients before each update."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +14,21 @@ from models.spec import LayerModel
 from .layout import ParallelLayout
 
 
+@dataclass(frozen=True)
+class DirectedGroups:
+    """Point-to-point messages travel on two groups of every rank: one carries each message to a
+    higher rank, the other each message to a lower one. NCCL runs the calls between two ranks of
+    one group in order on one stream, and a send may wait for its receive; with both directions on
+    one stream, a receive posted ahead of the send its peer waits for hangs both ranks
+    (``stream_model`` shows it for every schedule). One direction per group cannot."""
+
+    to_higher: dist.ProcessGroup
+    to_lower: dist.ProcessGroup
+
+    def carrying(self, src: int, dst: int) -> dist.ProcessGroup:
+        return self.to_higher if src < dst else self.to_lower
+
+
 @dataclass
 class ProcessGroups:
     mesh: DeviceMesh | None                # None with stage_replicas (no grid)
@@ -20,6 +36,14 @@ class ProcessGroups:
     dp: dist.ProcessGroup                  # replicas of this rank's stage
     tp: dist.ProcessGroup | None
     tied: list[dist.ProcessGroup | None]   # per model.tied group: mine, or None if not split
+    p2p: DirectedGroups | None = None      # None when pp = 1
+
+
+def build_p2p_groups(layout: ParallelLayout) -> DirectedGroups | None:
+    """Every rank calls this (new_group is collective), in the same order."""
+    if layout.pp == 1:
+        return None
+    return DirectedGroups(to_higher=dist.new_group(), to_lower=dist.new_group())
 
 
 def layer_owner(layout: ParallelLayout, bounds: list[tuple[int, int]], layer: int) -> int:
@@ -39,7 +63,8 @@ def build_replicated_groups(layout: ParallelLayout, rank: int, model: LayerModel
         created = dist.new_group(list(topology.ranks(stage)))
         if stage == topology.stage_of(rank):
             mine = created
-    return ProcessGroups(mesh=None, pp=dist.group.WORLD, dp=mine, tp=None, tied=[None] * len(model.tied))
+    return ProcessGroups(mesh=None, pp=dist.group.WORLD, dp=mine, tp=None, tied=[None] * len(model.tied),
+                         p2p=build_p2p_groups(layout))
 
 
 def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: LayerModel,
@@ -62,4 +87,4 @@ def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: Lay
                         mine = created
         tied.append(mine)
     return ProcessGroups(mesh=mesh, pp=mesh.get_group("pp"), dp=mesh.get_group("dp"), tp=mesh.get_group("tp"),
-                         tied=tied)
+                         tied=tied, p2p=build_p2p_groups(layout))

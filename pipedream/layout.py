@@ -10,6 +10,7 @@ is one data stream (``coords(rank).dp`` is 0); ``replica(rank)`` is the index wi
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -106,6 +107,24 @@ class ParallelLayout:
         if self.stage_replicas:
             return self.replicated().route(pp_rank, microbatch)
         return self.rank_of(pp_rank, coords.dp, coords.tp)
+
+    def p2p_channels(self) -> list[tuple[int, int]]:
+        """Every (src, dst) pair of global ranks that may exchange activations or gradients, sorted;
+        both directions of each pair. With ``stage_replicas``, the replica pairs that some
+        micro-batch meets (``k % replicas`` on both sides)."""
+        pairs: set[tuple[int, int]] = set()
+        for rank in range(self.world_size):
+            stage = self.coords(rank).pp
+            if self.stage_replicas:
+                if stage + 1 < self.pp:
+                    period = math.lcm(self.stage_replicas[stage], self.stage_replicas[stage + 1])
+                    pairs |= {(rank, self.peer_rank(rank, k, 0, True)) for k in range(period)
+                              if self.replica(rank) == k % self.stage_replicas[stage]}
+                continue
+            for chunk in range(self.vpp):
+                if self.virtual_stage(stage, chunk) + 1 < self.num_virtual_stages:
+                    pairs.add((rank, self.peer_rank(rank, 0, chunk, True)))
+        return sorted(pairs | {(dst, src) for src, dst in pairs})
 
     def replicated(self) -> ReplicatedPipeline:
         """The pipeline as stage replica counts: ``stage_replicas``, or one replica per stage (each

@@ -2,6 +2,7 @@
 micro-batch keeps between its forward and its backward."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -9,6 +10,8 @@ import torch
 from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
+
+from .grad_accumulation import WeightGradQueue
 
 
 @dataclass
@@ -65,6 +68,8 @@ class Stage:
     inside the backward (torch.utils.checkpoint restores the RNG state so dropout matches).
     ``weights`` (asynchronous schedules) runs the chunk on one weight version instead of its
     parameters; autograd then accumulates gradients on that version (see ``weights.py``).
+    ``weight_grads`` holds the weight-gradient GEMMs of the chunks' Linear layers (when they are
+    ``AccumulatingLinear``) that a deferred backward leaves for later (``grad_accumulation.py``).
     """
 
     def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
@@ -76,6 +81,7 @@ class Stage:
         self.recompute = recompute
         self.stash: dict[tuple[int, int], _Stashed] = {}
         self.stats = StashStats()
+        self.weight_grads = WeightGradQueue()
         self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
 
     def parameters(self) -> list[nn.Parameter]:
@@ -116,14 +122,16 @@ class Stage:
             return self.chunks[chunk](inputs)
         return functional_call(self.chunks[chunk], weights, (inputs,))
 
-    def backward(self, microbatch: int, chunk: int, grad_output: torch.Tensor | None = None
-                 ) -> torch.Tensor | None:
-        """Backpropagates through the chunk; returns the gradient of its input (None on the first)."""
+    def backward(self, microbatch: int, chunk: int, grad_output: torch.Tensor | None = None,
+                 defer_weight_grads: bool = False) -> torch.Tensor | None:
+        """Backpropagates through the chunk; returns the gradient of its input (None on the first).
+        ``defer_weight_grads`` leaves the Linear weight gradients in ``weight_grads`` (to flush)."""
         stashed = self.stash.pop((microbatch, chunk))
-        if self.is_last[chunk]:
-            stashed.outputs.backward()
-        else:
-            torch.autograd.backward(stashed.outputs, grad_output)
+        with self.weight_grads.deferred() if defer_weight_grads else nullcontext():
+            if self.is_last[chunk]:
+                stashed.outputs.backward()
+            else:
+                torch.autograd.backward(stashed.outputs, grad_output)
         self.stats.remove(stashed.saved_bytes)
         return None if self.is_first[chunk] else stashed.inputs.grad
 

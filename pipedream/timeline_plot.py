@@ -1,8 +1,8 @@
 """Gantt charts of pipeline timelines as PNG, in the style of the papers' schedule figures.
 
 Input is generic so simulated and measured timelines draw the same way: per rank, a list of
-spans ``(label, kind, microbatch, chunk, start, end)`` where kind is "F", "B" or anything else
-(drawn grey, e.g. "SYNC", "STEP"). matplotlib is imported lazily, with the Agg canvas and no pyplot,
+spans ``(label, kind, microbatch, chunk, start, end)`` where kind is "F", "B", "W" (weight
+gradients run after a backward's send) or anything else (drawn grey, e.g. "SYNC", "STEP"). matplotlib is imported lazily, with the Agg canvas and no pyplot,
 so importing this module (or the simulator) never needs a display or matplotlib itself.
 """
 from __future__ import annotations
@@ -16,7 +16,8 @@ Span = tuple[str, str, int, int, float, float]
 
 # Blue forwards and green backwards as in Megatron's figures; chunk c gets the c-th (lighter) shade.
 _SHADES = {"F": ("#1f4e9c", "#4f7fd0", "#8fb0e6", "#c5d6f4"),
-           "B": ("#1b7a3a", "#3fa862", "#86cf9b", "#c2e8cc")}
+           "B": ("#1b7a3a", "#3fa862", "#86cf9b", "#c2e8cc"),
+           "W": ("#7a5c1b", "#a8843f", "#cfb586", "#e8dcc2")}   # weight gradients run after the send
 _OTHER = "#9e9e9e"
 
 
@@ -72,11 +73,11 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
     ax.set_ylim(-0.6, ranks - 0.4)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    names = {"F": "forward", "B": "backward"}
+    names = {"F": "forward", "B": "backward", "W": "weight gradients (after the send)"}
     interleaved = any(c > 0 for _, c in chunks)
     handles = [Patch(color=span_color(k, c), label=f"{names[k]}{f' chunk {c}' if interleaved else ''}"
                      if k in names else k)
-               for k, c in sorted(chunks, key=lambda kc: ("FB".find(kc[0]) % 3, kc))]
+               for k, c in sorted(chunks, key=lambda kc: ("FBW".find(kc[0]) % 4, kc))]
     bottom = 0.0
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=7, frameon=False)

@@ -26,6 +26,9 @@ from .schedules import Action, Kind
 
 _CATEGORY = {Kind.FWD: "forward", Kind.BWD: "backward", Kind.SEND_ACT: "send", Kind.SEND_GRAD: "send",
              Kind.RECV_ACT: "recv", Kind.RECV_GRAD: "recv", Kind.SYNC_GRADS: "sync", Kind.STEP: "step"}
+WEIGHT_GRADS = "W"
+"""Event kind of a backward's weight-gradient GEMMs run after its input gradient was sent
+(``Executor.weight_grads_after_send``): event ``W3`` belongs to ``B3``."""
 TRACE_AUTO_MAX_STEPS = 2000   # trace.enabled=auto traces runs up to this many steps
 TRACED_ITERATIONS = 3         # trace.steps=null traces this many iterations right after warm-up
 
@@ -90,7 +93,7 @@ class TraceRecorder:
         self.totals = CommTotals()
         self.steps: list[StepTrace] = []
         self._in_step = False
-        self._raw: list[tuple[Action, float, float, float]] | None = None
+        self._raw: list[tuple[Action | str, float, float, float]] | None = None
 
     def begin_step(self, step: int, traced: bool, barrier: Callable[[], None] | None = None) -> None:
         """``traced``: keep this iteration's events; ``barrier`` aligns the ranks' origins first."""
@@ -114,6 +117,11 @@ class TraceRecorder:
         if self._raw is not None:
             self._raw.append((action, start, end, wait))
 
+    def record_weight_grads(self, microbatch: int, chunk: int, start: float, end: float) -> None:
+        if self._in_step and self._raw is not None:
+            backward = str(Action(Kind.BWD, microbatch, chunk))
+            self._raw.append((WEIGHT_GRADS + backward[1:], start, end, 0.0))
+
     def end_step(self) -> None:
         end = self.clock()
         self._in_step = False
@@ -123,9 +131,15 @@ class TraceRecorder:
         current = self.steps[-1]
         origin = current.origin
         current.end = end - origin
-        current.events = [TraceEvent(str(a), a.kind.value, a.microbatch, a.chunk, s - origin, e - origin, w)
-                          for a, s, e, w in self._raw]
+        current.events = [_event(a, s - origin, e - origin, w) for a, s, e, w in self._raw]
         self._raw = None
+
+
+def _event(action: Action | str, start: float, end: float, wait: float) -> TraceEvent:
+    if isinstance(action, str):    # weight gradients: "W3" or "W3.1"
+        microbatch, _, chunk = action[1:].partition(".")
+        return TraceEvent(action, WEIGHT_GRADS, int(microbatch), int(chunk or 0), start, end, wait)
+    return TraceEvent(str(action), action.kind.value, action.microbatch, action.chunk, start, end, wait)
 
 
 def traced_steps(trace_cfg: Any, total_steps: int, warmup: int) -> frozenset[int]:
@@ -163,6 +177,8 @@ def step_offsets(traces: list[RankTrace]) -> dict[int, float]:
 
 
 def _category(kind: str) -> str:
+    if kind == WEIGHT_GRADS:
+        return "backward"
     return next((name for k, name in _CATEGORY.items() if k.value == kind), "other")
 
 

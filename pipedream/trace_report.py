@@ -12,10 +12,10 @@ from typing import Any
 from .schedules import ASYNC_SCHEDULES, Kind, ScheduleError, build_schedule
 from .simulate import Costs, DeadlockError, SimResult, simulate
 from .timeline_plot import Span, plot_timeline, spans_from_sim
-from .trace import RankTrace, StepTrace, write_chrome_trace
+from .trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
 
-_COMPUTE = (Kind.FWD.value, Kind.BWD.value)
-_DRAWN = (Kind.FWD.value, Kind.BWD.value, Kind.SYNC_GRADS.value, Kind.STEP.value)
+_COMPUTE = (Kind.FWD.value, Kind.BWD.value, WEIGHT_GRADS)
+_DRAWN = (*_COMPUTE, Kind.SYNC_GRADS.value, Kind.STEP.value)
 MS = 1e3
 
 
@@ -52,14 +52,17 @@ class MeasuredCosts:
 
 def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
     """SYNC and STEP take the fastest rank's median: on the others they include waiting for peers
-    (the gradient-norm all-reduce), which the simulator models as idle time instead."""
+    (the gradient-norm all-reduce), which the simulator models as idle time instead. A backward's
+    weight gradients run after its send (``W`` events) count towards that backward."""
     samples: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     per_rank: dict[tuple[str, int], list[float]] = defaultdict(list)
     for trace in traces:
         for step in trace.steps:
+            weight_grads = {(e.microbatch, e.chunk): e.end - e.start for e in step.events if e.kind == WEIGHT_GRADS}
             for e in step.events:
-                if e.kind in _COMPUTE:
-                    samples[(e.kind, trace.pp_rank, e.chunk)].append(e.end - e.compute_start)
+                if e.kind in (Kind.FWD.value, Kind.BWD.value):
+                    extra = weight_grads.get((e.microbatch, e.chunk), 0.0) if e.kind == Kind.BWD.value else 0.0
+                    samples[(e.kind, trace.pp_rank, e.chunk)].append(e.end - e.compute_start + extra)
                 elif e.kind in (Kind.SYNC_GRADS.value, Kind.STEP.value):
                     per_rank[(e.kind, trace.rank)].append(e.end - e.start)
 

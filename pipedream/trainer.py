@@ -120,8 +120,10 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         traced = step + 1 in to_trace
         recorder.begin_step(step + 1, traced, dist.barrier if traced else None)
         sent, received = _comm_bytes(engine)
+        evaluating = eval_every > 0 and ((step + 1) % eval_every == 0 or step + 1 == steps)
+        logged = (step + 1) % log_every == 0 or step + 1 == steps or evaluating
         started = time.perf_counter()
-        result = engine.train_step(batches)
+        result = engine.train_step(batches, grad_norm=logged)
         elapsed = time.perf_counter() - started
         recorder.end_step()
         train_bytes[0] += _comm_bytes(engine)[0] - sent
@@ -131,10 +133,10 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         progress.update(1)
         record = {"step": step + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                   "step_time_s": elapsed, **throughput.of(elapsed)}
-        if eval_every > 0 and ((step + 1) % eval_every == 0 or step + 1 == steps):
+        if evaluating:
             val_loss = evaluate()
             record["val_loss"] = val_loss
-        if writer and ((step + 1) % log_every == 0 or step + 1 == steps or "val_loss" in record):
+        if writer and logged:
             writer.log_step(record)
             progress.set_postfix(loss=f"{result.loss:.3f}", **({"val": f"{val_loss:.3f}"} if "val_loss" in record else {}))
             progress.write(_format_record(record, steps))

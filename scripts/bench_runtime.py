@@ -4,14 +4,15 @@ thread per process). Writes docs/bench_runtime.json and its section of docs/benc
 number measured here, never typed); also two traced iterations of our 1f1b per workload, as
 docs/img/bench_runtime/<workload>/ trace.json, timeline.png and timeline_predicted.png.
 
-Run: .venv/bin/python scripts/bench_runtime.py          (about 4 minutes on a quiet 2-core machine)
+Run: .venv/bin/python scripts/bench_runtime.py          (about 6 minutes on a 2-core machine)
      .venv/bin/python scripts/bench_runtime.py --quick  (smoke run, tiny models, < 30 s; writes
                                                           nothing under docs/ unless --out-dir)
 
-Runs are alternated (repeat r runs every case once, in turn) so that slow phases of a shared
-machine spread over all cases; each run reports seconds per iteration over its timed steps; the
-tables give the median and min-max over repeats, and ratios are taken pair by pair (repeat by
-repeat) before their median.
+Every case of a workload is built once and warmed up; then each round runs every case for a short
+block of iterations, one case after the other (the order reversed every other round), so all
+cases of a round see the same phase of a shared machine. Ratios are taken case against case within
+each round, then their median: on a machine whose speed drifts by 20% over minutes, the paired
+ratio is what stays put. Tables give medians and min-max over rounds.
 """
 from __future__ import annotations
 
@@ -59,14 +60,24 @@ class Workload:
         return self.micro_batch * self.microbatches
 
 
+# Our 1f1b again with a runtime optimisation off, to show what each one buys (Hydra overrides).
+VARIANTS = {
+    "plain autograd": ("train.fuse_grad_accumulation=false", "train.weight_grads_after_send=false"),
+    "no send-first": ("train.weight_grads_after_send=false",),
+}
+
+
 @dataclass(frozen=True)
 class Case:
     runtime: str        # pipedream | torch | single
     schedule: str       # gpipe | 1f1b | interleaved ("-" for single)
+    variant: str = ""   # a key of VARIANTS (ours only)
 
     @property
     def name(self) -> str:
-        return "single-process" if self.runtime == "single" else f"{self.runtime} {self.schedule}"
+        if self.runtime == "single":
+            return "single-process"
+        return f"{self.runtime} {self.schedule}" + (f" [{self.variant}]" if self.variant else "")
 
     @property
     def vpp(self) -> int:
@@ -90,7 +101,8 @@ def workloads(quick: bool) -> list[Workload]:
 
 def cases() -> list[Case]:
     flush = [Case(r, s) for s in SCHEDULES for r in ("pipedream", "torch")]
-    return [Case("single", "-")] + flush + [Case("pipedream", s) for s in ASYNC_SCHEDULES]
+    return ([Case("single", "-")] + flush + [Case("pipedream", "1f1b", v) for v in VARIANTS]
+            + [Case("pipedream", s) for s in ASYNC_SCHEDULES])
 
 
 # ---------------------------------------------------------------- one training step per runtime
@@ -98,12 +110,12 @@ def cases() -> list[Case]:
 def _compose(workload: Workload, case: Case) -> Any:
     from hydra import compose, initialize_config_dir
 
-    overrides = list(workload.overrides) + [
+    overrides = list(workload.overrides) + list(VARIANTS.get(case.variant, ())) + [
         f"train.micro_batch_size={workload.micro_batch}", f"train.global_batch_size={workload.global_batch}",
         f"schedule={case.schedule if case.schedule != '-' else '1f1b'}", f"parallel.pp={PP}",
         f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
         # asynchronous schedules build the whole run's action list up front: keep the run short
-        f"train.steps={100 if case.schedule in ASYNC_SCHEDULES else 1000}"]
+        f"train.steps={200 if case.schedule in ASYNC_SCHEDULES else 1000}"]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
         return compose(config_name="config", overrides=overrides)
 
@@ -127,7 +139,8 @@ def _ours(workload: Workload, case: Case, rank: int, groups_cache: dict, recorde
     engine = PipelineEngine(spec, model, rank, torch.device("cpu"), groups_cache["groups"], cfg.optim, cfg.train,
                             datetime.timedelta(seconds=300), recorder=recorder)
     batches = dict(enumerate(_microbatches(model, workload)))
-    return lambda: engine.train_step(batches)
+    # no gradient norm: torch's loop computes none, and the trainer computes it only on logged steps
+    return lambda: engine.train_step(batches, grad_norm=False)
 
 
 def _torch(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
@@ -191,16 +204,9 @@ def _single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     return step if rank == 0 else (lambda: None)
 
 
-@dataclass(frozen=True)
-class Timing:
-    seconds: float          # per iteration
-    other_load: float       # share of the machine's CPU used by other processes during the run
-    tries: int
-
-
 @dataclass
 class Quiet:
-    """Before a timed run, rank 0 waits (within a budget for the whole benchmark) until other
+    """Before a timed block, rank 0 waits (within a budget for the whole benchmark) until other
     processes leave the CPU alone; the other ranks wait in a barrier, using no CPU."""
 
     max_other_load: float
@@ -220,6 +226,7 @@ class Quiet:
 
 def _measured(run: Callable[[], None]) -> tuple[float, float]:
     """(seconds, other processes' CPU share) of ``run`` between two barriers; rank 0's view."""
+    dist.barrier()
     jiffies, cpu, start = cpu_busy_jiffies(), time.process_time(), time.perf_counter()
     run()
     dist.barrier()
@@ -231,31 +238,13 @@ def _measured(run: Callable[[], None]) -> tuple[float, float]:
     return elapsed, float(load)
 
 
-def _least_disturbed(run: Callable[[], None], tries: int, quiet: Quiet) -> Timing:
-    """Runs ``run`` until other processes took at most ``quiet.max_other_load`` of the CPU (up to
-    ``tries`` times); the least disturbed run counts. Rank 0 decides for all."""
-    best: Timing | None = None
-    rank = dist.get_rank()
-    for attempt in range(1, tries + 1):
-        quiet.wait(rank)
-        elapsed, load = _measured(run)
-        if best is None or load < best.other_load:
-            best = Timing(elapsed, load, attempt)
-        if load <= quiet.max_other_load:
-            break
-    return Timing(best.seconds, best.other_load, attempt)
-
-
-def _timed(step: Callable[[], None], warmup: int, steps: int, tries: int, quiet: Quiet) -> Timing:
-    """Seconds per iteration of ``steps`` iterations (every rank's work is inside the barriers)."""
-    for _ in range(warmup):
-        step()
-
+def _block(step: Callable[[], None], steps: int) -> tuple[float, float]:
+    """Seconds per iteration over ``steps`` iterations, and the other processes' CPU share."""
     def run() -> None:
         for _ in range(steps):
             step()
-    timing = _least_disturbed(run, tries, quiet)
-    return Timing(timing.seconds / steps, timing.other_load, timing.tries)
+    elapsed, load = _measured(run)
+    return elapsed / steps, load
 
 
 def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir: Path, tries: int,
@@ -295,7 +284,7 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     return {"report": report.as_dict() if report else None, "other_load": best_load}
 
 
-def _worker(rank: int, port: int, quick: bool, warmup: int, steps: int, repeats: int, result_path: str,
+def _worker(rank: int, port: int, quick: bool, warmup: int, block: int, repeats: int, result_path: str,
             trace_dir: str | None, max_other_load: float, tries: int, wait_budget_s: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
@@ -307,19 +296,23 @@ def _worker(rank: int, port: int, quick: bool, warmup: int, steps: int, repeats:
     quiet = Quiet(max_other_load, wait_budget_s)
     try:
         for workload in workloads(quick):
-            times: dict[str, list[float]] = {c.name: [] for c in cases()}
-            loads: dict[str, list[float]] = {c.name: [] for c in cases()}
+            steps = {case.name: builders[case.runtime](workload, case) for case in cases()}
+            for step in steps.values():
+                for _ in range(warmup):
+                    step()
+            times: dict[str, list[float]] = {name: [] for name in steps}
+            loads: dict[str, list[float]] = {name: [] for name in steps}
             for repeat in range(repeats):
-                order = cases() if repeat % 2 == 0 else list(reversed(cases()))   # alternate the order too
-                for case in order:
-                    step = builders[case.runtime](workload, case)
-                    timing = _timed(step, warmup, steps, tries, quiet)
-                    times[case.name].append(timing.seconds)
-                    loads[case.name].append(timing.other_load)
-                    del step
+                quiet.wait(rank)
+                order = list(steps) if repeat % 2 == 0 else list(reversed(steps))   # alternate the order too
+                for name in order:
+                    seconds, load = _block(steps[name], block)
+                    times[name].append(seconds)
+                    loads[name].append(load)
                 if rank == 0:
-                    print(f"[{workload.name}] repeat {repeat + 1}/{repeats}: " + ", ".join(
+                    print(f"[{workload.name}] round {repeat + 1}/{repeats}: " + ", ".join(
                         f"{k} {v[-1] * 1e3:.0f} ms" for k, v in times.items()), flush=True)
+            del steps
             traced = None
             if trace_dir is not None:
                 traced = _traced_iteration(workload, rank, groups_cache, Path(trace_dir) / workload.name,
@@ -347,7 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
         trace_dir = str(trace_root) if trace_root else str(Path(tmp) / "trace")
-        mp.start_processes(_worker, args=(_free_port(), args.quick, args.warmup, args.steps, args.repeats,
+        mp.start_processes(_worker, args=(_free_port(), args.quick, args.warmup, args.block, args.rounds,
                                           result_path, trace_dir, args.max_other_load, args.tries,
                                           args.wait_budget),
                            nprocs=PP, join=True, start_method="spawn")
@@ -359,7 +352,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "command": "python scripts/bench_runtime.py" + (" --quick" if args.quick else ""),
         "duration_s": time.perf_counter() - started,
         "other_load": other_load(busy_before, cpu_busy_jiffies(), own),
-        "settings": {"repeats": args.repeats, "warmup": args.warmup, "steps": args.steps, "pp": PP,
+        "settings": {"rounds": args.rounds, "warmup": args.warmup, "block": args.block, "pp": PP,
                      "max_other_load": args.max_other_load, "tries": args.tries, "wait_budget_s": args.wait_budget},
         "workloads": {}}
     for workload in workloads(args.quick):
@@ -381,20 +374,20 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny models, 1 repeat, few steps (smoke run)")
-    parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--warmup", type=int, default=None)
-    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--quick", action="store_true", help="tiny models, 1 round, few steps (smoke run)")
+    parser.add_argument("--rounds", type=int, default=None, help="rounds over all cases (default 12)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed iterations per case (default 2)")
+    parser.add_argument("--block", type=int, default=None, help="timed iterations per case and round (default 2)")
     parser.add_argument("--out-dir", help="where bench_runtime.json and benchmarks.md go (default docs/)")
     parser.add_argument("--max-other-load", type=float, default=0.15,
-                        help="rerun a run when other processes took more than this share of the CPU")
-    parser.add_argument("--tries", type=int, default=None, help="runs per measurement at most (default 2)")
+                        help="before a round, wait for other processes to use less than this share of the CPU")
+    parser.add_argument("--tries", type=int, default=None, help="attempts at a quiet traced iteration (default 2)")
     parser.add_argument("--wait-budget", type=float, default=None,
                         help="seconds the whole benchmark may wait for other processes to go quiet (default 30)")
     args = parser.parse_args(argv)
-    args.repeats = args.repeats or (1 if args.quick else 4)
+    args.rounds = args.rounds or (1 if args.quick else 12)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.quick else 2)
-    args.steps = args.steps or (2 if args.quick else 5)
+    args.block = args.block or 2
     args.tries = args.tries or (1 if args.quick else 2)
     args.wait_budget = args.wait_budget if args.wait_budget is not None else (0.0 if args.quick else 30.0)
     data = run(args)
@@ -402,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
         for case_name, row in w["cases"].items():
             extra = f"  vs torch {row['vs_torch']['median']:.2f}x" if "vs_torch" in row else ""
             extra += f"  of ideal {row['of_ideal']['median']:.0%}" if "of_ideal" in row else ""
-            print(f"{name:4} {case_name:22} {row['step_time_s']['median'] * 1e3:8.1f} ms{extra}")
+            print(f"{name:4} {case_name:38} {row['step_time_s']['median'] * 1e3:8.1f} ms{extra}")
     for t in data["targets"]:
         print(f"target {t['name']}: {'met' if t['met'] else 'NOT met'} ({t['value']:.3f})")
     print(f"done in {data['duration_s']:.0f} s; other processes used {data['other_load'] or 0:.0%} of the CPU")

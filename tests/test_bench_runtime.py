@@ -20,13 +20,16 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     data = json.loads((tmp_path / "bench_runtime.json").read_text())
     cases = data["workloads"]["mlp"]["cases"]
     assert set(cases) == {"single-process", "pipedream gpipe", "torch gpipe", "pipedream 1f1b", "torch 1f1b",
-                          "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream"}
+                          "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream",
+                          "pipedream 1f1b [plain autograd]", "pipedream 1f1b [no send-first]"}
+    assert cases["pipedream 1f1b [plain autograd]"]["vs_torch"]["median"] > 0
     assert "vs_torch" not in cases["pipedream 2bw"] and cases["pipedream 2bw"]["ideal_bubble"] == 0.0
     assert all(row["step_time_s"]["min"] <= row["step_time_s"]["median"] <= row["step_time_s"]["max"]
                for row in cases.values())
     assert data["machine"]["cores"] and data["machine"]["torch"]
     text = (tmp_path / "benchmarks.md").read_text()
     assert text.count("<!-- bench_runtime:begin -->") == 1 and "| pipedream 1f1b |" in text
+    assert "Where our 1f1b's lead over torch's Schedule1F1B comes from" in text
     assert (tmp_path / "img" / "bench_runtime" / "mlp" / "timeline.png").exists()
 
 

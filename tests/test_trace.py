@@ -10,7 +10,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipedream.schedules import Action, Kind, build_schedule
-from pipedream.trace import RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
+from pipedream.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
 from pipedream.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
 from tests.distributed import run_workers
 
@@ -165,8 +165,16 @@ def test_trace_covers_every_action_in_schedule_order(traced_runs, name) -> None:
         for step in (2, 3):
             mine = sorted((e for e in complete if e["pid"] == rank and e["args"]["step"] == step),
                           key=lambda e: e["ts"])
-            actions = [e for e in mine if e["cat"] not in ("wait", "iteration")]
+            executed = [e for e in mine if e["cat"] not in ("wait", "iteration")]
+            actions = [e for e in executed if not e["name"].startswith(WEIGHT_GRADS)]
             assert [e["name"] for e in actions] == expected          # each action once, in schedule order
+            # Deferred weight gradients run right after their backward's send, once each.
+            for before, after in zip(executed, executed[1:]):
+                if after["name"].startswith(WEIGHT_GRADS):
+                    assert before["name"] == "SG" + after["name"].removeprefix(WEIGHT_GRADS)
+            deferred = [e["name"] for e in executed if e["name"].startswith(WEIGHT_GRADS)]
+            sends = [e["name"] for e in actions if e["name"].startswith("SG")]
+            assert deferred == [WEIGHT_GRADS + s.removeprefix("SG") for s in sends]
             for before, after in zip(actions, actions[1:]):
                 assert before["ts"] + before["dur"] <= after["ts"] + 1e-3
             for wait in (e for e in mine if e["cat"] == "wait"):

@@ -1,0 +1,115 @@
+"""Linear layers whose weight gradient accumulates inside the GEMM that computes it.
+
+Plain autograd computes each micro-batch's weight gradient dY^T X into a new tensor and then adds
+it to ``weight.grad`` (AccumulateGrad): per micro-batch and Linear, one weight-sized tensor is
+written, read back and added. ``weight.grad.addmm_(dY^T, X)`` does the same sum in one pass (as
+Megatron-LM's gradient-accumulation fusion). Gradients equal autograd's up to float rounding; what
+changes is memory traffic, which is what a pipeline stage's backward is bound by when every core
+is busy (docs/benchmarks.md).
+
+``fuse_grad_accumulation(module, queue)`` switches every ``nn.Linear`` inside ``module`` to
+``AccumulatingLinear`` in place: same parameters, names and state dict, same forward. With a
+``WeightGradQueue``, a backward run inside ``queue.deferred()`` computes input gradients only and
+leaves the weight-gradient GEMMs in the queue: a pipeline stage sends its input gradient first, so
+the previous stage starts its backward earlier, and runs ``queue.flush()`` right after the send.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def accumulate_weight_grad(weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
+    """``weight.grad += grad_output^T @ inputs`` over all leading dimensions, in one GEMM."""
+    flat_grad = grad_output.reshape(-1, grad_output.shape[-1])
+    flat_inputs = inputs.reshape(-1, inputs.shape[-1]).to(flat_grad.dtype)
+    if weight.grad is None:
+        weight.grad = flat_grad.t().mm(flat_inputs).to(weight.dtype)
+    elif weight.grad.dtype == flat_grad.dtype:
+        weight.grad.addmm_(flat_grad.t(), flat_inputs)
+    else:   # e.g. bf16 activations with fp32 gradients: accumulate in the gradient's precision
+        weight.grad.add_(flat_grad.t().mm(flat_inputs).to(weight.grad.dtype))
+
+
+class WeightGradQueue:
+    """Weight-gradient GEMMs held back while ``deferred()`` is active, run by ``flush()``."""
+
+    def __init__(self) -> None:
+        self._deferring = False
+        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._deferring = True
+        try:
+            yield
+        finally:
+            self._deferring = False
+
+    def accumulate(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
+        if self._deferring:
+            self._pending.append((weight, grad_output, inputs))
+        else:
+            accumulate_weight_grad(weight, grad_output, inputs)
+
+    def flush(self) -> bool:
+        """Runs the held-back GEMMs in order; True if there were any."""
+        pending, self._pending = self._pending, []
+        for weight, grad_output, inputs in pending:
+            accumulate_weight_grad(weight, grad_output, inputs)
+        return bool(pending)
+
+
+class _LinearAccumulatingGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                queue: WeightGradQueue | None) -> torch.Tensor:
+        # the weight itself, not a saved copy: its .grad is where the gradient goes (a saved leaf
+        # comes back from saved_tensors_hooks as another tensor object)
+        ctx.save_for_backward(inputs)
+        ctx.weight, ctx.has_bias, ctx.queue = weight, bias is not None, queue
+        return F.linear(inputs, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_output: torch.Tensor):
+        (inputs,), weight = ctx.saved_tensors, ctx.weight
+        grad_inputs = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_inputs = grad_output.matmul(weight.to(grad_output.dtype)).to(inputs.dtype)
+        if ctx.needs_input_grad[1]:
+            # the weight is a leaf (a parameter, or a weight version of an asynchronous schedule):
+            # its gradient lands directly in .grad, so autograd gets None for it
+            if ctx.queue is not None:
+                ctx.queue.accumulate(weight, grad_output, inputs)
+            else:
+                accumulate_weight_grad(weight, grad_output, inputs)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0).to(weight.dtype)
+        return grad_inputs, None, grad_bias, None
+
+
+class AccumulatingLinear(nn.Linear):
+    """``nn.Linear`` whose weight gradient accumulates in place (see the module docstring)."""
+
+    weight_grads: WeightGradQueue | None = None
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        if not (self.weight.requires_grad and self.weight.is_leaf) or not torch.is_grad_enabled():
+            return F.linear(inputs, self.weight, self.bias)
+        return _LinearAccumulatingGrad.apply(inputs, self.weight, self.bias, self.weight_grads)
+
+
+def fuse_grad_accumulation(module: nn.Module, queue: WeightGradQueue | None = None) -> int:
+    """Switches every plain ``nn.Linear`` in ``module`` to ``AccumulatingLinear`` (its weight
+    gradients going through ``queue`` when given); returns how many."""
+    count = 0
+    for layer in module.modules():
+        if type(layer) is nn.Linear:
+            layer.__class__ = AccumulatingLinear
+            layer.weight_grads = queue
+            count += 1
+    return count

@@ -1,0 +1,34 @@
+"""The order in which one rank issues its actions: receives move up by one compute.
+
+A schedule places each receive just before the compute that consumes it. The executor posts it
+earlier, before the compute *before* that one, so the transfer overlaps that compute; sends are
+issued right after the compute that produced their tensor; everything else keeps its place.
+Every send and receive is non-blocking and waited on only by what needs it (the consuming
+compute, or the end of the iteration for sends).
+
+Pure data (no torch): the executor walks this order, and ``stream_model`` checks it under NCCL's
+rules (where a send may wait for its receive and calls on one stream run one after the other).
+"""
+from __future__ import annotations
+
+from .actions import COMPUTE_KINDS, Action, Kind
+
+_RECEIVES = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
+
+
+def issue_order(actions: list[Action]) -> list[Action]:
+    """``actions`` with the receives between two FWD/BWD moved above the first of them."""
+    compute_at = [i for i, a in enumerate(actions) if a.kind in COMPUTE_KINDS]
+    hoisted: dict[int, list[Action]] = {}     # compute index -> receives posted just before it
+    moved: set[int] = set()
+    for current, following in zip(compute_at, compute_at[1:]):
+        for i in range(current + 1, following):
+            if actions[i].kind in _RECEIVES:
+                hoisted.setdefault(current, []).append(actions[i])
+                moved.add(i)
+    order: list[Action] = []
+    for i, action in enumerate(actions):
+        if i not in moved:
+            order += hoisted.get(i, [])
+            order.append(action)
+    return order
