@@ -2,8 +2,9 @@
 
 Input is generic so simulated and measured timelines draw the same way: per rank, a list of
 spans ``(label, kind, microbatch, chunk, start, end)`` where kind is "F", "B", "W" (weight
-gradients run after a backward's send) or anything else (drawn grey, e.g. "SYNC", "STEP"). matplotlib is imported lazily, with the Agg canvas and no pyplot,
-so importing this module (or the simulator) never needs a display or matplotlib itself.
+gradients run after a backward's send) or anything else (drawn grey, e.g. "SYNC", "STEP").
+matplotlib is imported lazily, with the Agg canvas and no pyplot, so importing this module (or
+the simulator) never needs a display or matplotlib itself.
 """
 from __future__ import annotations
 
@@ -75,9 +76,11 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
     ax.set_title(title)
     names = {"F": "forward", "B": "backward", "W": "weight gradients (after the send)"}
     interleaved = any(c > 0 for _, c in chunks)
-    handles = [Patch(color=span_color(k, c), label=f"{names[k]}{f' chunk {c}' if interleaved else ''}"
-                     if k in names else k)
-               for k, c in sorted(chunks, key=lambda kc: ("FBW".find(kc[0]) % 4, kc))]
+    handles = [Patch(color=span_color(k, c), label=f"{names[k]}{f' chunk {c}' if interleaved else ''}")
+               for k, c in sorted(chunks, key=lambda kc: ("FBW".find(kc[0]), kc)) if k in names]
+    others = sorted({k for k, _ in chunks if k not in names})
+    if others:   # one grey entry for everything that is not compute
+        handles.append(Patch(color=_OTHER, label=", ".join(others)))
     bottom = 0.0
     if handles:
         fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 6), fontsize=7, frameon=False)
