@@ -36,8 +36,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from bench_runtime_report import (analyse, cpu_busy_jiffies, machine, markdown, other_load,  # noqa: E402
-                                  replace_section, targets)
+from bench_load import Quiet, cpu_busy_jiffies, measured, other_load  # noqa: E402
+from bench_runtime_report import analyse, machine, markdown, replace_section, targets  # noqa: E402
 
 PP = 2
 SECTION = "bench_runtime"
@@ -204,46 +204,12 @@ def _single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     return step if rank == 0 else (lambda: None)
 
 
-@dataclass
-class Quiet:
-    """Before a timed block, rank 0 waits (within a budget for the whole benchmark) until other
-    processes leave the CPU alone; the other ranks wait in a barrier, using no CPU."""
-
-    max_other_load: float
-    budget_s: float
-    waited_s: float = 0.0
-
-    def wait(self, rank: int) -> None:
-        if rank == 0:
-            while self.waited_s < self.budget_s:
-                before = cpu_busy_jiffies()
-                time.sleep(0.5)
-                self.waited_s += 0.5
-                if (other_load(before, cpu_busy_jiffies(), 0.0) or 0.0) <= self.max_other_load:
-                    break
-        dist.barrier()
-
-
-def _measured(run: Callable[[], None]) -> tuple[float, float]:
-    """(seconds, other processes' CPU share) of ``run`` between two barriers; rank 0's view."""
-    dist.barrier()
-    jiffies, cpu, start = cpu_busy_jiffies(), time.process_time(), time.perf_counter()
-    run()
-    dist.barrier()
-    elapsed = time.perf_counter() - start
-    own = torch.tensor([time.process_time() - cpu], dtype=torch.float64)
-    dist.all_reduce(own)                                   # CPU seconds of every benchmark process
-    load = torch.tensor([other_load(jiffies, cpu_busy_jiffies(), float(own)) or 0.0], dtype=torch.float64)
-    dist.broadcast(load, src=0)
-    return elapsed, float(load)
-
-
 def _block(step: Callable[[], None], steps: int) -> tuple[float, float]:
     """Seconds per iteration over ``steps`` iterations, and the other processes' CPU share."""
     def run() -> None:
         for _ in range(steps):
             step()
-    elapsed, load = _measured(run)
+    elapsed, load = measured(run)
     return elapsed / steps, load
 
 
@@ -270,7 +236,7 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     best_load = float("inf")
     for _ in range(tries):
         quiet.wait(rank)
-        _, load = _measured(run)
+        _, load = measured(run)
         if load < best_load:
             best_load, kept["steps"] = load, list(recorder.steps)
         if load <= quiet.max_other_load:

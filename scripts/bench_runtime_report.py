@@ -66,25 +66,6 @@ def machine() -> dict[str, Any]:
             "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}"}
 
 
-def cpu_busy_jiffies() -> tuple[int, int]:
-    """(busy, total) jiffies of the whole machine from /proc/stat; (0, 0) where unavailable."""
-    try:
-        fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return 0, 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields) - idle, sum(fields)
-
-
-def other_load(before: tuple[int, int], after: tuple[int, int], own_cpu_s: float) -> float | None:
-    """Share of the machine's CPU that processes other than the benchmark used while it ran."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    busy, total = after[0] - before[0], after[1] - before[1]
-    if total <= 0:
-        return None
-    return max(0.0, (busy - own_cpu_s * ticks) / total)
-
-
 def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
     """The issue's two targets, on the MLP workload (the compute-heavy blocks)."""
     if "mlp" not in data["workloads"]:
