@@ -94,7 +94,8 @@ class PipelineEngine:
         self.executor = Executor(self.stage, self.comm, self.gradients.sync,
                                  self._async_step if self.is_async else self._step, recorder,
                                  sends_before_sync=not self.is_async,
-                                 weight_grads_after_send=bool(train_cfg.get("weight_grads_after_send", True)))
+                                 weight_grads_after_send=bool(train_cfg.get("weight_grads_after_send", True)),
+                                 weight_grads_delay=int(train_cfg.get("weight_grads_delay", 1)))
         self.world_group = dist.group.WORLD
         self.runner = None
         if self.is_async:

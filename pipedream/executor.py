@@ -49,6 +49,12 @@ class Executor:
     # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Flush schedules
     # only (weight versions of the asynchronous ones take their gradients at the backward's end).
     weight_grads_after_send: bool = True
+    # How many later backwards' sends a backward's weight-gradient GEMMs wait for (0: right after
+    # its own send). With 1, the GEMMs of B(k) run after B(k+1)'s send: the forward that follows a
+    # backward in 1F1B starts as soon as its input arrives, and the last backward's input gradient
+    # leaves one weight-gradient pass earlier, which shortens the flush (docs/design.md). Every
+    # held group runs before the gradient sync.
+    weight_grads_delay: int = 1
 
     def __post_init__(self) -> None:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
@@ -82,9 +88,11 @@ class Executor:
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
                 if self.recorder is not None:
                     self.recorder.record(action, start, self.clock(), wait)
-                self._flush_weight_grads(action)
+                self._run_weight_grads(keep=self.weight_grads_delay)
                 continue
             elif kind is Kind.SYNC_GRADS:
+                self._run_weight_grads(keep=0)
+                start = self.clock()
                 if self.comm is not None and self.sends_before_sync:
                     self.comm.wait_sends()
                 self.sync_grads()
@@ -92,14 +100,19 @@ class Executor:
                 self.step()
             if self.recorder is not None:
                 self.recorder.record(action, start, self.clock(), wait)
+        self._run_weight_grads(keep=0)
         if self.comm is not None:
             self.comm.wait_sends()
         return result
 
-    def _flush_weight_grads(self, action: Action) -> None:
-        start = self.clock()
-        if self.stage.weight_grads.flush() and self.recorder is not None:
-            self.recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
+    def _run_weight_grads(self, keep: int) -> None:
+        """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""
+        queue = self.stage.weight_grads
+        while len(queue) > keep:
+            start = self.clock()
+            microbatch, chunk = queue.run_oldest()
+            if self.recorder is not None:
+                self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
 
     def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
                  train: bool) -> float:

@@ -9,14 +9,17 @@ is busy (docs/benchmarks.md).
 
 ``fuse_grad_accumulation(module, queue)`` switches every ``nn.Linear`` inside ``module`` to
 ``AccumulatingLinear`` in place: same parameters, names and state dict, same forward. With a
-``WeightGradQueue``, a backward run inside ``queue.deferred()`` computes input gradients only and
-leaves the weight-gradient GEMMs in the queue: a pipeline stage sends its input gradient first, so
-the previous stage starts its backward earlier, and runs ``queue.flush()`` right after the send.
+``WeightGradQueue``, a backward run inside ``queue.deferred(key)`` computes input gradients only
+and leaves its weight-gradient GEMMs in the queue as one group: a pipeline stage sends its input
+gradient first, so the previous stage starts its backward earlier, and runs the group later
+(``run_oldest``). Groups run in the order they were queued, so every weight gradient is summed
+over micro-batches in the same order whenever the groups run: results do not depend on when.
 """
 from __future__ import annotations
 
+from collections import deque
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Hashable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -36,32 +39,40 @@ def accumulate_weight_grad(weight: torch.Tensor, grad_output: torch.Tensor, inpu
 
 
 class WeightGradQueue:
-    """Weight-gradient GEMMs held back while ``deferred()`` is active, run by ``flush()``."""
+    """Weight-gradient GEMMs held back while ``deferred(key)`` is active: one group per key (a
+    backward), run oldest first."""
 
     def __init__(self) -> None:
-        self._deferring = False
-        self._pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._collecting: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._groups: deque[tuple[Hashable, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]] = deque()
 
     @contextmanager
-    def deferred(self) -> Iterator[None]:
-        self._deferring = True
+    def deferred(self, key: Hashable) -> Iterator[None]:
+        gemms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._collecting = gemms
         try:
             yield
         finally:
-            self._deferring = False
+            self._collecting = None
+            if gemms:
+                self._groups.append((key, gemms))
 
     def accumulate(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
-        if self._deferring:
-            self._pending.append((weight, grad_output, inputs))
+        if self._collecting is not None:
+            self._collecting.append((weight, grad_output, inputs))
         else:
             accumulate_weight_grad(weight, grad_output, inputs)
 
-    def flush(self) -> bool:
-        """Runs the held-back GEMMs in order; True if there were any."""
-        pending, self._pending = self._pending, []
-        for weight, grad_output, inputs in pending:
+    def __len__(self) -> int:
+        """Groups waiting to run."""
+        return len(self._groups)
+
+    def run_oldest(self) -> Hashable:
+        """Runs the oldest group's GEMMs; returns its key."""
+        key, gemms = self._groups.popleft()
+        for weight, grad_output, inputs in gemms:
             accumulate_weight_grad(weight, grad_output, inputs)
-        return bool(pending)
+        return key
 
 
 class _LinearAccumulatingGrad(torch.autograd.Function):

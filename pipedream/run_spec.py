@@ -104,6 +104,10 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         _positive(cfg, key)
     if not float(cfg.train.lr) > 0:
         raise ConfigError(f"train.lr = {cfg.train.lr} must be > 0")
+    delay = _get(cfg, "train.weight_grads_delay")
+    if delay is not None and (not isinstance(delay, int) or isinstance(delay, bool) or delay < 0):
+        raise ConfigError(f"train.weight_grads_delay = {delay!r} must be an integer >= 0 (0 runs a backward's "
+                          f"weight-gradient GEMMs right after its send)")
     tp = _get(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
         check_tensor_parallel_config(cfg.model, tp)

@@ -46,6 +46,9 @@ class Costs:
     activations and ``grad_bytes`` for gradients; messages on one channel are serialized.
     ``stash_bytes``: activation bytes (rank, chunk) keeps per in-flight micro-batch.
     ``sync``/``step``: SYNC_GRADS and STEP durations (0 by default so bubbles are pure pipeline).
+    ``weight_grad``: the part of ``backward`` that is weight-gradient GEMMs, which a backward whose
+    input gradient is sent runs after that send, held back behind later sends as the executor
+    does (``simulate``'s ``weight_grads_delay``); 0 runs every backward whole.
     """
 
     forward: Value = 1.0
@@ -57,6 +60,7 @@ class Costs:
     stash_bytes: Value = 0.0
     sync: float = 0.0
     step: float = 0.0
+    weight_grad: Value = 0.0
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0 or self.latency < 0 or self.sync < 0 or self.step < 0:
@@ -78,6 +82,7 @@ class Interval:
     action: Action
     start: float
     end: float
+    weight_grads: bool = False   # the held-back weight-gradient GEMMs of the BWD ``action``
 
 
 @dataclass(frozen=True)
@@ -178,12 +183,14 @@ def check_compute(schedule: list[list[Action]], microbatches: int, vpp: int) -> 
 
 def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: int | None = None,
              peer: PeerFn = peer_stage, needs: NeedsFn | None = None,
-             sync_groups: SyncGroupFn | None = None) -> SimResult:
+             sync_groups: SyncGroupFn | None = None, weight_grads_delay: int = 1) -> SimResult:
     """Simulate one iteration; raises ChannelError, ScheduleError or DeadlockError.
 
     ``needs`` tells which receive a compute consumes (default: by pipeline position, as
     ``needed_receive``). With ``sync_groups``, the n-th SYNC_GRADS of every member of a group starts
     when the last member reaches it (an all-reduce), so collectives take part in deadlock detection.
+    With ``costs.weight_grad``, a backward's weight-gradient part runs once ``weight_grads_delay``
+    later backwards of its rank have sent their input gradients, or before SYNC_GRADS.
     """
     costs = costs or Costs()
     pp = len(schedule)
@@ -210,6 +217,15 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
     waits: list[list[Interval]] = [[] for _ in range(pp)]
     in_flight: list[set[tuple[int, int]]] = [set() for _ in range(pp)]
     stash, peak, peak_stash = [0.0] * pp, [0] * pp, [0.0] * pp
+    sent_back = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
+                 for a in actions if a.kind is Kind.SEND_GRAD}
+    held: list[list[tuple[Action, float]]] = [[] for _ in range(pp)]   # weight-gradient parts, oldest first
+
+    def run_weight_grads(rank: int, keep: int) -> None:
+        while len(held[rank]) > keep:
+            action, duration = held[rank].pop(0)
+            timelines[rank].append(Interval(action, clock[rank], clock[rank] + duration, weight_grads=True))
+            clock[rank] += duration
 
     def advance(rank: int, action: Action) -> bool:
         """Run ``action`` on ``rank`` if its input is there; False when blocked."""
@@ -227,6 +243,8 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
             start = max(clock[rank], channel_free.get((rank, dst), 0.0))
             channel_free[(rank, dst)] = start + size / costs.bandwidth
             arrivals.setdefault((rank, dst), []).append(start + size / costs.bandwidth + costs.latency)
+            if kind is Kind.SEND_GRAD:
+                run_weight_grads(rank, weight_grads_delay)
             return True
         start = clock[rank]
         if kind in COMPUTE_KINDS:
@@ -253,7 +271,14 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
                 in_flight[rank].remove(key)
                 stash[rank] -= costs.of("stash_bytes", rank, action.chunk)
                 duration = costs.of("backward", rank, action.chunk)
+                weight_grad = costs.of("weight_grad", rank, action.chunk)
+                if weight_grad > 0 and (rank, *key) in sent_back:
+                    duration -= weight_grad
+                    held[rank].append((action, weight_grad))
         else:
+            if kind is Kind.SYNC_GRADS:
+                run_weight_grads(rank, 0)
+                start = clock[rank]
             duration = costs.sync if kind is Kind.SYNC_GRADS else costs.step
             group = sync_groups(rank) if sync_groups and kind is Kind.SYNC_GRADS else None
             if group is not None:
@@ -276,6 +301,8 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
                 progressed = True
         if not progressed:
             raise DeadlockError(_describe_deadlock(schedule, pc, posted, pp, vpp, peer, needs))
+    for rank in range(pp):
+        run_weight_grads(rank, 0)
     return _result(pp, vpp, timelines, waits, clock, peak, peak_stash, starts)
 
 

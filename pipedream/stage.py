@@ -125,9 +125,10 @@ class Stage:
     def backward(self, microbatch: int, chunk: int, grad_output: torch.Tensor | None = None,
                  defer_weight_grads: bool = False) -> torch.Tensor | None:
         """Backpropagates through the chunk; returns the gradient of its input (None on the first).
-        ``defer_weight_grads`` leaves the Linear weight gradients in ``weight_grads`` (to flush)."""
+        ``defer_weight_grads`` leaves the Linear weight gradients in ``weight_grads``, as the group
+        (microbatch, chunk), for the caller to run."""
         stashed = self.stash.pop((microbatch, chunk))
-        with self.weight_grads.deferred() if defer_weight_grads else nullcontext():
+        with self.weight_grads.deferred((microbatch, chunk)) if defer_weight_grads else nullcontext():
             if self.is_last[chunk]:
                 stashed.outputs.backward()
             else:

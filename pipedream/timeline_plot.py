@@ -30,7 +30,8 @@ def spans_from_sim(result: SimResult) -> list[list[Span]]:
         for item in timeline:
             a = item.action
             label = str(a.microbatch) if a.microbatch >= 0 else a.kind.value
-            row.append((label, a.kind.value, a.microbatch, a.chunk, item.start, item.end))
+            kind = "W" if item.weight_grads else a.kind.value
+            row.append((label, kind, a.microbatch, a.chunk, item.start, item.end))
         spans.append(row)
     return spans
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -40,21 +40,25 @@ class MeasuredCosts:
     """Medians over traced iterations (and data-parallel replicas), in seconds."""
 
     forward: dict[tuple[int, int], float]     # (pp_rank, chunk) -> seconds
-    backward: dict[tuple[int, int], float]
+    backward: dict[tuple[int, int], float]    # the whole backward, held-back weight gradients included
     sync: float
     step: float
+    weight_grad: dict[tuple[int, int], float] = field(default_factory=dict)   # their part of it
 
     def costs(self, scale: float = 1.0) -> Costs:
         return Costs(forward={k: v * scale for k, v in self.forward.items()},
                      backward={k: v * scale for k, v in self.backward.items()},
+                     weight_grad={k: self.weight_grad.get(k, 0.0) * scale for k in self.backward},
                      sync=self.sync * scale, step=self.step * scale)
 
 
 def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
     """SYNC and STEP take the fastest rank's median: on the others they include waiting for peers
     (the gradient-norm all-reduce), which the simulator models as idle time instead. A backward's
-    weight gradients run after its send (``W`` events) count towards that backward."""
+    weight gradients run after a send (``W`` events) count towards that backward, and are also
+    kept apart (``weight_grad``) so the simulator holds them back as the executor did."""
     samples: dict[tuple[str, int, int], list[float]] = defaultdict(list)
+    held: dict[tuple[int, int], list[float]] = defaultdict(list)
     per_rank: dict[tuple[str, int], list[float]] = defaultdict(list)
     for trace in traces:
         for step in trace.steps:
@@ -63,6 +67,8 @@ def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
                 if e.kind in (Kind.FWD.value, Kind.BWD.value):
                     extra = weight_grads.get((e.microbatch, e.chunk), 0.0) if e.kind == Kind.BWD.value else 0.0
                     samples[(e.kind, trace.pp_rank, e.chunk)].append(e.end - e.compute_start + extra)
+                    if e.kind == Kind.BWD.value:
+                        held[(trace.pp_rank, e.chunk)].append(extra)
                 elif e.kind in (Kind.SYNC_GRADS.value, Kind.STEP.value):
                     per_rank[(e.kind, trace.rank)].append(e.end - e.start)
 
@@ -74,7 +80,8 @@ def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
         return min(values, default=0.0)
 
     return MeasuredCosts(medians(Kind.FWD.value), medians(Kind.BWD.value),
-                         fastest(Kind.SYNC_GRADS.value), fastest(Kind.STEP.value))
+                         fastest(Kind.SYNC_GRADS.value), fastest(Kind.STEP.value),
+                         {key: statistics.median(v) for key, v in held.items()})
 
 
 def representative_step(traces: list[RankTrace]) -> int | None:
@@ -122,32 +129,37 @@ class TraceReport:
     ideal_bubble_fraction: float
     forward_s: dict[str, float]
     backward_s: dict[str, float]
+    weight_grad_s: dict[str, float]       # the part of backward_s run after a later send
     files: dict[str, str]
 
     def as_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 
 
-def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: MeasuredCosts) -> SimResult | None:
+def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: MeasuredCosts,
+            weight_grads_delay: int = 1) -> SimResult | None:
     """The simulator's iteration (in ms) with measured costs; None where one iteration is not a
     self-contained action list (asynchronous schedules never flush) or costs are missing."""
     if schedule in ASYNC_SCHEDULES:
         return None
     try:
-        return simulate(build_schedule(schedule, pp, microbatches, vpp), costs.costs(MS), vpp=vpp)
+        return simulate(build_schedule(schedule, pp, microbatches, vpp), costs.costs(MS), vpp=vpp,
+                        weight_grads_delay=weight_grads_delay)
     except (KeyError, ScheduleError, DeadlockError):
         return None
 
 
 def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, pp: int, microbatches: int,
-                        vpp: int, draw: bool = True, metadata: dict[str, Any] | None = None) -> TraceReport | None:
-    """Writes trace.json (and timeline.png, timeline_predicted.png with ``draw``); returns the report."""
+                        vpp: int, draw: bool = True, metadata: dict[str, Any] | None = None,
+                        weight_grads_delay: int = 1) -> TraceReport | None:
+    """Writes trace.json (and timeline.png, timeline_predicted.png with ``draw``); returns the report.
+    ``weight_grads_delay`` is the run's ``train.weight_grads_delay``, for the prediction."""
     if not any(t.steps for t in traces):
         return None
     files = {"trace": str(write_chrome_trace(out_dir / "trace.json", traces, metadata))}
     step = representative_step(traces)
     costs = measured_costs(traces)
-    sim = predict(schedule, pp, microbatches, vpp, costs)
+    sim = predict(schedule, pp, microbatches, vpp, costs, weight_grads_delay)
     per_rank = []
     for trace in sorted(traces, key=lambda t: t.rank):
         per_rank.append(statistics.median(bubble_fraction(s) for s in trace.steps) if trace.steps else float("nan"))
@@ -174,4 +186,5 @@ def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, p
         ideal_bubble_fraction=ideal_bubble_fraction(pp, microbatches, vpp),
         forward_s={f"{r}.{c}": v for (r, c), v in sorted(costs.forward.items())},
         backward_s={f"{r}.{c}": v for (r, c), v in sorted(costs.backward.items())},
+        weight_grad_s={f"{r}.{c}": v for (r, c), v in sorted(costs.weight_grad.items())},
         files=files)

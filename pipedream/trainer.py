@@ -162,7 +162,8 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     if traces is not None:
         report = write_trace_outputs(run_dir / "trace", traces, spec.schedule, spec.layout.pp, spec.microbatches,
                                      spec.layout.vpp, draw=bool((cfg.get("trace") or {}).get("timeline", True)),
-                                     metadata={"schedule": spec.schedule, "run_dir": str(run_dir)})
+                                     metadata={"schedule": spec.schedule, "run_dir": str(run_dir)},
+                                     weight_grads_delay=int(cfg.train.get("weight_grads_delay", 1)))
         if report is not None:
             for rank_stats, bubble in zip(gathered, report.bubble_fraction_per_rank):
                 rank_stats.bubble_fraction = bubble

@@ -64,6 +64,7 @@ class Workload:
 VARIANTS = {
     "plain autograd": ("train.fuse_grad_accumulation=false", "train.weight_grads_after_send=false"),
     "no send-first": ("train.weight_grads_after_send=false",),
+    "no delay": ("train.weight_grads_delay=0",),
 }
 
 

@@ -31,6 +31,7 @@ CASES = [
     (["model=vgg16"], "cannot be trained"),
     (["parallel.tp=3", "parallel.pp=1"], "model.num_heads=4 is not divisible by parallel.tp=3"),
     (["recompute.granularity=selective"], "recompute.granularity='selective' is not supported"),
+    (["train.weight_grads_delay=-1"], "train.weight_grads_delay = -1 must be an integer >= 0"),
 ]
 
 

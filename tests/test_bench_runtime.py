@@ -21,7 +21,7 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     cases = data["workloads"]["mlp"]["cases"]
     assert set(cases) == {"single-process", "pipedream gpipe", "torch gpipe", "pipedream 1f1b", "torch 1f1b",
                           "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream",
-                          "pipedream 1f1b [plain autograd]", "pipedream 1f1b [no send-first]"}
+                          "pipedream 1f1b [plain autograd]", "pipedream 1f1b [no send-first]", "pipedream 1f1b [no delay]"}
     assert cases["pipedream 1f1b [plain autograd]"]["vs_torch"]["median"] > 0
     assert "vs_torch" not in cases["pipedream 2bw"] and cases["pipedream 2bw"]["ideal_bubble"] == 0.0
     assert all(row["step_time_s"]["min"] <= row["step_time_s"]["median"] <= row["step_time_s"]["max"]

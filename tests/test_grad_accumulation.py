@@ -1,6 +1,6 @@
 """Linear layers that accumulate their weight gradient inside the GEMM give autograd's gradients,
 under every way the runtime calls them: saved-tensor hooks (stash accounting), recomputation,
-weight versions (functional_call), and weight gradients deferred until after the send."""
+weight versions (functional_call), and weight gradients held back to run later."""
 from __future__ import annotations
 
 import torch
@@ -62,20 +62,46 @@ def test_recomputation_and_weight_versions() -> None:
         assert dict(fused.named_parameters())[name].grad is None   # the version, not the parameter, got it
 
 
-def test_deferred_weight_gradients_wait_for_flush() -> None:
+def test_deferred_weight_gradients_wait_until_run() -> None:
     reference, fused = pair()
     queue = WeightGradQueue()
     fuse_grad_accumulation(fused, queue)
-    for x in batches():
+    for step, x in enumerate(batches()):
         reference(x).sum().backward()
         inputs = x.clone().requires_grad_(True)
-        with queue.deferred():
+        with queue.deferred(step):
             fused(inputs).sum().backward()
         assert inputs.grad is not None          # the input gradient is there at once
         assert fused[0].bias.grad is not None   # biases go through autograd as usual
-        assert queue.flush()
-        assert not queue.flush()
+        assert len(queue) == 1
+        assert queue.run_oldest() == step
+        assert len(queue) == 0
     assert_same_grads(reference, fused)
+
+
+def test_held_groups_run_oldest_first_and_sum_in_order() -> None:
+    """Groups held across later backwards (the executor's weight_grads_delay) give the very same
+    gradients, bit for bit, as running each group at once: the sum's order is unchanged."""
+    _, at_once = pair()
+    _, held = pair()
+    held.load_state_dict(at_once.state_dict())
+    queue_now, queue_held = WeightGradQueue(), WeightGradQueue()
+    fuse_grad_accumulation(at_once, queue_now)
+    fuse_grad_accumulation(held, queue_held)
+    ran = []
+    for step, x in enumerate(batches(5)):
+        with queue_now.deferred(step):
+            at_once(x).sum().backward()
+        queue_now.run_oldest()
+        with queue_held.deferred(step):
+            held(x).sum().backward()
+        if len(queue_held) > 2:
+            ran.append(queue_held.run_oldest())
+    while len(queue_held):
+        ran.append(queue_held.run_oldest())
+    assert ran == list(range(len(ran)))
+    for (name, a), b in zip(at_once.named_parameters(), held.parameters()):
+        assert torch.equal(a.grad, b.grad), name
 
 
 def test_no_grad_and_frozen_weights_take_the_plain_path() -> None:

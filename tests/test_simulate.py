@@ -82,6 +82,26 @@ def test_per_stage_costs_and_sync_step() -> None:
         simulate(schedule, Costs(forward={(0, 0): 1.0}))
 
 
+def test_weight_gradients_run_after_sends_and_held_back() -> None:
+    """F = 1, B = 2 of which W = 1 runs after the send: 1F1B at p = 2, m = 8 takes 27 units whole,
+    26 with W right after its own send and 25 held behind the next backward's send (the last
+    stage skips one W before its second forward); GPipe gains the first unit only."""
+    schedule = build_schedule("1f1b", 2, 8)
+    whole = simulate(schedule, Costs(forward=1.0, backward=2.0))
+    split = Costs(forward=1.0, backward=2.0, weight_grad=1.0)
+    at_send, held = (simulate(schedule, split, weight_grads_delay=d) for d in (0, 1))
+    assert (whole.iteration_time, at_send.iteration_time, held.iteration_time) == (27.0, 26.0, 25.0)
+    assert held.busy == whole.busy == [24.0, 24.0]
+    # rank 1 sends every backward's input gradient: W(k) runs after B(k+1) (and its send)
+    labels = [("W" if i.weight_grads else "") + str(i.action) for i in held.timelines[1]]
+    assert labels[:5] == ["F0", "B0", "F1", "B1", "WB0"]
+    assert labels[-6:] == ["F7", "B7", "WB6", "WB7", "SYNC", "STEP"]
+    assert [label for label in labels if label.startswith("W")] == [f"WB{k}" for k in range(8)]
+    assert not any(i.weight_grads for i in held.timelines[0])    # the first stage sends nothing
+    gpipe = build_schedule("gpipe", 2, 8)
+    assert [simulate(gpipe, split, weight_grads_delay=d).iteration_time for d in (0, 1)] == [26.0, 26.0]
+
+
 def test_stash_bytes_follow_in_flight() -> None:
     stash = {(r, c): 10.0 * (c + 1) for r in range(4) for c in range(2)}
     result = simulate(build_schedule("1f1b", 4, 8), Costs(stash_bytes={(r, 0): 7.0 for r in range(4)}))

@@ -20,7 +20,21 @@ TINY_MLP = ["model=mlp", "data=synthetic", "model.num_layers=4", "model.hidden_s
             "train.micro_batch_size=4", "train.steps=4", "train.log_every=1", "train.eval_every=0",
             "train.eval_batches=1", "train.progress=false", "train.timeout_s=60", "optim=sgd", "train.lr=0.01",
             "trace.steps=[2,3]"]
-RUNS = {"1f1b": ["schedule=1f1b"], "interleaved": ["schedule=interleaved", "parallel.vpp=2"]}
+RUNS = {"1f1b": ["schedule=1f1b"], "interleaved": ["schedule=interleaved", "parallel.vpp=2"],
+        "1f1b-no-delay": ["schedule=1f1b", "train.weight_grads_delay=0"]}
+WEIGHT_GRADS_DELAY = {"1f1b-no-delay": 0}   # default: 1
+
+
+def expected_weight_grad_order(sends: list[str], delay: int) -> list[str]:
+    """Sends and weight-gradient events as the executor interleaves them: W of the j-th backward
+    right after the send of backward j + delay; the rest right after the last send."""
+    order, held = [], []
+    for send in sends:
+        order.append(send)
+        held.append(WEIGHT_GRADS + send.removeprefix("SG"))
+        while len(held) > delay:
+            order.append(held.pop(0))
+    return order + held
 
 
 class FakeClock:
@@ -168,13 +182,19 @@ def test_trace_covers_every_action_in_schedule_order(traced_runs, name) -> None:
             executed = [e for e in mine if e["cat"] not in ("wait", "iteration")]
             actions = [e for e in executed if not e["name"].startswith(WEIGHT_GRADS)]
             assert [e["name"] for e in actions] == expected          # each action once, in schedule order
-            # Deferred weight gradients run right after their backward's send, once each.
-            for before, after in zip(executed, executed[1:]):
-                if after["name"].startswith(WEIGHT_GRADS):
-                    assert before["name"] == "SG" + after["name"].removeprefix(WEIGHT_GRADS)
-            deferred = [e["name"] for e in executed if e["name"].startswith(WEIGHT_GRADS)]
-            sends = [e["name"] for e in actions if e["name"].startswith("SG")]
-            assert deferred == [WEIGHT_GRADS + s.removeprefix("SG") for s in sends]
+            # Held-back weight gradients run once each, oldest first, right after a later send
+            # (or the last ones right before the gradient sync): never with compute in between.
+            names = [e["name"] for e in executed]
+            sends = [n for n in names if n.startswith("SG")]
+            sends_and_weight_grads = [n for n in names if n.startswith(("SG", WEIGHT_GRADS))]
+            assert sends_and_weight_grads == expected_weight_grad_order(sends, WEIGHT_GRADS_DELAY.get(name, 1))
+            sync = names.index("SYNC")
+            for i, event in enumerate(names):
+                if event.startswith(WEIGHT_GRADS):
+                    tail = all(n.startswith(WEIGHT_GRADS) for n in names[i:sync])
+                    assert tail or names[i - 1].startswith(("SG", WEIGHT_GRADS)), " ".join(names)
+            if sends:
+                assert names[sync - 1].startswith(WEIGHT_GRADS)
             for before, after in zip(actions, actions[1:]):
                 assert before["ts"] + before["dur"] <= after["ts"] + 1e-3
             for wait in (e for e in mine if e["cat"] == "wait"):
