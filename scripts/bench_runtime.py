@@ -43,6 +43,7 @@ PP = 2
 SECTION = "bench_runtime"
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ASYNC_SCHEDULES = ("2bw", "pipedream")   # ours only: torch.distributed.pipelining has no asynchronous schedule
+BOTH_CORES = "both cores"
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Case:
     @property
     def name(self) -> str:
         if self.runtime == "single":
-            return "single-process"
+            return "single-process" + (f" [{self.variant}]" if self.variant else "")
         return f"{self.runtime} {self.schedule}" + (f" [{self.variant}]" if self.variant else "")
 
     @property
@@ -102,8 +103,20 @@ def workloads(quick: bool) -> list[Workload]:
 
 def cases() -> list[Case]:
     flush = [Case(r, s) for s in SCHEDULES for r in ("pipedream", "torch")]
-    return ([Case("single", "-")] + flush + [Case("pipedream", "1f1b", v) for v in VARIANTS]
+    # the single process again with a second copy running on the other core at the same time:
+    # how fast one core computes while both work, which the ideal assumes to be as fast as alone
+    return ([Case("single", "-"), Case("single", "-", BOTH_CORES)] + flush
+            + [Case("pipedream", "1f1b", v) for v in VARIANTS]
             + [Case("pipedream", s) for s in ASYNC_SCHEDULES])
+
+
+# The cases the targets compare run back to back, so each round's ratios see the same machine speed.
+TARGET_CASES = ("torch 1f1b", "pipedream 1f1b", "single-process")
+
+
+def run_order(names: list[str]) -> list[str]:
+    """The order of one round: the target cases first, next to each other, then the rest."""
+    return [n for n in TARGET_CASES if n in names] + [n for n in names if n not in TARGET_CASES]
 
 
 # ---------------------------------------------------------------- one training step per runtime
@@ -186,7 +199,8 @@ def _torch(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
 
 
 def _single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
-    """The whole model in one process: the same micro-batches, gradients accumulated, one update."""
+    """The whole model in one process: the same micro-batches, gradients accumulated, one update
+    (on rank 0; with BOTH_CORES rank 1 runs its own copy at the same time)."""
     from models import build_model
     from pipedream.optim import build_optimizer
 
@@ -202,7 +216,7 @@ def _single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
         for x, y in parts:
             (model.loss_fn(network(x), y) * scale).backward()
         optimizer.step()
-    return step if rank == 0 else (lambda: None)
+    return step if rank == 0 or case.variant == BOTH_CORES else (lambda: None)
 
 
 def _block(step: Callable[[], None], steps: int) -> tuple[float, float]:
@@ -271,7 +285,8 @@ def _worker(rank: int, port: int, quick: bool, warmup: int, block: int, repeats:
             loads: dict[str, list[float]] = {name: [] for name in steps}
             for repeat in range(repeats):
                 quiet.wait(rank)
-                order = list(steps) if repeat % 2 == 0 else list(reversed(steps))   # alternate the order too
+                order = run_order(list(steps))
+                order = order if repeat % 2 == 0 else order[::-1]   # alternate the order too
                 for name in order:
                     seconds, load = _block(steps[name], block)
                     times[name].append(seconds)

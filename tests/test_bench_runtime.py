@@ -19,10 +19,12 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "bench_runtime.json").read_text())
     cases = data["workloads"]["mlp"]["cases"]
-    assert set(cases) == {"single-process", "pipedream gpipe", "torch gpipe", "pipedream 1f1b", "torch 1f1b",
-                          "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream",
+    assert set(cases) == {"single-process", "single-process [both cores]", "pipedream gpipe", "torch gpipe",
+                          "pipedream 1f1b", "torch 1f1b", "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream",
                           "pipedream 1f1b [plain autograd]", "pipedream 1f1b [no send-first]", "pipedream 1f1b [no delay]"}
     assert cases["pipedream 1f1b [plain autograd]"]["vs_torch"]["median"] > 0
+    assert cases["single-process [both cores]"]["speedup_vs_single"]["median"] > 0
+    assert cases["pipedream 1f1b"]["of_ideal_both_cores"]["median"] > 0
     assert "vs_torch" not in cases["pipedream 2bw"] and cases["pipedream 2bw"]["ideal_bubble"] == 0.0
     assert all(row["step_time_s"]["min"] <= row["step_time_s"]["median"] <= row["step_time_s"]["max"]
                for row in cases.values())
@@ -50,3 +52,19 @@ def test_ratios_are_pairwise() -> None:
     assert rows["pipedream 1f1b"]["speedup_vs_single"]["median"] == 2.0
     assert rows["pipedream 1f1b"]["of_ideal"]["median"] == (1 / (2 * (1 - ideal_bubble("1f1b", 8, 2)))) / 0.5
     assert ideal_bubble("interleaved", 8, 2) == 1 / 17
+
+
+def test_both_cores_row_and_its_ideal() -> None:
+    times = {"single-process": [1.0, 1.0], "single-process [both cores]": [1.25, 2.0], "pipedream 1f1b": [0.5, 0.5]}
+    rows = analyse(times, global_batch=8, microbatches=8, pp=2)
+    assert rows["single-process [both cores]"]["speedup_vs_single"] == {"median": 0.65, "min": 0.5, "max": 0.8}
+    ideal_alone = 1 / (2 * (1 - ideal_bubble("1f1b", 8, 2)))
+    assert rows["pipedream 1f1b"]["of_ideal"]["median"] == ideal_alone / 0.5
+    assert rows["pipedream 1f1b"]["of_ideal_both_cores"]["median"] == (1.25 + 2.0) / 2 * ideal_alone / 0.5
+
+
+def test_target_cases_run_back_to_back() -> None:
+    from bench_runtime import run_order
+
+    names = ["single-process", "pipedream gpipe", "pipedream 1f1b", "torch 1f1b", "pipedream 2bw"]
+    assert run_order(names) == ["torch 1f1b", "pipedream 1f1b", "single-process", "pipedream gpipe", "pipedream 2bw"]
