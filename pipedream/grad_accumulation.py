@@ -103,24 +103,36 @@ class _LinearAccumulatingGrad(torch.autograd.Function):
         return grad_inputs, None, grad_bias, None
 
 
+def accumulating_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                        queue: WeightGradQueue | None) -> torch.Tensor:
+    """``F.linear`` whose weight gradient accumulates inside its GEMM (through ``queue`` when
+    given); plain ``F.linear`` where no leaf gradient is taken (evaluation, a frozen weight)."""
+    if not (weight.requires_grad and weight.is_leaf) or not torch.is_grad_enabled():
+        return F.linear(inputs, weight, bias)
+    return _LinearAccumulatingGrad.apply(inputs, weight, bias, queue)
+
+
 class AccumulatingLinear(nn.Linear):
     """``nn.Linear`` whose weight gradient accumulates in place (see the module docstring)."""
 
+    fused_weight_grads = True
     weight_grads: WeightGradQueue | None = None
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        if not (self.weight.requires_grad and self.weight.is_leaf) or not torch.is_grad_enabled():
-            return F.linear(inputs, self.weight, self.bias)
-        return _LinearAccumulatingGrad.apply(inputs, self.weight, self.bias, self.weight_grads)
+        return accumulating_linear(inputs, self.weight, self.bias, self.weight_grads)
 
 
 def fuse_grad_accumulation(module: nn.Module, queue: WeightGradQueue | None = None) -> int:
-    """Switches every plain ``nn.Linear`` in ``module`` to ``AccumulatingLinear`` (its weight
-    gradients going through ``queue`` when given); returns how many."""
+    """Switches every plain ``nn.Linear`` in ``module`` to ``AccumulatingLinear``, and turns on
+    the same in layers that offer it (``fused_weight_grads``: the tensor-parallel linears), their
+    weight gradients going through ``queue`` when given; returns how many layers."""
     count = 0
     for layer in module.modules():
         if type(layer) is nn.Linear:
             layer.__class__ = AccumulatingLinear
-            layer.weight_grads = queue
-            count += 1
+        elif not hasattr(layer, "fused_weight_grads"):
+            continue
+        layer.fused_weight_grads = True
+        layer.weight_grads = queue
+        count += 1
     return count

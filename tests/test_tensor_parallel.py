@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from models import build_model, check_tensor_parallel_config, gpt_model
 from models.gpt import MLP, CausalSelfAttention
 from pipedream.errors import ConfigError
+from pipedream.grad_accumulation import fuse_grad_accumulation
 from pipedream.tensor_parallel import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RNGTracker,
                                        RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_chunks,
                                        gather_from_region, gather_tensor, grad_norm_squared, scatter_chunk, shard_spec,
@@ -44,7 +45,7 @@ def _compare_module(name: str, dense: nn.Module, parallel: nn.Module, x: torch.T
     dense_params = dict(dense.named_parameters())
     for pname, param in parallel.named_parameters():
         spec = shard_spec(param)
-        grad = param.grad if spec is None else gather_tensor(param.grad, spec, tp)
+        grad = param.grad.clone() if spec is None else gather_tensor(param.grad, spec, tp)
         out[f"{name}.grad.{pname}"] = (grad, dense_params[pname].grad)
 
 
@@ -71,6 +72,15 @@ def _layer_cases(tp: TensorParallel) -> Pairs:
         _compare_module(f"attention_causal{causal}", attn, parallel, h, tp, out)
     mlp = MLP(32, 0.0, 0.02)
     _compare_module("mlp", mlp, ParallelMLP.from_dense(mlp, tp), h, tp, out)
+    # weight gradients accumulated inside the GEMM (train.fuse_grad_accumulation), twice over
+    parallel = ParallelMLP.from_dense(mlp, tp)
+    assert fuse_grad_accumulation(parallel) == 2
+    _compare_module("mlp_accumulated", mlp, parallel, h, tp, out)
+    _compare_module("mlp_accumulated", mlp, parallel, h, tp, {})
+    for pname, param in parallel.named_parameters():   # the second backward added to the first
+        spec = shard_spec(param)
+        grad = param.grad if spec is None else gather_tensor(param.grad, spec, tp)
+        out[f"mlp_accumulated.twice.{pname}"] = (grad, 2 * dict(mlp.named_parameters())[pname].grad)
     return out
 
 
@@ -188,7 +198,7 @@ def _assert_pairs(results: list[dict], prefix: str) -> None:
 
 
 @pytest.mark.parametrize("prefix", ["column.", "column_fused.", "row.", "row_scatter.", "embedding.",
-                                    "attention_causalTrue.", "attention_causalFalse.", "mlp."])
+                                    "attention_causalTrue.", "attention_causalFalse.", "mlp.", "mlp_accumulated."])
 def test_layers_equal_their_dense_slices(results, prefix):
     _assert_pairs(results, prefix)
 

@@ -12,6 +12,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..grad_accumulation import WeightGradQueue, accumulate_weight_grad, accumulating_linear
 from .context import TensorParallel, divide, padded_size
 from .mappings import copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
 from .params import ShardSpec, mark_replicated, mark_sharded, shard_tensor
@@ -27,12 +28,16 @@ def _sharded_parameter(shape: tuple[int, ...], spec: ShardSpec) -> nn.Parameter:
 
 class _ColumnParallelLinearFn(torch.autograd.Function):
     """f followed by the GEMM as one function, so the backward can start the all-reduce of the
-    input gradient and compute the weight gradient while it runs (Megatron's async all-reduce)."""
+    input gradient and compute the weight gradient while it runs (Megatron's async all-reduce).
+    With ``fused`` the weight gradient accumulates inside its GEMM into ``weight.grad`` (never
+    held back: it is what hides the all-reduce)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TensorParallel):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TensorParallel,
+                fused: bool):
         ctx.save_for_backward(x, weight)
         ctx.tp, ctx.has_bias = tp, bias is not None
+        ctx.leaf = weight if fused else None   # the weight itself: its .grad is where the sum goes
         return F.linear(x, weight, bias)
 
     @staticmethod
@@ -45,19 +50,26 @@ class _ColumnParallelLinearFn(torch.autograd.Function):
                 pending = dist.all_reduce(grad_input, group=ctx.tp.group, async_op=True)
         flat_grad = grad.reshape(-1, grad.shape[-1])
         grad_weight = grad_bias = None
-        if ctx.needs_input_grad[1]:
+        if ctx.needs_input_grad[1] and ctx.leaf is not None:
+            accumulate_weight_grad(ctx.leaf, grad, x)
+        elif ctx.needs_input_grad[1]:
             grad_weight = flat_grad.t().matmul(x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = flat_grad.sum(0).to(weight.dtype)
         if pending is not None:
             pending.wait()
-        return grad_input, grad_weight, grad_bias, None
+        return grad_input, grad_weight, grad_bias, None, None
 
 
 class ColumnParallelLinear(nn.Module):
     """Y_r = X A_r: the output features are split; the input enters through f (identity forward,
     all-reduce of its gradient backward). ``stride`` keeps fused projections ([q; k; v]) split per
-    block, so every rank holds whole heads of q, k and v."""
+    block, so every rank holds whole heads of q, k and v. ``fused_weight_grads`` (set by
+    ``fuse_grad_accumulation``) accumulates the weight gradient inside its GEMM; with tp = 1 it
+    goes through ``weight_grads`` like an ``nn.Linear``'s."""
+
+    fused_weight_grads = False
+    weight_grads: WeightGradQueue | None = None
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True,
                  stride: int = 1, gather_output: bool = False):
@@ -82,9 +94,11 @@ class ColumnParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            y = F.linear(x, self.weight, self.bias)
+            y = (accumulating_linear(x, self.weight, self.bias, self.weight_grads) if self.fused_weight_grads
+                 else F.linear(x, self.weight, self.bias))
         else:  # = F.linear(copy_to_region(x, tp), weight, bias), overlapping f's all-reduce
-            y = _ColumnParallelLinearFn.apply(x, self.weight, self.bias, self.tp)
+            fused = self.fused_weight_grads and self.weight.is_leaf and self.weight.requires_grad
+            y = _ColumnParallelLinearFn.apply(x, self.weight, self.bias, self.tp, fused)
         if not self.gather_output:
             return y
         y = gather_from_region(y, self.tp)  # [rank][block][part]; the dense order is [block][rank][part]
@@ -95,7 +109,12 @@ class ColumnParallelLinear(nn.Module):
 
 class RowParallelLinear(nn.Module):
     """Z = sum_r Y_r B_r: the input features are split; partial products leave through g (all-reduce
-    forward, identity backward) and the replicated bias is added once, after the reduction."""
+    forward, identity backward) and the replicated bias is added once, after the reduction.
+    ``fused_weight_grads``: as ``nn.Linear`` under ``fuse_grad_accumulation`` (through
+    ``weight_grads``, so a pipeline stage may hold the GEMM back until after its send)."""
+
+    fused_weight_grads = False
+    weight_grads: WeightGradQueue | None = None
 
     def __init__(self, in_features: int, out_features: int, tp: TensorParallel, bias: bool = True,
                  input_is_parallel: bool = True):
@@ -119,7 +138,9 @@ class RowParallelLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_parallel:
             x = scatter_to_region(x, self.tp)
-        y = reduce_from_region(F.linear(x, self.weight), self.tp)
+        partial = (accumulating_linear(x, self.weight, None, self.weight_grads) if self.fused_weight_grads
+                   else F.linear(x, self.weight))
+        y = reduce_from_region(partial, self.tp)
         return y if self.bias is None else y + self.bias
 
 
