@@ -23,6 +23,14 @@ def test_spans_from_sim() -> None:
     assert span_color("SYNC", 0) == span_color("wait", 3)
 
 
+def test_held_weight_gradients_become_w_spans() -> None:
+    result = simulate(build_schedule("1f1b", 2, 4), Costs(forward=1.0, backward=2.0, weight_grad=1.0))
+    last = [s for s in spans_from_sim(result)[1] if s[1] == "W"]
+    assert [(label, mb) for label, _, mb, _, _, _ in last] == [(str(k), k) for k in range(4)]
+    assert all(end - start == 1.0 for *_, start, end in last)
+    assert not any(s[1] == "W" for s in spans_from_sim(result)[0])   # the first stage sends no gradient
+
+
 def test_plot_timeline_writes_png(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     from pipedream.timeline_plot import plot_timeline
