@@ -26,7 +26,7 @@ from models.gpt import Block  # noqa: E402
 from models.spec import seeded  # noqa: E402
 from pipedream.tensor_parallel import (ColumnParallelLinear, RNGTracker, TensorParallel, copy_to_region,  # noqa: E402
                                        parallelize_block)
-from tests.distributed import run_workers  # noqa: E402
+from tests.workers import run_workers  # noqa: E402
 
 
 def _step_time(block: torch.nn.Module, x: torch.Tensor, grad: torch.Tensor, together: bool = True) -> float:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.async_reference import Reference, pipedream_reference, two_bw_reference
-from tests.distributed import run_workers
+from tests.workers import run_workers
 from tests.training_harness import TINY_GPT, compose_config, merge_params
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=4", "model.hidden_size=16", "train.global_batch_size=4",

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.distributed import run_workers
+from tests.workers import run_workers
 from tests.training_harness import TINY_GPT, compose_config
 
 # sequence lengths of each step's 4 micro-batches (the model's context is 16)

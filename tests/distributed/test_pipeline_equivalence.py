@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed import run_workers
+from tests.workers import run_workers
 from tests.training_harness import TINY_GPT, merge_params, reference_training, train_rank
 
 # (schedule, pp, dp, vpp)

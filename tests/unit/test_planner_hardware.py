@@ -11,7 +11,7 @@ from planner.hardware import DEVICES, GIB, cluster_from_config, device_sheet
 from planner.model_specs import spec_from_config
 from planner.profile import analytic_profile
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
 

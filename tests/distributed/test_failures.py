@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from tests.distributed import run_workers
+from tests.workers import run_workers
 from tests.training_harness import TINY_GPT, compose_config
 
 

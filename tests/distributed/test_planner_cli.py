@@ -10,9 +10,9 @@ import pytest
 
 from planner.__main__ import main
 from planner.plan import load_plan
-from tests.test_planner_profile import BRANCHY
+from tests.unit.test_planner_profile import BRANCHY
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(capsys, *args):
@@ -97,7 +97,7 @@ def test_subprocess_exit_code_and_no_outputs_dir(tmp_path):
 
 
 def test_graph_txt_chain_plans_with_pipedream(capsys, tmp_path):
-    from tests.test_planner_profile import CHAIN
+    from tests.unit.test_planner_profile import CHAIN
 
     graph = tmp_path / "graph.txt"
     graph.write_text(CHAIN)

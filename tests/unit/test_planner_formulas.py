@@ -12,7 +12,7 @@ from models.formulas import gpt_flops_per_iteration, gpt_parameters, training_da
 from planner import cost
 from planner.model_specs import TransformerSpec, resnet50, spec_from_config, vgg16
 
-CONF = Path(__file__).resolve().parent.parent / "conf" / "model"
+CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 
 # Table 4.1 (dissertation ch. 4.5.1): layers, hidden, heads, parameters (billion), t, p, GPUs, batch
 TABLE_4_1 = [
@@ -91,7 +91,7 @@ def test_cost_closed_forms():
 
 def test_every_formula_names_its_source():
     """Every function in cost.py that computes something cites the dissertation or a paper."""
-    text = (Path(__file__).resolve().parent.parent / "planner" / "cost.py").read_text()
+    text = (Path(__file__).resolve().parents[2] / "planner" / "cost.py").read_text()
     for name, body in re.findall(r"def (\w+)\(.*?\):\n(.*?)(?=\ndef |\Z)", text, flags=re.S):
         if name in ("samples_per_second",):
             continue

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.distributed import run_workers
-from tests.test_pipeline_equivalence import assert_matches_reference
+from tests.workers import run_workers
+from tests.distributed.test_pipeline_equivalence import assert_matches_reference
 from tests.training_harness import TINY_GPT, merge_params, reference_training, train_rank
 
 LAYOUTS = [(1, 2, 1), (2, 2, 1), (1, 2, 2)]   # (pp, tp, dp)

@@ -16,10 +16,10 @@ import torch
 from pipedream.export import consolidate
 from pipedream.checkpoint import complete_checkpoints
 from tests.checkpoint_harness import train_full
-from tests.distributed import run_workers
+from tests.workers import run_workers
 from tests.training_harness import merge_params
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["model=gpt_tiny", "optim=sgd", "train.lr=0.05", "train.global_batch_size=8", "train.micro_batch_size=2",
              "train.steps=100", "train.log_every=1", "train.eval_every=0", "train.eval_batches=1",
              "train.progress=false", "trace.enabled=false", "checkpoint.every=20", "parallel.pp=2"]

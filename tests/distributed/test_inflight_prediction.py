@@ -6,7 +6,7 @@ import pytest
 
 from pipedream.schedules import build_schedule
 from pipedream.simulate import Costs, simulate
-from tests.distributed import run_workers
+from tests.workers import run_workers
 from tests.training_harness import TINY_GPT, train_rank
 
 RUNS = [("gpipe", 1, []), ("1f1b", 1, []), ("interleaved", 2, []), ("1f1b", 1, ["recompute.granularity=full"])]

@@ -12,10 +12,10 @@ from omegaconf import OmegaConf
 from pipedream.schedules import Action, Kind, build_schedule
 from pipedream.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
 from pipedream.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
-from tests.distributed import run_workers
+from tests.workers import run_workers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 TINY_MLP = ["model=mlp", "data=synthetic", "model.num_layers=4", "model.hidden_size=32", "train.global_batch_size=16",
             "train.micro_batch_size=4", "train.steps=4", "train.log_every=1", "train.eval_every=0",
             "train.eval_batches=1", "train.progress=false", "train.timeout_s=60", "optim=sgd", "train.lr=0.01",
