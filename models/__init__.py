@@ -1,7 +1,7 @@
 """Trainable models as ordered layer lists (see ``models.spec.LayerModel``).
 
-The torch-backed names load lazily, so ``models.formulas`` (used by the planner's dry run) does
-not pay for importing torch.
+The torch-backed names load lazily, so ``models.formulas`` and ``models.facts`` (used by the
+planner's dry run) do not pay for importing torch.
 """
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from pipedream.errors import ConfigError
+
+from .facts import pipeline_layer_count
 
 if TYPE_CHECKING:
     from pipedream.tensor_parallel import TensorParallel
@@ -69,4 +71,4 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
 
 
 __all__ = ["LayerModel", "TRAINABLE_MODELS", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",
-           "mlp_model"]
+           "mlp_model", "pipeline_layer_count"]

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipedream.data import mlm_mask_id
 from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, mark_replicated,
                                        mark_sharded, parallelize_block, shard_tensor, vocab_parallel_cross_entropy,
                                        vocab_parallel_logits)
 
+from .facts import mlm_mask_id, transformer_pipeline_layers
 from .gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel
 from .spec import LayerModel, seeded
 
@@ -139,5 +139,5 @@ def bert_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, 
 
     tied = (((0, "wte.weight"), (last, "weight")),) if tie_embeddings else ()
     loss_fn = mlm_loss if tp is None else partial(parallel_mlm_loss, tp=tp, vocab_size=vocab_size)
-    return LayerModel(name="bert", num_layers=num_layers + 2, build_layer=build_layer, loss_fn=loss_fn,
-                      make_batch=make_batch, tied=tied)
+    return LayerModel(name="bert", num_layers=transformer_pipeline_layers(num_layers), build_layer=build_layer,
+                      loss_fn=loss_fn, make_batch=make_batch, tied=tied)

@@ -1,7 +1,7 @@
-"""Closed-form parameter and FLOP counts for GPT models (dissertation ch. 4.5.1).
+"""Closed-form parameter and FLOP counts: GPT (dissertation ch. 4.5.1) and the residual MLP.
 
 These are the formulas the planner uses for models far too large to build; tests check them
-against parameters counted on the real (small) ``models.gpt`` model.
+against parameters counted on the real (small) models. ``models.facts`` applies them to a config.
 """
 from __future__ import annotations
 
@@ -29,6 +29,19 @@ def gpt_flops_per_iteration(batch: int, num_layers: int, hidden: int, vocab: int
     transformer = passes * 24 * b * s * l * h * h * (1 + s / (6 * h))
     logits = 6 * b * s * h * v
     return float(transformer + logits)
+
+
+def mlp_block_forward_flops(hidden: int) -> float:
+    """One residual block of ``models.mlp``: two h x h GEMMs, 2 FLOPs per multiply-add (biases and
+    GELU ignored)."""
+    return float(2 * 2 * hidden * hidden)
+
+
+def mlp_flops_per_iteration(batch: int, num_layers: int, hidden: int, recompute: bool = False) -> float:
+    """The forward, a backward of twice its FLOPs (input and weight gradients) and, with
+    recomputation, the forward again: the familiar 6 x parameters x samples (8 x with recompute)."""
+    passes = 4 if recompute else 3
+    return float(passes * batch * num_layers * mlp_block_forward_flops(hidden))
 
 
 def training_days(tokens: float, parameters: float, num_devices: int, flops_per_device: float) -> float:

@@ -14,6 +14,7 @@ from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vo
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
 
+from .facts import transformer_pipeline_layers
 from .spec import LayerModel, seeded
 
 INIT_STD = 0.02
@@ -182,5 +183,5 @@ def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, v
     tied = (((0, "wte.weight"), (last, "weight")),) if tie_embeddings else ()
     loss_fn = language_model_loss if tp is None else partial(parallel_language_model_loss, tp=tp,
                                                              vocab_size=vocab_size)
-    return LayerModel(name="gpt", num_layers=num_layers + 2, build_layer=build_layer,
+    return LayerModel(name="gpt", num_layers=transformer_pipeline_layers(num_layers), build_layer=build_layer,
                       loss_fn=loss_fn, make_batch=make_batch, tied=tied)

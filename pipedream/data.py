@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from models.facts import mlm_mask_id
+
 from .errors import ConfigError
 
 
@@ -96,11 +98,6 @@ class TokenWindows(torch.utils.data.Dataset):
         start = index * self.seq_len
         window = torch.from_numpy(np.asarray(self.tokens[start:start + self.seq_len + 1], dtype=np.int64))
         return window[:-1], window[1:]
-
-
-def mlm_mask_id(vocab_size: int) -> int:
-    """The reserved [MASK] token: the last id (byte 255 never occurs in UTF-8 text)."""
-    return vocab_size - 1
 
 
 class MaskedLanguageModeling(torch.utils.data.Dataset):

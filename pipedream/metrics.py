@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from models.formulas import gpt_flops_per_iteration
+from models.facts import flops_per_iteration
 
 from .errors import ConfigError
 
@@ -42,26 +42,10 @@ def warmup_steps(total_steps: int) -> int:
     return min(5, total_steps // 5)
 
 
-def mlp_flops_per_iteration(batch: int, num_layers: int, hidden: int, recompute: bool = False) -> float:
-    """Each residual block holds two h x h Linear layers: 2 * 2 b h^2 forward FLOPs per block, the
-    backward twice that (input and weight gradients), a recomputed forward once more. That is the
-    familiar 6 * parameters * samples (8 * ... with recomputation); biases and GELU are ignored."""
-    passes = 4 if recompute else 3
-    return float(passes * 4 * batch * num_layers * hidden * hidden)
-
-
 def model_flops_per_iteration(model_cfg: Any, global_batch: int, seq_len: int | None, recompute: bool) -> float:
-    """Model FLOPs of one training iteration over the global batch (the numerator of MFU).
-
-    Recomputation counts as model FLOPs when the run recomputes, as in the dissertation's
-    hardware-FLOPs accounting (eq. 4.2), so MFU stays comparable with the planner's prediction.
-    """
-    if model_cfg["name"] == "mlp":
-        return mlp_flops_per_iteration(global_batch, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]),
-                                       recompute)
-    return gpt_flops_per_iteration(global_batch, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]),
-                                   int(model_cfg.get("vocab_size", 256)), int(seq_len or model_cfg["seq_len"]),
-                                   recompute=recompute)
+    """Model FLOPs of one training iteration over the global batch (the numerator of MFU). The
+    planner predicts with the same ``models.facts`` formulas, so MFU compares with its prediction."""
+    return flops_per_iteration(model_cfg, global_batch, recompute, seq_len)
 
 
 @dataclass(frozen=True)

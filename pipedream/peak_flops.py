@@ -4,7 +4,7 @@ CPUs have no data sheet we can trust (turbo, SMT, AVX width, the VM's share of t
 peak is measured once by a matrix-multiply microbenchmark with the run's thread count and cached
 in ``~/.cache/pipedream/peak_flops.json``, keyed by host, threads and torch version: later runs
 (and every rank) read the cache instead of spending a second measuring. On CUDA the vendor sheet
-(``planner.hardware.DEVICES``) gives the peak for the precision training uses; an unknown GPU is
+(``pipedream.devices.DEVICES``) gives the peak for the precision training uses; an unknown GPU is
 measured like a CPU.
 """
 from __future__ import annotations
@@ -19,8 +19,10 @@ from pathlib import Path
 
 import torch
 
+from .devices import DEVICES
+
 CACHE_ENV = "PIPEDREAM_CACHE_DIR"
-# substring of torch.cuda.get_device_name() -> planner.hardware.DEVICES key
+# substring of torch.cuda.get_device_name() -> pipedream.devices.DEVICES key
 _CUDA_SHEETS = (("h200", "h200"), ("h100", "h100_80gb"), ("a100-sxm4-40gb", "a100_40gb"), ("a100", "a100_80gb"),
                 ("v100", "v100_32gb"), ("1080 ti", "gtx_1080ti"))
 
@@ -79,10 +81,6 @@ def measure_matmul_flops(device: torch.device, n: int = 1024, seconds: float = 0
 
 def _sheet_peak(device: torch.device) -> PeakFlops | None:
     name = torch.cuda.get_device_name(device).lower()
-    try:
-        from planner.hardware import DEVICES
-    except ImportError:
-        return None
     precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
     for pattern, sheet in _CUDA_SHEETS:
         if pattern in name and sheet in DEVICES:

@@ -6,7 +6,10 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
+from models.facts import pipeline_layer_count
+
 from .errors import ConfigError
+from .plan_file import PlanError, load_plan
 
 
 def apply_plan(cfg: Any) -> Any:
@@ -14,12 +17,11 @@ def apply_plan(cfg: Any) -> Any:
     path = cfg.parallel.get("plan")
     if not path:
         return cfg
-    from planner.plan import PlanError, load_plan
     try:
         plan = load_plan(str(path))
     except PlanError as error:
         raise ConfigError(str(error)) from None
-    expected_layers = int(cfg.model.num_layers) + (2 if cfg.model.name == "gpt" else 0)
+    expected_layers = pipeline_layer_count(cfg.model)
     if plan.model.num_layers != expected_layers:
         raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={cfg.model.name} has "
                           f"{expected_layers} pipeline layers: plan for this model (python -m planner model=...)")
@@ -41,7 +43,6 @@ def apply_plan(cfg: Any) -> Any:
 def check_plan_world_size(cfg: Any, world_size: int) -> None:
     path = cfg.parallel.get("plan")
     if path:
-        from planner.plan import PlanError, load_plan
         try:
             load_plan(str(path)).check_world_size(world_size)
         except PlanError as error:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models import TRAINABLE_MODELS, check_tensor_parallel_config
+from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_layer_count
 
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
@@ -57,14 +57,14 @@ def _check_model(cfg: Any) -> int:
     _positive(cfg, "model.num_layers")
     _positive(cfg, "model.hidden_size")
     if name == "mlp":
-        return int(cfg.model.num_layers)
+        return pipeline_layer_count(cfg.model)
     for key in ("num_heads", "seq_len", "vocab_size"):
         _positive(cfg, f"model.{key}")
     hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
     if hidden % heads:
         raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
                           f"choose heads among the divisors of {hidden}")
-    return int(cfg.model.num_layers) + 2
+    return pipeline_layer_count(cfg.model)
 
 
 def _check_data(cfg: Any) -> int | None:

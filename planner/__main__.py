@@ -9,8 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from pipedream.plan_file import PlanError, load_plan
+
 from .errors import PlannerError
-from .plan import PlanError, load_plan
 
 
 def run(argv: Sequence[str]) -> int:

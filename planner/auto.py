@@ -7,15 +7,16 @@ from typing import Callable
 
 import numpy as np
 
+from pipedream.plan_file import Batch, ClusterInfo, ModelInfo, Parallel, Plan, Predicted, Stage
+
 from .errors import PlannerError
 from .inputs import Inputs
 from .pipedream_search import pipedream_search
-from .plan import Batch, ClusterInfo, ModelInfo, Parallel, Plan, Predicted, Stage
 from .ptdp import ptdp_search
-from .search import Candidate, SearchResult
+from .ranking import Candidate, SearchResult
 from .simcheck import SimCheck, available_schedules, check_replicated, check_uniform
-from .two_bw import two_bw_search
-from .uniform import rank_stats
+from .two_bw_search import two_bw_search
+from .uniform_cost import rank_stats
 
 SEARCHES: dict[str, Callable[[Inputs], SearchResult]] = {
     "ptdp": ptdp_search, "2bw": two_bw_search, "pipedream": pipedream_search}

@@ -13,11 +13,6 @@ SCHEDULES = FLUSH_SCHEDULES + ASYNC_SCHEDULES
 RECOMPUTE_EXTRA = 4.0 / 3.0  # ch. 3.3.3: c_extra, used only when a profile has no forward/backward split
 
 
-def transfer_time(nbytes, bandwidth, latency=0.0):
-    """Point-to-point message: latency + size / bandwidth (ch. 2.4.1: bytes over link bandwidth)."""
-    return np.where(np.asarray(nbytes) > 0, latency + np.asarray(nbytes) / bandwidth, 0.0)
-
-
 def ring_allreduce_time(nbytes, n, bandwidth):
     """Ring all-reduce: each of n workers sends and receives 2 (n-1)/n of the bytes (ch. 2.4.1, ch. 4.3.3)."""
     n = np.asarray(n, dtype=float)

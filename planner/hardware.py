@@ -1,9 +1,9 @@
-"""Device sheets and hierarchical topologies: what the cost model needs to know about a cluster.
+"""Hierarchical topologies and the device they are built of: what the cost model needs to know
+about a cluster. The vendor sheets live in ``pipedream.devices``; ``local_cpu`` is measured here.
 
 A topology is a list of levels from the device up (dissertation ch. 2.4.1, Figure 2.6): level k
 groups ``count`` components of level k-1 joined by links of ``bandwidth`` bytes/s (what one
-device gets when it talks across that level). Device sheets carry dense peak FLOP/s per
-precision from the vendors' data sheets and an achievable fraction for the analytic profiles.
+device gets when it talks across that level).
 """
 from __future__ import annotations
 
@@ -14,52 +14,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
+from pipedream.devices import DEVICES, GIB, DeviceSheet
+
 from .errors import PlannerError
-
-GIB = 1024**3
-TFLOPS = 1e12
-
-
-@dataclass(frozen=True)
-class DeviceSheet:
-    """One accelerator type. ``peak_flops`` maps precision -> dense peak FLOP/s."""
-
-    name: str
-    memory_bytes: float
-    peak_flops: Mapping[str, float]
-    memory_bandwidth: float  # bytes/s of device memory (HBM, GDDR, DRAM)
-    default_precision: str = "fp32"
-    matmul_efficiency: float = 0.7  # best fraction of peak a large GEMM reaches
-    half_efficiency_flops: float = 2e9  # GEMM size (FLOPs) that reaches half of matmul_efficiency
-
-    def flops(self, precision: str) -> float:
-        """Peak FLOP/s at ``precision``; falls back to fp32 where the sheet has no entry."""
-        if precision in self.peak_flops:
-            return self.peak_flops[precision]
-        return self.peak_flops["fp32"]
-
-
-def _sheet(name: str, mem_gib: float, peaks: dict[str, float], bw_gbs: float, default: str,
-           eff: float, half: float) -> DeviceSheet:
-    return DeviceSheet(name, mem_gib * GIB, MappingProxyType({k: v * TFLOPS for k, v in peaks.items()}),
-                       bw_gbs * 1e9, default, eff, half)
-
-
-# Vendor data sheets (dense, no sparsity): A100 (2020), V100 SXM2 (2017), H100/H200 SXM (2022/23),
-# GTX 1080 Ti (2017). Efficiencies are calibrated so that the GPT presets land near Table 4.1.
-DEVICES: Mapping[str, DeviceSheet] = MappingProxyType({
-    "a100_40gb": _sheet("a100_40gb", 40, {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
-                        1555, "bf16", 0.65, 4e9),
-    "a100_80gb": _sheet("a100_80gb", 80, {"fp32": 19.5, "tf32": 156, "fp16": 312, "bf16": 312},
-                        2039, "bf16", 0.65, 4e9),
-    "v100_16gb": _sheet("v100_16gb", 16, {"fp32": 15.7, "fp16": 125}, 900, "fp16", 0.7, 2e9),
-    "v100_32gb": _sheet("v100_32gb", 32, {"fp32": 15.7, "fp16": 125}, 900, "fp16", 0.7, 2e9),
-    "h100_80gb": _sheet("h100_80gb", 80, {"fp32": 67, "tf32": 495, "fp16": 989, "bf16": 989, "fp8": 1979},
-                        3350, "bf16", 0.7, 1e10),
-    "h200": _sheet("h200", 140, {"fp32": 67, "tf32": 495, "fp16": 989, "bf16": 989, "fp8": 1979},
-                   4800, "bf16", 0.7, 1e10),
-    "gtx_1080ti": _sheet("gtx_1080ti", 11, {"fp32": 11.3, "fp16": 0.177}, 484, "fp32", 0.8, 1e9),
-})
 
 
 def measure_local_cpu(devices: int = 1, seconds: float = 0.2) -> DeviceSheet:

@@ -3,14 +3,16 @@ large to build (the GPT family of Table 4.1, GPT-3, BERT-Large) and the CNNs Pip
 
 A model is an ordered list of partitionable layers (the same granularity as ``models.LayerModel``:
 embedding, one entry per transformer block, head). ``layer_specs(tp)`` gives the per-device costs
-at tensor-parallel degree ``tp``, per sample (one sequence or one image).
+at tensor-parallel degree ``tp``, per sample (one sequence or one image). Whole-model totals of the
+trainable families (parameters, FLOPs per sample) come from ``models.facts``, as the runtime's do.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from models.formulas import gpt_flops_per_iteration, gpt_parameters
+from models.facts import flops_per_sample, mlp_parameters, parameter_count
+from models.formulas import mlp_block_forward_flops
 
 from .errors import PlannerError
 
@@ -48,20 +50,27 @@ class TransformerSpec:
     seq_len: int
     vocab: int
     precision: str = "bf16"
+    tie_embeddings: bool = True
+    pre_ln: bool = False  # BERT only: pre-LayerNorm blocks add a final LayerNorm
 
     @property
     def max_tp(self) -> int:
         return self.heads
 
+    @property
+    def model_cfg(self) -> dict[str, Any]:
+        """The ``conf/model`` keys this spec stands for, as ``models.facts`` reads them."""
+        return {"name": self.family, "num_layers": self.num_layers, "hidden_size": self.hidden,
+                "num_heads": self.heads, "seq_len": self.seq_len, "vocab_size": self.vocab,
+                "tie_embeddings": self.tie_embeddings, "pre_ln": self.pre_ln}
+
     def num_parameters(self) -> int:
-        if self.family == "gpt":
-            return gpt_parameters(self.num_layers, self.hidden, self.vocab, self.seq_len)
-        h = self.hidden  # BERT: eq. 4.3's blocks and embeddings + token types, pooler, MLM transform
-        return gpt_parameters(self.num_layers, h, self.vocab, self.seq_len) + 2 * h + 2 * (h * h + h) + 2 * h
+        """Of the model ``models`` builds for this config (eq. 4.3 plus LayerNorms and BERT's MLM head)."""
+        return parameter_count(self.model_cfg)
 
     def flops_per_sample(self, recompute: bool) -> float:
         """Eq. 4.2 for one sequence (its recompute term follows the plan's choice)."""
-        return gpt_flops_per_iteration(1, self.num_layers, self.hidden, self.vocab, self.seq_len, recompute)
+        return flops_per_sample(self.model_cfg, recompute)
 
     def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
         s, h, a, v, t = self.seq_len, self.hidden, self.heads, self.vocab, tp
@@ -186,8 +195,8 @@ def resnet50(precision: str = "fp32", image: int = 224, classes: int = 1000) -> 
 def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
     """The trainable MLP (models.mlp): ``num_layers`` residual blocks x + fc2(gelu(fc1(x))), h -> h."""
     e = PRECISION_BYTES[precision]
-    flops = 2 * 2 * hidden * hidden  # two h x h GEMMs, 2 FLOPs per multiply-add
-    layer = LayerSpec("block", "block", flops, 2 * hidden * hidden, 4 * hidden * e, 2 * (hidden * hidden + hidden),
+    flops = mlp_block_forward_flops(hidden)
+    layer = LayerSpec("block", "block", flops, 2 * hidden * hidden, 4 * hidden * e, mlp_parameters(1, hidden),
                       hidden * e, 3 * hidden * e, hidden * e)
     return ChainSpec("mlp", tuple(LayerSpec(**{**layer.__dict__, "name": f"block{i}"}) for i in range(num_layers)),
                      precision)
@@ -203,7 +212,8 @@ def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") ->
     if family in ("gpt", "bert"):
         try:
             return TransformerSpec(label, family, int(cfg["num_layers"]), int(cfg["hidden_size"]),
-                                   int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision)
+                                   int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
+                                   bool(cfg.get("tie_embeddings", True)), bool(cfg.get("pre_ln", False)))
         except KeyError as missing:
             raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
     if family == "mlp":

@@ -12,7 +12,7 @@ from . import cost
 from .errors import PlannerError
 from .inputs import Inputs
 from .pipedream_dp import DPStage, MemoryModel, minimum_memory, pipedream_dp, stage_memory
-from .search import GIB, Candidate, SearchResult, why_lost
+from .ranking import GIB, Candidate, SearchResult, why_lost
 
 
 def data_parallel_time(inputs: Inputs, micro: int, recompute: bool) -> float:

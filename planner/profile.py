@@ -33,8 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipedream.devices import DeviceSheet
+
 from .errors import ProfileError
-from .hardware import DeviceSheet
 from .model_specs import OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES, ModelSpec
 
 SCHEMA = "pipedream-profile/1"

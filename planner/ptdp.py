@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from .inputs import Inputs, divisors
-from .search import Rows, SearchResult, rank
-from .uniform import even_boundaries, estimate, rank_stats
+from .ranking import Rows, SearchResult, rank
+from .uniform_cost import even_boundaries, estimate, rank_stats
 
 
 def ptdp_search(inputs: Inputs) -> SearchResult:

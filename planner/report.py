@@ -5,7 +5,7 @@ from __future__ import annotations
 from models.formulas import training_days
 
 from .auto import Outcome
-from .search import GIB, Candidate
+from .ranking import GIB, Candidate
 
 
 def _split(c: Candidate, limit: int = 6) -> str:

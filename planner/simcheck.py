@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
-from .uniform import RankStats
+from .uniform_cost import RankStats
 
 MAX_SIMULATED_MICROBATCHES = 6000  # p * m * v beyond this is simulated at a smaller m (at least p)
 

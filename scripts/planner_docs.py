@@ -18,7 +18,7 @@ from planner.__main__ import main as planner_main  # noqa: E402
 from planner.config import compose, inputs_from_config  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
 from planner.ptdp import ptdp_search  # noqa: E402
-from planner.search import GIB, why_lost  # noqa: E402
+from planner.ranking import GIB, why_lost  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"
 # Table 4.1 (dissertation ch. 4.5.1): preset, GPUs, batch, t, p, achieved TFLOP/s per GPU

@@ -4,7 +4,8 @@ from __future__ import annotations
 import itertools
 import random
 
-from planner.hardware import DEVICES, Cluster, Level
+from pipedream.devices import DEVICES
+from planner.hardware import Cluster, Level
 from planner.profile import LayerProfile, Profile
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.__main__ import main
-from planner.plan import load_plan
+from pipedream.plan_file import load_plan
 from tests.unit.test_planner_profile import BRANCHY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,7 +108,7 @@ def test_graph_txt_chain_plans_with_pipedream(capsys, tmp_path):
 
 
 def test_measured_profile_file_is_used(capsys, tmp_path):
-    from planner.hardware import DEVICES
+    from pipedream.devices import DEVICES
     from planner.model_specs import TransformerSpec
     from planner.profile import analytic_profile
 

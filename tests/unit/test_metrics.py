@@ -10,10 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from models import build_model
-from models.formulas import gpt_flops_per_iteration
+from models.formulas import gpt_flops_per_iteration, mlp_flops_per_iteration
 from pipedream.errors import ConfigError
-from pipedream.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, mlp_flops_per_iteration,
-                               model_flops_per_iteration, peak_memory_bytes, warmup_steps)
+from pipedream.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
+                               peak_memory_bytes, warmup_steps)
 from pipedream.peak_flops import device_key, measure_matmul_flops, peak_flops
 
 

@@ -37,3 +37,18 @@ def test_plan_world_size_and_model_mismatch_are_one_line(tmp_path):
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'p8.json', ((0, 4), (4, 8)), 8)}"])
     with pytest.raises(ConfigError, match="splits 8 layers but model=gpt has 6 pipeline layers"):
         apply_plan(cfg)
+
+
+def test_a_planner_plan_for_bert_applies(tmp_path, capsys):
+    """The planner counts BERT's embedding and head as pipeline layers, as the runtime does."""
+    from planner.__main__ import main as planner_main
+
+    path = tmp_path / "bert.json"
+    model = ["model=bert_tiny", "model.hidden_size=32", "model.num_heads=2", "model.seq_len=16"]
+    assert planner_main(model + ["cluster=local_cpu", "train.global_batch_size=8", "planner.pp=2",
+                                 f"planner.out={path}"]) == 0, capsys.readouterr().err
+    cfg = compose_config(model + [f"parallel.plan={path}"])
+    check_plan_world_size(cfg, 2)
+    spec = build_run_spec(apply_plan(cfg), world_size=2)
+    assert spec.num_layers == 4 and spec.layout.pp == 2
+    assert spec.bounds[0][0] == 0 and spec.bounds[-1][1] == 4 and spec.global_batch == 8

@@ -5,8 +5,9 @@ from dataclasses import replace
 
 import pytest
 
+from pipedream.devices import DEVICES
 from planner.auto import choose_algorithm, make_plan
-from planner.hardware import DEVICES, Cluster, Level
+from planner.hardware import Cluster, Level
 from planner.inputs import Inputs
 from planner.model_specs import TransformerSpec, mlp, vgg16
 from planner.pipedream_search import pipedream_search

@@ -38,9 +38,10 @@ def test_presets_match_table_4_1(row):
         (layers, hidden, heads, 2048, 51200)
     spec = spec_from_config(cfg)
     assert round(spec.num_parameters() / 1e9, 1) == billions
-    # the per-layer specs add up to eq. 4.3 (plus the final LayerNorm and the tied head's copy of V h)
+    # the built model: eq. 4.3 plus the final LayerNorm; the per-layer specs add the tied head's copy of V h
+    assert spec.num_parameters() == gpt_parameters(layers, hidden, 51200, 2048) + 2 * hidden
     total = sum(layer.parameters for layer in spec.layer_specs(1))
-    assert total - spec.num_parameters() == pytest.approx(2 * hidden + 51200 * hidden)
+    assert total - spec.num_parameters() == pytest.approx(51200 * hidden)
 
 
 def test_eq_4_2_flops():

@@ -6,8 +6,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from models import pipeline_layer_count
+from pipedream.devices import DEVICES, GIB
 from planner.errors import PlannerError
-from planner.hardware import DEVICES, GIB, cluster_from_config, device_sheet
+from planner.hardware import cluster_from_config, device_sheet
 from planner.model_specs import spec_from_config
 from planner.profile import analytic_profile
 
@@ -66,7 +68,7 @@ def test_model_presets_profile(name):
     cfg = load("model", name)
     spec = spec_from_config(cfg, "bf16")
     prof = analytic_profile(spec, DEVICES["a100_80gb"])
-    assert prof.num_layers == spec.num_layers + (2 if cfg["name"] in ("gpt", "bert") else 0)
+    assert prof.num_layers == pipeline_layer_count(cfg)
     assert prof.num_parameters > 0 and all(t > 0 for layer in prof.layers[1:] for t in layer.forward_s)
     if cfg.get("planner_only"):
         assert cfg["name"] not in ("gpt", "mlp")  # the trainer refuses them by name

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from planner.plan import PlanError, load_plan, plan_from_json
+from pipedream.plan_file import PlanError, load_plan, plan_from_json
 
 
 def plan_dict(**over):

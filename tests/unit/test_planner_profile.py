@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
+from pipedream.devices import DEVICES
 from planner.errors import ProfileError
 from planner.graph_txt import profile_from_graph
-from planner.hardware import DEVICES
 from planner.model_specs import TransformerSpec, vgg16
 from planner.profile import LayerProfile, Profile, analytic_profile, load_profile
 

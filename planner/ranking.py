@@ -11,7 +11,7 @@ import numpy as np
 
 from .errors import PlannerError
 from .inputs import Inputs
-from .uniform import Estimates, even_boundaries
+from .uniform_cost import Estimates, even_boundaries
 
 GIB = 1024**3
 PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "dp_comm")

@@ -13,8 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from .inputs import Inputs, divisors
-from .search import Rows, SearchResult, rank
-from .uniform import estimate, rank_stats
+from .ranking import Rows, SearchResult, rank
+from .uniform_cost import estimate, rank_stats
 
 
 def two_bw_search(inputs: Inputs) -> SearchResult:

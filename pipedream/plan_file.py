@@ -1,0 +1,216 @@
+"""The plan file: the single contract between the planner and the runtime (DESIGN.md section 4.2).
+
+The planner writes it and the runtime reads it. It imports neither (only the standard library),
+so the runtime never depends on the planner.
+
+``load_plan(path)`` validates everything the runtime relies on and raises ``PlanError`` with one
+line naming the field, the rule and a way out. Extra top-level keys (``planner``: algorithm, reason,
+simulator check) are informational.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+PLAN_VERSION = 1
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw")
+RECOMPUTE = ("none", "full", "selective")
+
+
+class PlanError(ValueError):
+    """A plan file is unreadable, inconsistent, or does not match the launch."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str
+    num_layers: int
+    num_parameters: int
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    name: str
+    num_devices: int
+    devices_per_node: int
+
+
+@dataclass(frozen=True)
+class Parallel:
+    pp: int
+    tp: int
+    dp: int
+    vpp: int = 1
+
+
+@dataclass(frozen=True)
+class Batch:
+    global_batch: int  # "global" in JSON
+    micro: int
+    num_microbatches: int  # per pipeline (per input-stage replica) per iteration
+
+
+@dataclass(frozen=True)
+class Stage:
+    layers: tuple[int, int]  # [start, end) of the model's layer list
+    replicas: int
+    ranks: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Predicted:
+    iteration_time_s: float
+    samples_per_s: float
+    tflops_per_device: float
+    bubble_fraction: float
+    memory_bytes_per_device: float
+    memory_capacity_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Virtual stage j of ``stages`` runs on pipeline rank j % pp as chunk j // pp."""
+
+    model: ModelInfo
+    cluster: ClusterInfo
+    parallel: Parallel
+    schedule: str
+    batch: Batch
+    recompute: str
+    stages: tuple[Stage, ...]
+    predicted: Predicted
+    alternatives: tuple[dict[str, Any], ...] = ()
+    planner: dict[str, Any] = field(default_factory=dict)
+    version: int = PLAN_VERSION
+
+    @property
+    def world_size(self) -> int:
+        """Processes the plan needs: tp x the replicas of every pipeline stage (pp * tp * dp when uniform)."""
+        return self.parallel.tp * sum(st.replicas for st in self.stages[: self.parallel.pp])
+
+    def check_world_size(self, world_size: int) -> None:
+        if world_size != self.world_size:
+            raise PlanError(f"the plan needs {self.world_size} processes (pp*tp*dp = {self.parallel.pp}*"
+                            f"{self.parallel.tp}*{self.parallel.dp}) but WORLD_SIZE = {world_size}: launch "
+                            f"{self.world_size} processes (python -m launcher parallel.plan=... does) or re-plan "
+                            f"for {world_size} devices")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "model": vars(self.model), "cluster": vars(self.cluster), "parallel": vars(self.parallel),
+            "schedule": self.schedule,
+            "batch": {"global": self.batch.global_batch, "micro": self.batch.micro,
+                      "num_microbatches": self.batch.num_microbatches},
+            "recompute": self.recompute,
+            "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
+                       for st in self.stages],
+            "predicted": vars(self.predicted),
+            "alternatives": list(self.alternatives),
+            "planner": dict(self.planner),
+        }
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps(self.to_json(), indent=1) + "\n")
+
+
+def _need(data: dict, key: str, kind: type, where: str = "") -> Any:
+    if not isinstance(data, dict) or key not in data:
+        raise PlanError(f"plan is missing {where}{key}: write it with `python -m planner ... planner.out=plan.json`")
+    value = data[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise PlanError(f"plan {where}{key} = {value!r} must be an integer")
+    if kind is not int and not isinstance(value, kind):
+        raise PlanError(f"plan {where}{key} = {value!r} must be a {kind.__name__}")
+    return value
+
+
+def plan_from_json(data: Any) -> Plan:
+    """Build and validate a Plan from its JSON form."""
+    if not isinstance(data, dict):
+        raise PlanError("plan must be a JSON object")
+    version = _need(data, "version", int)
+    if version != PLAN_VERSION:
+        raise PlanError(f"plan version = {version} but this runtime reads version {PLAN_VERSION}: re-plan")
+    m, c, par, bt = (_need(data, k, dict) for k in ("model", "cluster", "parallel", "batch"))
+    model = ModelInfo(str(_need(m, "name", str, "model.")), _need(m, "num_layers", int, "model."),
+                      int(m.get("num_parameters", 0)))
+    cluster = ClusterInfo(str(c.get("name", "")), _need(c, "num_devices", int, "cluster."),
+                          int(c.get("devices_per_node", 1)))
+    parallel = Parallel(*(_need(par, k, int, "parallel.") for k in ("pp", "tp", "dp")), int(par.get("vpp", 1)))
+    for name, value in vars(parallel).items():
+        if value < 1:
+            raise PlanError(f"plan parallel.{name} = {value} must be >= 1")
+    schedule = _need(data, "schedule", str)
+    if schedule not in SCHEDULES:
+        raise PlanError(f"plan schedule = {schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
+    recompute = _need(data, "recompute", str)
+    if recompute not in RECOMPUTE:
+        raise PlanError(f"plan recompute = {recompute!r} is unknown; choose one of {', '.join(RECOMPUTE)}")
+    batch = Batch(*(_need(bt, k, int, "batch.") for k in ("global", "micro", "num_microbatches")))
+    stages = tuple(_stage(s, i) for i, s in enumerate(_need(data, "stages", list)))
+    pred = data.get("predicted") or {}
+    predicted = Predicted(**{k: float(pred.get(k, 0.0)) for k in Predicted.__dataclass_fields__})
+    plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
+                tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version)
+    _validate(plan)
+    return plan
+
+
+def _stage(raw: Any, i: int) -> Stage:
+    layers = _need(raw, "layers", list, f"stages[{i}].")
+    if len(layers) != 2 or not all(isinstance(x, int) for x in layers):
+        raise PlanError(f"plan stages[{i}].layers = {layers!r} must be [start, end)")
+    ranks = raw.get("ranks") or []
+    return Stage((layers[0], layers[1]), _need(raw, "replicas", int, f"stages[{i}]."), tuple(int(r) for r in ranks))
+
+
+def _validate(plan: Plan) -> None:
+    par, stages = plan.parallel, plan.stages
+    if len(stages) != par.pp * par.vpp:
+        raise PlanError(f"plan has {len(stages)} stages but pp*vpp = {par.pp}*{par.vpp}: one entry per virtual stage")
+    start = 0
+    for i, st in enumerate(stages):
+        if st.layers[0] != start or st.layers[1] <= st.layers[0]:
+            raise PlanError(f"plan stages[{i}].layers = {list(st.layers)} must start at {start} and be non-empty: "
+                            f"stages split [0, {plan.model.num_layers}) in order")
+        start = st.layers[1]
+    if start != plan.model.num_layers:
+        raise PlanError(f"plan stages cover layers [0, {start}) but the model has {plan.model.num_layers}")
+    if plan.schedule != "pipedream" and any(st.replicas != par.dp for st in stages):
+        raise PlanError(f"plan replicas {[st.replicas for st in stages]} must all equal parallel.dp = {par.dp}; "
+                        f"only the pipedream schedule replicates stages unevenly")
+    if plan.batch.global_batch != plan.batch.micro * plan.batch.num_microbatches * stages[0].replicas:
+        raise PlanError(f"plan batch.global = {plan.batch.global_batch} must equal micro * num_microbatches * dp = "
+                        f"{plan.batch.micro}*{plan.batch.num_microbatches}*{stages[0].replicas}")
+    seen: set[int] = set()
+    for j, st in enumerate(stages):
+        if not st.ranks:
+            continue
+        if len(st.ranks) != st.replicas * par.tp:
+            raise PlanError(f"plan stages[{j}] lists {len(st.ranks)} ranks for {st.replicas} replicas x tp {par.tp}")
+        if j >= par.pp:
+            if st.ranks != stages[j % par.pp].ranks:
+                raise PlanError(f"plan stages[{j}] (chunk {j // par.pp} of pipeline rank {j % par.pp}) must list "
+                                f"the same ranks as stages[{j % par.pp}]")
+            continue
+        if seen & set(st.ranks):
+            raise PlanError(f"plan stages[{j}] reuses ranks {sorted(seen & set(st.ranks))[:4]}")
+        seen |= set(st.ranks)
+    if seen and seen != set(range(plan.world_size)):
+        raise PlanError(f"plan ranks must be 0..{plan.world_size - 1}, each in one pipeline stage")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file (PlanError, one line, on any problem)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as err:
+        raise PlanError(f"cannot read plan file {path}: {err.strerror or err}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise PlanError(f"plan file {path} is not JSON ({err.msg} at line {err.lineno})") from None
+    return plan_from_json(data)
