@@ -126,11 +126,6 @@ def _messages(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn) -> 
     return sends, recvs
 
 
-def check_matching(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn = peer_stage) -> None:
-    """Every send has exactly one matching receive and vice versa; else ChannelError."""
-    _check_matching(*_messages(schedule, pp, vpp, peer))
-
-
 def _check_matching(sends: dict, recvs: dict) -> None:
     problems = []
     for src, dst in sorted(set(sends) | set(recvs)):
@@ -158,27 +153,6 @@ def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: P
                 src, dst = channel
                 raise ChannelError(f"channel rank {src} -> rank {dst}: message #{i} is sent for {sent} but rank "
                                    f"{dst} posts {posted} there; receives must follow the send order")
-
-
-def check_compute(schedule: list[list[Action]], microbatches: int, vpp: int) -> None:
-    """Each rank forwards and backwards every (microbatch, chunk) exactly once, backward after forward."""
-    expected = {(mb, c) for mb in range(microbatches) for c in range(vpp)}
-    for rank, actions in enumerate(schedule):
-        seen: dict[Kind, set[tuple[int, int]]] = {Kind.FWD: set(), Kind.BWD: set()}
-        for action in actions:
-            if action.kind not in COMPUTE_KINDS:
-                continue
-            key = (action.microbatch, action.chunk)
-            if key in seen[action.kind]:
-                raise ScheduleError(f"rank {rank}: {action} appears twice")
-            if action.kind is Kind.BWD and key not in seen[Kind.FWD]:
-                raise ScheduleError(f"rank {rank}: {action} comes before its forward")
-            seen[action.kind].add(key)
-        for kind, keys in seen.items():
-            if keys != expected:
-                missing = sorted(expected - keys)[:3]
-                raise ScheduleError(f"rank {rank}: {kind.name} covers {len(keys)} of {len(expected)} "
-                                    f"(microbatch, chunk) pairs; missing e.g. {missing}")
 
 
 def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: int | None = None,
