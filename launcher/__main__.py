@@ -5,33 +5,20 @@ from __future__ import annotations
 import shlex
 import subprocess
 import sys
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
+from pipedream.config_loading import compose_config, describe_missing_option
 from pipedream.errors import ConfigError
 
 from .commands import build_launch
-
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-
-
-def describe_missing_option(error: MissingConfigException) -> str:
-    """'model=nope' -> 'model=nope is unknown: choose one of gpt_small, gpt_tiny, mlp'."""
-    group, _, name = str(error.missing_cfg_file or "").partition("/")
-    options = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml")) if group else []
-    if options:
-        return f"{group}={name} is unknown: choose one of {', '.join(options)}"
-    return str(error).splitlines()[0]
 
 
 def main(argv: list[str]) -> int:
     overrides = [a for a in argv if not a.startswith("launcher.")]
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-            cfg = compose(config_name="config", overrides=argv)
+        cfg = compose_config(argv)
         from pipedream.plan_config import apply_plan
         from pipedream.run_spec import build_run_spec
         run_dir = str(cfg.train.run_dir)

@@ -22,10 +22,6 @@ def encode_bytes(text: str) -> np.ndarray:
     return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
 
 
-def decode_bytes(tokens: np.ndarray | list[int]) -> str:
-    return bytes(int(t) for t in tokens).decode("utf-8", errors="replace")
-
-
 def pydoc_text() -> str:
     from pydoc_data.topics import topics  # ~460 KB of English shipped with CPython
     return "\n\n".join(topics[key] for key in sorted(topics))

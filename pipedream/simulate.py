@@ -126,11 +126,6 @@ def _messages(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn) -> 
     return sends, recvs
 
 
-def check_matching(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn = peer_stage) -> None:
-    """Every send has exactly one matching receive and vice versa; else ChannelError."""
-    _check_matching(*_messages(schedule, pp, vpp, peer))
-
-
 def _check_matching(sends: dict, recvs: dict) -> None:
     problems = []
     for src, dst in sorted(set(sends) | set(recvs)):
@@ -160,27 +155,6 @@ def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: P
                                    f"{dst} posts {posted} there; receives must follow the send order")
 
 
-def check_compute(schedule: list[list[Action]], microbatches: int, vpp: int) -> None:
-    """Each rank forwards and backwards every (microbatch, chunk) exactly once, backward after forward."""
-    expected = {(mb, c) for mb in range(microbatches) for c in range(vpp)}
-    for rank, actions in enumerate(schedule):
-        seen: dict[Kind, set[tuple[int, int]]] = {Kind.FWD: set(), Kind.BWD: set()}
-        for action in actions:
-            if action.kind not in COMPUTE_KINDS:
-                continue
-            key = (action.microbatch, action.chunk)
-            if key in seen[action.kind]:
-                raise ScheduleError(f"rank {rank}: {action} appears twice")
-            if action.kind is Kind.BWD and key not in seen[Kind.FWD]:
-                raise ScheduleError(f"rank {rank}: {action} comes before its forward")
-            seen[action.kind].add(key)
-        for kind, keys in seen.items():
-            if keys != expected:
-                missing = sorted(expected - keys)[:3]
-                raise ScheduleError(f"rank {rank}: {kind.name} covers {len(keys)} of {len(expected)} "
-                                    f"(microbatch, chunk) pairs; missing e.g. {missing}")
-
-
 def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: int | None = None,
              peer: PeerFn = peer_stage, needs: NeedsFn | None = None,
              sync_groups: SyncGroupFn | None = None, weight_grads_delay: int = 1) -> SimResult:
@@ -192,118 +166,189 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
     With ``costs.weight_grad``, a backward's weight-gradient part runs once ``weight_grads_delay``
     later backwards of its rank have sent their input gradients, or before SYNC_GRADS.
     """
-    costs = costs or Costs()
     pp = len(schedule)
     vpp = vpp or 1 + max((a.chunk for actions in schedule for a in actions), default=0)
     if needs is None:
         def needs(rank: int, action: Action) -> Action | None:
             return needed_receive(rank, action, pp, vpp)
     check_channel_order(schedule, pp, vpp, peer)
-    members: dict[Hashable, list[int]] = {}
-    for rank in range(pp):
-        group = sync_groups(rank) if sync_groups else None
-        if group is not None:
-            members.setdefault(group, []).append(rank)
-    syncs_done = [0] * pp
-    sync_arrivals: dict[tuple[Hashable, int], dict[int, float]] = {}
-    starts: list[list[float]] = [[] for _ in range(pp)]
+    simulation = _Simulation(schedule, costs or Costs(), vpp, peer, needs, sync_groups, weight_grads_delay)
+    simulation.run()
+    return _result(pp, vpp, simulation.ranks)
 
-    pc, clock = [0] * pp, [0.0] * pp
-    arrivals: dict[tuple[int, int], list[float]] = {}  # channel -> arrival time of each sent message
-    channel_free: dict[tuple[int, int], float] = {}
-    posted: list[dict[Action, tuple[int, int]]] = [{} for _ in range(pp)]  # recv -> (src, index)
-    n_posted: list[Counter] = [Counter() for _ in range(pp)]
-    timelines: list[list[Interval]] = [[] for _ in range(pp)]
-    waits: list[list[Interval]] = [[] for _ in range(pp)]
-    in_flight: list[set[tuple[int, int]]] = [set() for _ in range(pp)]
-    stash, peak, peak_stash = [0.0] * pp, [0] * pp, [0.0] * pp
-    sent_back = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
-                 for a in actions if a.kind is Kind.SEND_GRAD}
-    held: list[list[tuple[Action, float]]] = [[] for _ in range(pp)]   # weight-gradient parts, oldest first
 
-    def run_weight_grads(rank: int, keep: int) -> None:
-        while len(held[rank]) > keep:
-            action, duration = held[rank].pop(0)
-            timelines[rank].append(Interval(action, clock[rank], clock[rank] + duration, weight_grads=True))
-            clock[rank] += duration
+@dataclass
+class _Rank:
+    """One rank's progress through its action list."""
 
-    def advance(rank: int, action: Action) -> bool:
-        """Run ``action`` on ``rank`` if its input is there; False when blocked."""
-        kind, key = action.kind, (action.microbatch, action.chunk)
-        if kind in (Kind.RECV_ACT, Kind.RECV_GRAD, *_RECV_OF):
-            starts[rank].append(clock[rank])
-        if kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
-            src, _ = peer(rank, action, pp, vpp)
-            posted[rank][action] = (src, n_posted[rank][src])
-            n_posted[rank][src] += 1
-            return True
-        if kind in _RECV_OF:
-            dst, _ = peer(rank, action, pp, vpp)
-            size = costs.of("act_bytes" if kind is Kind.SEND_ACT else "grad_bytes", rank, action.chunk)
-            start = max(clock[rank], channel_free.get((rank, dst), 0.0))
-            channel_free[(rank, dst)] = start + size / costs.bandwidth
-            arrivals.setdefault((rank, dst), []).append(start + size / costs.bandwidth + costs.latency)
-            if kind is Kind.SEND_GRAD:
-                run_weight_grads(rank, weight_grads_delay)
-            return True
-        start = clock[rank]
-        if kind in COMPUTE_KINDS:
-            need = needs(rank, action)
-            if need is not None:
-                if need not in posted[rank]:
-                    raise ScheduleError(f"rank {rank}: {action} consumes {need}, which is not posted before it")
-                src, index = posted[rank][need]
-                if index >= len(arrivals.get((src, rank), [])):
-                    return False
-                del posted[rank][need]
-                start = max(start, arrivals[(src, rank)][index])
-                if start > clock[rank]:
-                    waits[rank].append(Interval(action, clock[rank], start))
-            if kind is Kind.FWD:
-                in_flight[rank].add(key)
-                stash[rank] += costs.of("stash_bytes", rank, action.chunk)
-                peak[rank] = max(peak[rank], len(in_flight[rank]))
-                peak_stash[rank] = max(peak_stash[rank], stash[rank])
-                duration = costs.of("forward", rank, action.chunk)
-            else:
-                if key not in in_flight[rank]:
-                    raise ScheduleError(f"rank {rank}: {action} runs without an earlier forward")
-                in_flight[rank].remove(key)
-                stash[rank] -= costs.of("stash_bytes", rank, action.chunk)
-                duration = costs.of("backward", rank, action.chunk)
-                weight_grad = costs.of("weight_grad", rank, action.chunk)
-                if weight_grad > 0 and (rank, *key) in sent_back:
-                    duration -= weight_grad
-                    held[rank].append((action, weight_grad))
-        else:
-            if kind is Kind.SYNC_GRADS:
-                run_weight_grads(rank, 0)
-                start = clock[rank]
-            duration = costs.sync if kind is Kind.SYNC_GRADS else costs.step
-            group = sync_groups(rank) if sync_groups and kind is Kind.SYNC_GRADS else None
+    pc: int = 0                      # index of the next action
+    clock: float = 0.0
+    posted: dict[Action, tuple[int, int]] = field(default_factory=dict)   # recv -> (src, index on that channel)
+    n_posted: Counter = field(default_factory=Counter)                    # src -> receives posted so far
+    timeline: list[Interval] = field(default_factory=list)
+    waits: list[Interval] = field(default_factory=list)
+    starts: list[float] = field(default_factory=list)
+    in_flight: set[tuple[int, int]] = field(default_factory=set)          # (microbatch, chunk) forwarded, not back
+    stash: float = 0.0
+    peak: int = 0
+    peak_stash: float = 0.0
+    held: list[tuple[Action, float]] = field(default_factory=list)       # weight-gradient parts, oldest first
+    syncs_done: int = 0
+
+    def run(self, action: Action, start: float, duration: float) -> None:
+        self.starts.append(start)
+        self.timeline.append(Interval(action, start, start + duration))
+        self.clock = start + duration
+
+    def run_weight_grads(self, keep: int) -> None:
+        """Runs the held-back weight-gradient parts, oldest first, until ``keep`` are left."""
+        while len(self.held) > keep:
+            action, duration = self.held.pop(0)
+            self.timeline.append(Interval(action, self.clock, self.clock + duration, weight_grads=True))
+            self.clock += duration
+
+
+class _Simulation:
+    """One iteration in progress: every rank runs its actions in turn until it is blocked (an input
+    not yet sent, an all-reduce whose members have not all arrived) or done."""
+
+    def __init__(self, schedule: list[list[Action]], costs: Costs, vpp: int, peer: PeerFn, needs: NeedsFn,
+                 sync_groups: SyncGroupFn | None, weight_grads_delay: int) -> None:
+        self.schedule, self.costs, self.pp, self.vpp = schedule, costs, len(schedule), vpp
+        self.peer, self.needs, self.sync_groups = peer, needs, sync_groups
+        self.weight_grads_delay = weight_grads_delay
+        self.ranks = [_Rank() for _ in schedule]
+        self.arrivals: dict[tuple[int, int], list[float]] = {}  # channel -> arrival time of each sent message
+        self.channel_free: dict[tuple[int, int], float] = {}    # channel -> when its link is free again
+        self.members: dict[Hashable, list[int]] = {}            # sync group -> its ranks
+        for rank in range(self.pp):
+            group = sync_groups(rank) if sync_groups else None
             if group is not None:
-                arrived = sync_arrivals.setdefault((group, syncs_done[rank]), {})
-                arrived[rank] = clock[rank]
-                if len(arrived) < len(members[group]):
-                    return False
-                start = max(arrived.values())
-                syncs_done[rank] += 1
-        starts[rank].append(start)
-        timelines[rank].append(Interval(action, start, start + duration))
-        clock[rank] = start + duration
+                self.members.setdefault(group, []).append(rank)
+        self.sync_arrivals: dict[tuple[Hashable, int], dict[int, float]] = {}  # (group, n-th sync) -> rank -> time
+        # backwards that send an input gradient: only those hold their weight-gradient part back
+        self.sends_grad = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
+                           for a in actions if a.kind is Kind.SEND_GRAD}
+
+    def run(self) -> None:
+        while any(state.pc < len(actions) for state, actions in zip(self.ranks, self.schedule)):
+            if not self._run_until_blocked():
+                raise DeadlockError(_describe_deadlock(self.schedule, [s.pc for s in self.ranks],
+                                                       [s.posted for s in self.ranks], self.pp, self.vpp,
+                                                       self.peer, self.needs))
+        for state in self.ranks:
+            state.run_weight_grads(0)
+
+    def _run_until_blocked(self) -> bool:
+        """One pass over the ranks; False when none of them could run anything."""
+        progressed = False
+        for rank, (state, actions) in enumerate(zip(self.ranks, self.schedule)):
+            while state.pc < len(actions) and self._advance(rank, actions[state.pc]):
+                state.pc += 1
+                progressed = True
+        return progressed
+
+    def _advance(self, rank: int, action: Action) -> bool:
+        """Run ``action`` on ``rank`` if its input is there; False when blocked."""
+        if action.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+            self._post_receive(rank, action)
+            return True
+        if action.kind in _RECV_OF:
+            self._send(rank, action)
+            return True
+        if action.kind in COMPUTE_KINDS:
+            return self._compute(rank, action)
+        if action.kind is Kind.SYNC_GRADS:
+            return self._sync_grads(rank, action)
+        state = self.ranks[rank]
+        state.run(action, state.clock, self.costs.step)
         return True
 
-    while any(pc[r] < len(schedule[r]) for r in range(pp)):
-        progressed = False
-        for rank in range(pp):
-            while pc[rank] < len(schedule[rank]) and advance(rank, schedule[rank][pc[rank]]):
-                pc[rank] += 1
-                progressed = True
-        if not progressed:
-            raise DeadlockError(_describe_deadlock(schedule, pc, posted, pp, vpp, peer, needs))
-    for rank in range(pp):
-        run_weight_grads(rank, 0)
-    return _result(pp, vpp, timelines, waits, clock, peak, peak_stash, starts)
+    def _post_receive(self, rank: int, action: Action) -> None:
+        """Posting costs nothing; the compute that consumes the message waits for it."""
+        state = self.ranks[rank]
+        state.starts.append(state.clock)
+        src, _ = self.peer(rank, action, self.pp, self.vpp)
+        state.posted[action] = (src, state.n_posted[src])
+        state.n_posted[src] += 1
+
+    def _send(self, rank: int, action: Action) -> None:
+        """Never blocks the sender; the message queues behind earlier ones on its channel."""
+        state, costs = self.ranks[rank], self.costs
+        state.starts.append(state.clock)
+        dst, _ = self.peer(rank, action, self.pp, self.vpp)
+        size = costs.of("act_bytes" if action.kind is Kind.SEND_ACT else "grad_bytes", rank, action.chunk)
+        start = max(state.clock, self.channel_free.get((rank, dst), 0.0))
+        self.channel_free[(rank, dst)] = start + size / costs.bandwidth
+        self.arrivals.setdefault((rank, dst), []).append(start + size / costs.bandwidth + costs.latency)
+        if action.kind is Kind.SEND_GRAD:
+            state.run_weight_grads(self.weight_grads_delay)
+
+    def _compute(self, rank: int, action: Action) -> bool:
+        state = self.ranks[rank]
+        start = self._input_arrival(rank, action)
+        if start is None:
+            return False
+        if start > state.clock:
+            state.waits.append(Interval(action, state.clock, start))
+        if action.kind is Kind.FWD:
+            duration = self._forward(rank, action)
+        else:
+            duration = self._backward(rank, action)
+        state.run(action, start, duration)
+        return True
+
+    def _input_arrival(self, rank: int, action: Action) -> float | None:
+        """When ``action`` can start: now, or when the message it consumes arrives; None if not sent yet."""
+        state = self.ranks[rank]
+        need = self.needs(rank, action)
+        if need is None:
+            return state.clock
+        if need not in state.posted:
+            raise ScheduleError(f"rank {rank}: {action} consumes {need}, which is not posted before it")
+        src, index = state.posted[need]
+        if index >= len(self.arrivals.get((src, rank), [])):
+            return None
+        del state.posted[need]
+        return max(state.clock, self.arrivals[(src, rank)][index])
+
+    def _forward(self, rank: int, action: Action) -> float:
+        state = self.ranks[rank]
+        state.in_flight.add((action.microbatch, action.chunk))
+        state.stash += self.costs.of("stash_bytes", rank, action.chunk)
+        state.peak = max(state.peak, len(state.in_flight))
+        state.peak_stash = max(state.peak_stash, state.stash)
+        return self.costs.of("forward", rank, action.chunk)
+
+    def _backward(self, rank: int, action: Action) -> float:
+        """The backward's duration now; its weight-gradient part is held back if it sends a gradient."""
+        state, key = self.ranks[rank], (action.microbatch, action.chunk)
+        if key not in state.in_flight:
+            raise ScheduleError(f"rank {rank}: {action} runs without an earlier forward")
+        state.in_flight.remove(key)
+        state.stash -= self.costs.of("stash_bytes", rank, action.chunk)
+        duration = self.costs.of("backward", rank, action.chunk)
+        weight_grad = self.costs.of("weight_grad", rank, action.chunk)
+        if weight_grad > 0 and (rank, *key) in self.sends_grad:
+            duration -= weight_grad
+            state.held.append((action, weight_grad))
+        return duration
+
+    def _sync_grads(self, rank: int, action: Action) -> bool:
+        """Held-back weight gradients run first; in a sync group, every member must have arrived."""
+        state = self.ranks[rank]
+        state.run_weight_grads(0)
+        start = state.clock
+        group = self.sync_groups(rank) if self.sync_groups else None
+        if group is not None:
+            arrived = self.sync_arrivals.setdefault((group, state.syncs_done), {})
+            arrived[rank] = state.clock
+            if len(arrived) < len(self.members[group]):
+                return False
+            start = max(arrived.values())
+            state.syncs_done += 1
+        state.run(action, start, self.costs.sync)
+        return True
 
 
 def _describe_deadlock(schedule: list[list[Action]], pc: list[int], posted: list[dict[Action, tuple[int, int]]],
@@ -321,16 +366,18 @@ def _describe_deadlock(schedule: list[list[Action]], pc: list[int], posted: list
     return "deadlock: " + ", ".join(blocked)
 
 
-def _result(pp: int, vpp: int, timelines: list[list[Interval]], waits: list[list[Interval]], clock: list[float],
-            peak: list[int], peak_stash: list[float], starts: list[list[float]]) -> SimResult:
-    total = max(clock, default=0.0)
+def _result(pp: int, vpp: int, ranks: list[_Rank]) -> SimResult:
+    timelines = [state.timeline for state in ranks]
+    total = max((state.clock for state in ranks), default=0.0)
     busy = [sum(i.end - i.start for i in tl if i.action.kind in COMPUTE_KINDS) for tl in timelines]
     other = [sum(i.end - i.start for i in tl if i.action.kind not in COMPUTE_KINDS) for tl in timelines]
     idle = [total - b - o for b, o in zip(busy, other)]
     return SimResult(
-        pp=pp, vpp=vpp, timelines=timelines, waits=waits, iteration_time=total, busy=busy, idle=idle,
+        pp=pp, vpp=vpp, timelines=timelines, waits=[state.waits for state in ranks], iteration_time=total,
+        busy=busy, idle=idle,
         bubble_fractions=[i / b if b else 0.0 for i, b in zip(idle, busy)],
         idle_fractions=[i / total if total else 0.0 for i in idle],
         bubble_fraction=sum(idle) / sum(busy) if sum(busy) else 0.0,
         idle_fraction=sum(idle) / (pp * total) if total else 0.0,
-        peak_in_flight=list(peak), peak_stash_bytes=list(peak_stash), starts=starts)
+        peak_in_flight=[state.peak for state in ranks], peak_stash_bytes=[state.peak_stash for state in ranks],
+        starts=[state.starts for state in ranks])

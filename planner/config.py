@@ -5,45 +5,33 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from pipedream.config_loading import compose_config, describe_missing_option
+
 from .errors import PlannerError
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
 from .profile import Profile, analytic_profile, load_profile
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-
 
 def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
-    from hydra import compose as hydra_compose, initialize_config_dir
+    """``conf/planner.yaml`` with ``overrides``; bad overrides become one-line PlannerErrors."""
     from hydra.errors import HydraException, MissingConfigException
+    from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException as OmegaConfError
 
     try:
-        with initialize_config_dir(str(CONF_DIR), version_base=None):
-            cfg = hydra_compose(config_name, overrides=list(overrides), return_hydra_config=True)
+        cfg = compose_config(overrides, config_name, return_hydra_config=True)
     except MissingConfigException as err:
-        raise PlannerError(_missing_group(str(err), overrides)) from None
+        raise PlannerError(describe_missing_option(err)) from None
     except (HydraException, OmegaConfError) as err:
         raise PlannerError(f"bad override: {str(err).splitlines()[0]}") from None
-    from omegaconf import open_dict
-
     choice = cfg.hydra.runtime.choices.get("model")
     with open_dict(cfg):
         del cfg["hydra"]
         if choice and not cfg.model.get("preset"):
             cfg.model.preset = choice  # the config's file name (gpt_tiny) labels the model
     return cfg
-
-
-def _missing_group(message: str, overrides: Sequence[str]) -> str:
-    for group in ("cluster", "model"):
-        for item in overrides:
-            if item.startswith(f"{group}="):
-                name = item.split("=", 1)[1]
-                known = sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-                return f"{group}={name} is unknown: choose one of {', '.join(known)} (files in conf/{group}/)"
-    return message.splitlines()[0]
 
 
 def _plain(node: Any) -> Any:

@@ -122,7 +122,7 @@ def run_order(names: list[str]) -> list[str]:
 # ---------------------------------------------------------------- one training step per runtime
 
 def _compose(workload: Workload, case: Case) -> Any:
-    from hydra import compose, initialize_config_dir
+    from pipedream.config_loading import compose_config
 
     overrides = list(workload.overrides) + list(VARIANTS.get(case.variant, ())) + [
         f"train.micro_batch_size={workload.micro_batch}", f"train.global_batch_size={workload.global_batch}",
@@ -130,8 +130,7 @@ def _compose(workload: Workload, case: Case) -> Any:
         f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
         # asynchronous schedules build the whole run's action list up front: keep the run short
         f"train.steps={200 if case.schedule in ASYNC_SCHEDULES else 1000}"]
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
-        return compose(config_name="config", overrides=overrides)
+    return compose_config(overrides)
 
 
 def _microbatches(model, workload: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -7,19 +7,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+from pipedream.config_loading import compose_config
 
 TINY_GPT = ["model=gpt_tiny", "model.num_layers=6", "model.hidden_size=32", "model.num_heads=2",
             "model.seq_len=16", "train.global_batch_size=8", "train.micro_batch_size=2",
             "train.warmup_steps=1", "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
             "train.progress=false", "train.timeout_s=60"]
-
-
-def compose_config(overrides: list[str]) -> Any:
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-        return compose(config_name="config", overrides=overrides)
 
 
 def train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict[str, Any]]:

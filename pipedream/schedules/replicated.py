@@ -73,10 +73,6 @@ class ReplicatedPipeline:
         stage on, shared by its replicas (NOAM for stage 0, ch. 2.4.2; p - s for a straight pipeline)."""
         return math.ceil(sum(self.replicas[stage:]) / self.replicas[stage])
 
-    @property
-    def noam(self) -> int:
-        return self.in_flight(0)
-
     def peer(self, rank: int, action: Action, pp: int | None = None, vpp: int | None = None) -> tuple[int, int]:
         """(rank, chunk) at the other end of a comm action; the simulator's ``peer`` signature."""
         stage = self.stage_of(rank)

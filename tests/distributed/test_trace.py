@@ -15,7 +15,6 @@ from pipedream.trace_report import bubble_fraction, measured_costs, representati
 from tests.workers import run_workers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 TINY_MLP = ["model=mlp", "data=synthetic", "model.num_layers=4", "model.hidden_size=32", "train.global_batch_size=16",
             "train.micro_batch_size=4", "train.steps=4", "train.log_every=1", "train.eval_every=0",
             "train.eval_batches=1", "train.progress=false", "train.timeout_s=60", "optim=sgd", "train.lr=0.01",
@@ -138,8 +137,7 @@ def test_report_writes_trace_and_pngs(tmp_path) -> None:
 
 
 def _train_runs(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict | None]:
-    from hydra import compose, initialize_config_dir
-
+    from pipedream.config_loading import compose_config
     from pipedream.distributed import init_distributed, shutdown
     from pipedream.run_spec import build_run_spec
     from pipedream.trainer import train
@@ -148,8 +146,7 @@ def _train_runs(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -
     summaries = []
     try:
         for overrides, run_dir in runs:
-            with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
-                cfg = compose(config_name="config", overrides=overrides + [f"train.run_dir={run_dir}"])
+            cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
             outcome = train(cfg, build_run_spec(cfg, world_size), ctx)
             summaries.append(outcome.summary if rank == 0 else None)
     finally:

@@ -16,7 +16,8 @@ from pipedream.schedules import (Action, Kind, ReplicatedPipeline, ScheduleError
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.versions import (entry_updates, footprint, stash_versions, two_bw_versions,
                                           vertical_versions)
-from pipedream.simulate import Costs, DeadlockError, check_channel_order, check_compute, simulate
+from pipedream.simulate import Costs, DeadlockError, check_channel_order, simulate
+from tests.schedule_checks import check_compute
 from tests.training_harness import compose_config
 
 
@@ -106,11 +107,11 @@ def test_every_replica_pattern_up_to_eight_ranks() -> None:
 
 def test_noam_and_routing() -> None:
     topology = ReplicatedPipeline((2, 1))
-    assert topology.noam == 2 and topology.in_flight(1) == 1   # ceil(3 workers / 2 input replicas)
+    assert topology.in_flight(0) == 2 and topology.in_flight(1) == 1   # ceil(3 workers / 2 input replicas)
     assert [topology.route(0, k) for k in range(4)] == [0, 1, 0, 1] and topology.route(1, 3) == 2
     assert topology.peer(2, Action(Kind.SEND_GRAD, 3)) == (1, 0)
     assert topology.peer(1, Action(Kind.SEND_ACT, 3)) == (2, 0)
-    assert ReplicatedPipeline((1, 1, 1, 1)).noam == 4
+    assert ReplicatedPipeline((1, 1, 1, 1)).in_flight(0) == 4
     assert ReplicatedPipeline((3, 1, 2)).in_flight(1) == 3
     with pytest.raises(ScheduleError, match=r"multiple of 6"):
         pipedream_replicated((2, 3), 4)

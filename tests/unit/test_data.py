@@ -3,9 +3,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipedream.data import (GlobalBatchOrder, TokenWindows, build_datasets, decode_bytes, encode_bytes,
-                            load_token_corpus, microbatches)
+from pipedream.data import GlobalBatchOrder, TokenWindows, build_datasets, encode_bytes, load_token_corpus, microbatches
 from pipedream.errors import ConfigError
+
+
+def decode_bytes(tokens) -> str:
+    """The byte-level tokenizer's inverse."""
+    return bytes(int(t) for t in tokens).decode("utf-8")
 
 
 def test_byte_tokenizer_round_trip():

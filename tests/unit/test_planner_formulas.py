@@ -9,10 +9,11 @@ import pytest
 import yaml
 
 from models.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
+from pipedream.config_loading import config_dir
 from planner import cost
 from planner.model_specs import TransformerSpec, resnet50, spec_from_config, vgg16
 
-CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
+CONF = config_dir() / "model"
 
 # Table 4.1 (dissertation ch. 4.5.1): layers, hidden, heads, parameters (billion), t, p, GPUs, batch
 TABLE_4_1 = [

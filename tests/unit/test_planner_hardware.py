@@ -1,21 +1,20 @@
 """Device sheets, cluster presets and topologies; every model preset gives an analytic profile."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from models import pipeline_layer_count
 from pipedream.devices import DEVICES, GIB
+from pipedream.config_loading import config_dir, config_options
 from planner.errors import PlannerError
 from planner.hardware import cluster_from_config, device_sheet
 from planner.model_specs import spec_from_config
 from planner.profile import analytic_profile
 
-CONF = Path(__file__).resolve().parents[2] / "conf"
-CLUSTERS = sorted(p.stem for p in (CONF / "cluster").glob("*.yaml"))
-MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+CONF = config_dir()
+CLUSTERS = config_options("cluster")
+MODELS = config_options("model")
 
 
 def load(group: str, name: str) -> dict:

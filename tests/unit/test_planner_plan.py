@@ -1,4 +1,4 @@
-"""The plan file contract (DESIGN 4.2): round trip, validation, world size; one line per error."""
+"""The plan file contract (docs/planner.md): round trip, validation, world size; one line per error."""
 from __future__ import annotations
 
 import json

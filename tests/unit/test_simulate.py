@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipedream.schedules import ScheduleError, build_schedule, parse_actions
-from pipedream.simulate import (ChannelError, Costs, DeadlockError, check_channel_order, check_compute,
-                                check_matching, simulate)
+from pipedream.simulate import ChannelError, Costs, DeadlockError, check_channel_order, simulate
+from tests.schedule_checks import check_compute
 
 
 def ranks(*lines: str):
@@ -39,9 +39,9 @@ def test_receives_out_of_send_order() -> None:
 
 def test_unmatched_send_and_receive() -> None:
     with pytest.raises(ChannelError, match="rank 0 sends a message that rank 1 never receives"):
-        check_matching(ranks("F0 SA0 F1 SA1", "RA0 F0 F1"), 2, 1)
+        check_channel_order(ranks("F0 SA0 F1 SA1", "RA0 F0 F1"), 2, 1)
     with pytest.raises(ChannelError, match="rank 1 posts RA1 but rank 0 never sends it"):
-        check_matching(ranks("F0 SA0 F1", "RA0 F0 RA1 F1"), 2, 1)
+        check_channel_order(ranks("F0 SA0 F1", "RA0 F0 RA1 F1"), 2, 1)
     with pytest.raises(ChannelError, match="unmatched"):
         simulate(ranks("F0 SA0 F1", "RA0 F0 RA1 F1"))
 
