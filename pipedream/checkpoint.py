@@ -252,7 +252,7 @@ def prune(root: Path, newest: Path, keep: int) -> None:
         return
     kept = complete_checkpoints(root)[-keep:]
     for path in sorted(root.iterdir()):
-        if path.name.startswith("step_") and path.name < newest.name and path not in kept:
+        if path.is_dir() and path.name.startswith("step_") and path.name < newest.name and path not in kept:
             (path / MARKER).unlink(missing_ok=True)
             shutil.rmtree(path, ignore_errors=True)
 

@@ -66,10 +66,11 @@ def test_signal_to_the_launcher_stops_every_process(tmp_path, sig, code):
         processes = descendants(job.pid)
         assert len(processes) >= 3, processes   # torchrun and two ranks
         os.kill(job.pid, sig)
+        signalled = time.monotonic()
         _, err = job.communicate(timeout=GRACE_S + 15)
-        stopped = time.monotonic()
-        while any(alive(pid) for pid in processes) and time.monotonic() < stopped + 5:
+        while any(alive(pid) for pid in processes) and time.monotonic() < signalled + GRACE_S + 5:
             time.sleep(0.1)
+        took = time.monotonic() - signalled
     finally:
         if job.poll() is None:
             job.kill()
@@ -77,6 +78,39 @@ def test_signal_to_the_launcher_stops_every_process(tmp_path, sig, code):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
     assert f"{signal.Signals(sig).name} received" in err
     assert not [pid for pid in processes if alive(pid)]
+    assert took < GRACE_S
+
+
+@pytest.mark.slow
+def test_processes_that_ignore_sigterm_are_killed_after_the_grace_period(tmp_path):
+    script = tmp_path / "stubborn.py"
+    script.write_text("import signal, subprocess, sys, time\n"
+                      "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+                      "if sys.argv[1:] != ['child']:\n"
+                      "    subprocess.Popen([sys.executable, __file__, 'child'], start_new_session=True)\n"
+                      "time.sleep(120)\n")
+    supervisor = ("import sys; from launcher.supervise import run_supervised; "
+                  f"sys.exit(run_supervised([sys.executable, {str(script)!r}], grace_s=1.0))")
+    job = subprocess.Popen([sys.executable, "-c", supervisor], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while len(descendants(job.pid)) < 2:
+            assert time.monotonic() < deadline, "the stubborn processes did not start"
+            time.sleep(0.1)
+        processes = descendants(job.pid)
+        os.kill(job.pid, signal.SIGTERM)
+        signalled = time.monotonic()
+        _, err = job.communicate(timeout=15)
+        while any(alive(pid) for pid in processes) and time.monotonic() < signalled + 10:
+            time.sleep(0.1)
+        took = time.monotonic() - signalled
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 143, err
+    assert "still running: killed" in err
+    assert not [pid for pid in processes if alive(pid)]
+    assert 1.0 <= took < 5
 
 
 def test_planner_only_preset_is_refused_before_torchrun():
