@@ -3,8 +3,9 @@ number of processes (one node), or prints / runs the command of each node (``lau
 from __future__ import annotations
 
 import shlex
-import subprocess
 import sys
+from pathlib import Path
+from typing import Any
 
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
@@ -13,6 +14,21 @@ from pipedream.config_loading import compose_config, describe_missing_option
 from pipedream.errors import ConfigError
 
 from .commands import build_launch
+from .memory_check import check_memory
+from .supervise import run_supervised
+
+
+def model_label(cfg: Any, argv: list[str]) -> str:
+    """How the user named the model: the ``model=`` choice, else the preset or family."""
+    chosen = [a.partition("=")[2] for a in argv if a.startswith("model=")]
+    return chosen[-1] if chosen else str(cfg.model.get("preset") or cfg.model.name)
+
+
+def check_buildable(cfg: Any, label: str) -> None:
+    if cfg.model.get("planner_only"):
+        raise ConfigError(f"model={label} is planner-only (analytic sizes, far too large to build here): "
+                          f"plan it with `python -m planner model={label}`, or train a small preset "
+                          f"(e.g. model=gpt_tiny or model=gpt_small)")
 
 
 def main(argv: list[str]) -> int:
@@ -20,10 +36,20 @@ def main(argv: list[str]) -> int:
     try:
         cfg = compose_config(argv)
         from pipedream.plan_config import apply_plan
+        from pipedream.run_outputs import claim_run_dir
         from pipedream.run_spec import build_run_spec
+        label = model_label(cfg, argv)
         run_dir = str(cfg.train.run_dir)
         plan = build_launch(cfg, overrides, run_dir)
-        build_run_spec(apply_plan(cfg), plan.world_size)
+        spec = build_run_spec(apply_plan(cfg), plan.world_size)
+        check_buildable(cfg, label)
+        launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
+        if launching and bool(cfg.launcher.get("check_memory", True)):
+            note = check_memory(label, cfg, spec, plan.nproc_per_node)
+            if note:
+                print(note, file=sys.stderr)
+        if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
+            claim_run_dir(cfg, Path(run_dir))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -41,9 +67,12 @@ def main(argv: list[str]) -> int:
         return 0
     command = plan.commands[int(node_rank or 0)]
     print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}", flush=True)
-    runnable = [sys.executable, "-m", "torch.distributed.run", *command[1:]]
-    return subprocess.call(runnable)
+    runnable = [sys.executable, "-m", "launcher.agent", *command[1:]]
+    return run_supervised(runnable, float(cfg.launcher.get("grace_s", 30)))
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except KeyboardInterrupt:  # Ctrl-C before the job started
+        sys.exit(130)

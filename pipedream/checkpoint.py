@@ -7,14 +7,18 @@ each rank reads only what it now owns. Optimizer state is flattened to the same 
 tensors; DCP's planner writes each once.
 
 Atomicity: a checkpoint is written into ``step_XXXXXXXX.partial/``; after every rank has finished
-(a barrier), rank 0 renames it to ``step_XXXXXXXX/`` and writes ``COMMITTED`` last. A folder
-without the marker is skipped at load, with a warning, in favour of the previous complete one.
+(a barrier), rank 0 renames it to ``step_XXXXXXXX/`` and writes ``COMMITTED`` last, with every
+file's size and CRC-32. A folder without the marker, or whose files differ from it (truncated, bit
+flips, zero-filled) or cannot be read, is skipped at load, with a warning, in favour of the previous
+complete one. Pruning removes the marker first, so a checkpoint half deleted by a kill is incomplete
+and goes at the next prune.
 """
 from __future__ import annotations
 
 import json
 import re
 import shutil
+import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,9 +28,12 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
+
+from .checkpoint_integrity import content_problem, has_checksums, manifest
 
 MARKER = "COMMITTED"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -82,14 +89,74 @@ def _problem(path: Path) -> str | None:
     if not marker.exists():
         return f"no {MARKER} marker"
     try:
-        manifest = json.loads(marker.read_text())
-    except json.JSONDecodeError:
+        recorded = json.loads(marker.read_text())
+        sizes = dict(recorded["files"])
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
         return f"unreadable {MARKER} marker"
-    for name, size in manifest["files"].items():
+    for name, size in sizes.items():
         file = path / name
         if not file.exists() or file.stat().st_size != size:
             return f"{name} is missing or truncated"
     return None
+
+
+def verify_checkpoint(path: Path) -> str | None:
+    """Why a checkpoint folder cannot be used, or None: complete (sizes) and, where the marker holds
+    checksums, every file's content as written."""
+    problem = _problem(path) if path.exists() else "no such folder"
+    if problem is not None:
+        return problem
+    return content_problem(path, json.loads((path / MARKER).read_text()))
+
+
+def _warn(rank: int, message: str) -> None:
+    if rank == 0:
+        print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _agreed(rank: int, decide: Any) -> Any:
+    """Rank 0 runs ``decide()`` and every rank gets its answer (one reader of the files)."""
+    holder = [decide() if rank == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def _first_error(error: BaseException | None) -> list[str | None]:
+    """Every rank's load error (one line each), so all ranks fall back together."""
+    line = None
+    if error is not None:  # DCP's CheckpointException carries each rank's traceback: its last line says what
+        line = (str(error).strip().splitlines() or [type(error).__name__])[-1].strip()[:300]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, line)
+        return errors
+    return [line]
+
+
+def load_verified(candidates: list[Path], module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                  layout_key: str, rank: int, tp: Any = None) -> tuple[Path, int]:
+    """Collective. Loads the newest of ``candidates`` (oldest first) whose files match their marker and
+    that loads without error; each one passed over gets one warning line. Raises CheckpointError when
+    none is left."""
+    for index in range(len(candidates) - 1, -1, -1):
+        path = candidates[index]
+        fallback = f"falling back to {candidates[index - 1].name}" if index else "no older checkpoint left"
+        problem = _agreed(rank, lambda: verify_checkpoint(path))
+        if problem is None:
+            try:
+                step, error = load_checkpoint(path, module, optimizer, scheduler, layout_key, rank, tp), None
+            except (Exception, CheckpointException) as failure:  # unreadable .metadata or shard: DCP raises
+                step, error = -1, failure
+            problem = next((f"loading failed: {line}" for line in _first_error(error) if line), None)
+        if problem is None:
+            if not _agreed(rank, lambda: has_checksums(json.loads((path / MARKER).read_text()))):
+                _warn(rank, f"checkpoint {path} has no content checksums (older format): checked by size only")
+            return path, step
+        _warn(rank, f"checkpoint {path} is unusable ({problem}): {fallback}")
+    root = candidates[0].parent if candidates else "the checkpoint folder"
+    raise CheckpointError(f"no usable checkpoint in {root}: every complete one failed its check (see the warnings); "
+                          f"start afresh with train.overwrite=true or point train.resume at a good folder")
 
 
 def checkpoint_step(path: Path) -> int:
@@ -172,12 +239,22 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
         (final / "extra.json").write_text(json.dumps(extra, indent=1, default=str))
-        files = {p.name: p.stat().st_size for p in sorted(final.iterdir())}
-        (final / MARKER).write_text(json.dumps({"step": step, "files": files}))  # last: now it counts
-        for old in complete_checkpoints(root)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+        (final / MARKER).write_text(json.dumps({"step": step, **manifest(final, MARKER)}))  # last: now it counts
+        prune(root, final, keep)
     dist.barrier()
     return final
+
+
+def prune(root: Path, newest: Path, keep: int) -> None:
+    """Keeps the ``keep`` newest complete checkpoints; also removes leftovers older than ``newest``
+    (a save or a prune cut short by a kill). The marker goes first: a half-deleted folder never counts."""
+    if keep <= 0:
+        return
+    kept = complete_checkpoints(root)[-keep:]
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and path.name.startswith("step_") and path.name < newest.name and path not in kept:
+            (path / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
@@ -243,15 +320,15 @@ class RunCheckpoints:
                 if self.rank == 0:
                     print(f"resume: no complete checkpoint in {self.root}; starting from step 0", flush=True)
                 return 0
-            path = found[-1]
         else:
             path = Path(str(self.resume_from))
-            problem = _problem(path) if path.exists() else "no such folder"
+            problem = _agreed(self.rank, lambda: verify_checkpoint(path))
             if problem is not None:
                 raise CheckpointError(f"train.resume={path} is not a usable checkpoint ({problem}): "
                                       f"use train.resume=auto or another step_XXXXXXXX folder")
-        step = load_checkpoint(path, self.module, self.engine.optimizer, self.engine.scheduler, self.layout_key,
-                               self.rank, self.engine.tp)
+            found = [path]
+        path, step = load_verified(found, self.module, self.engine.optimizer, self.engine.scheduler,
+                                   self.layout_key, self.rank, self.engine.tp)
         self.engine.resume_at(step)
         if self.rank == 0:
             print(f"resume: continuing after step {step} from {path}", flush=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import hydra
@@ -15,7 +16,12 @@ from .distributed import init_distributed, shutdown, world_size_from_env
 from .errors import ConfigError
 from .optim import NonFiniteError
 from .plan_config import apply_plan, check_plan_world_size
+from .run_outputs import claim_run_dir
 from .run_spec import build_run_spec
+
+
+def first_attempt_rank0() -> bool:
+    return os.environ.get("RANK", "0") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
 def run(cfg: Any) -> int:
@@ -24,6 +30,8 @@ def run(cfg: Any) -> int:
         check_plan_world_size(cfg, world_size_from_env())
         cfg = apply_plan(cfg)
         spec = build_run_spec(cfg, world_size_from_env())
+        if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
+            claim_run_dir(cfg, Path(str(cfg.train.run_dir)))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2

@@ -69,8 +69,8 @@ def test_model_presets_profile(name):
     prof = analytic_profile(spec, DEVICES["a100_80gb"])
     assert prof.num_layers == pipeline_layer_count(cfg)
     assert prof.num_parameters > 0 and all(t > 0 for layer in prof.layers[1:] for t in layer.forward_s)
-    if cfg.get("planner_only"):
-        assert cfg["name"] not in ("gpt", "mlp")  # the trainer refuses them by name
+    if spec.num_parameters() > 1e9:  # far too large to build here: the trainer and launcher refuse them
+        assert cfg.get("planner_only"), f"model={name} needs planner_only: true"
 
 
 def test_bad_model_config():

@@ -1,0 +1,115 @@
+"""Before launch: does the run fit this machine's memory? A coarse analytic estimate (fp32 training on
+CPU), summed over the processes started on this machine, from the planner's per-layer model sizes."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from pipedream.errors import ConfigError
+
+GIB = 1024 ** 3
+FP32 = 4
+RUNTIME_BYTES_PER_PROCESS = 0.4 * GIB   # interpreter, torch's libraries, communication buffers
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes summed over the processes of this machine."""
+
+    processes: int
+    weights: float        # parameters, and the extra weight versions of 2BW / PipeDream
+    gradients: float
+    optimizer: float
+    activations: float    # stashed for the micro-batches in flight
+    runtime: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.runtime
+
+    def breakdown(self) -> str:
+        parts = [f"{name} {getattr(self, name) / GIB:.1f}"
+                 for name in ("weights", "gradients", "optimizer", "activations", "runtime")]
+        return f"{self.processes} processes: " + ", ".join(parts)
+
+
+def optimizer_states(optim_cfg: Mapping[str, Any]) -> int:
+    """fp32 states per parameter: AdamW keeps two moments, SGD one momentum buffer (none without)."""
+    name = str(optim_cfg.get("name", "adamw"))
+    if name == "sgd":
+        return 1 if float(optim_cfg.get("momentum") or 0.0) > 0 else 0
+    return 2
+
+
+def weight_versions(schedule: str, pp: int) -> int:
+    """Weight copies a stage holds: 2BW double-buffers, PipeDream stashes up to one per stage."""
+    return {"2bw": 2, "pipedream": pp}.get(schedule, 1)
+
+
+def microbatches_in_flight(schedule: str, pp: int, microbatches: int) -> float:
+    """Micro-batches whose activations a stage holds at the peak, averaged over the stages: all of
+    them for GPipe; for the 1F1B family stage i holds min(pp - i, m)."""
+    if schedule == "gpipe":
+        return float(microbatches)
+    return sum(min(pp - stage, microbatches) for stage in range(pp)) / pp
+
+
+def estimate_memory(model_cfg: Mapping[str, Any], optim_cfg: Mapping[str, Any], spec: Any,
+                    processes: int) -> MemoryEstimate:
+    """``spec`` is the run's ``RunSpec``; each process holds about 1/(pp tp) of the model."""
+    from planner.model_specs import spec_from_config
+
+    model = spec_from_config({**dict(model_cfg), "precision": "fp32"})
+    layers = model.layer_specs(1)
+    parameters = sum(layer.parameters for layer in layers)
+    per_sample = sum(layer.activation_bytes_recompute if spec.recompute else layer.activation_bytes
+                     for layer in layers)
+    pp, tp = spec.layout.pp, spec.layout.tp
+    share = processes / (pp * tp)
+    weights = parameters * FP32 * share
+    in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches)
+    return MemoryEstimate(
+        processes=processes,
+        weights=weights * weight_versions(spec.schedule, pp),
+        gradients=weights,
+        optimizer=weights * optimizer_states(optim_cfg),
+        activations=per_sample * spec.micro_batch * in_flight * share,
+        runtime=RUNTIME_BYTES_PER_PROCESS * processes)
+
+
+def available_memory() -> tuple[float, str]:
+    """Bytes this machine can still give (MemAvailable), else its physical memory."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return float(line.split()[1]) * 1024, "available"
+    except OSError:
+        pass
+    import os
+    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "installed"
+
+
+def check_memory(label: str, cfg: Any, spec: Any, processes: int, available: float | None = None) -> str | None:
+    """Raises ConfigError when the run cannot fit; returns a note when the check does not apply."""
+    device = str(cfg.cluster.get("device", "cpu"))
+    if device != "cpu":
+        return f"memory pre-check: skipped for cluster.device={device} (it checks host memory of CPU runs)"
+    from omegaconf import OmegaConf
+    model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
+    optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
+    from planner.errors import PlannerError
+    try:
+        estimate = estimate_memory(model_cfg, optim_cfg, spec, processes)
+    except PlannerError as error:
+        return f"memory pre-check: skipped ({error})"
+    kind = "available"
+    if available is None:
+        available, kind = available_memory()
+    if estimate.total > available:
+        raise ConfigError(
+            f"model={label} needs about {estimate.total / GIB:.1f} GiB on this machine ({estimate.breakdown()}) "
+            f"but {available / GIB:.1f} GiB is {kind}: train a smaller model, use fewer processes per machine "
+            f"(launcher.nnodes), recompute.granularity=full or a smaller train.micro_batch_size "
+            f"(launcher.check_memory=false skips this check)")
+    return None

@@ -1,0 +1,90 @@
+"""Runs torchrun so that stopping the launcher stops the whole job.
+
+torchrun starts in its own session (so a terminal's Ctrl-C reaches it only through here), and every
+process it starts carries an environment tag. SIGINT or SIGTERM to the launcher is passed on as
+SIGTERM: torchrun relays it to the ranks, which end at once even inside a blocking collective
+(SIGINT would raise KeyboardInterrupt only when that call returns). Whatever is still alive after
+``grace_s`` seconds, torchrun and ranks alike, is killed. The launcher then exits with 128 + the
+signal's number (130 for SIGINT, 143 for SIGTERM). A second signal kills at once.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+TAG = "PIPEDREAM_LAUNCH_ID"   # environment variable every process of one launch inherits
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+POLL_S = 0.1
+
+
+def tagged_processes(tag: str) -> list[int]:
+    """Live processes (zombies excluded) whose environment holds ``TAG=tag``."""
+    needle = f"{TAG}={tag}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if needle in (proc / "environ").read_bytes().split(b"\0") and _state(proc) != "Z":
+                found.append(int(proc.name))
+        except OSError:  # gone, or not ours
+            continue
+    return found
+
+
+def _state(proc: Path) -> str:
+    stat = (proc / "stat").read_text()
+    return stat[stat.rindex(")") + 2]
+
+
+def _signal_all(pids: list[int], sig: int) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def _wait_gone(child: subprocess.Popen, tag: str, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        if child.poll() is not None and not tagged_processes(tag):
+            return True
+        time.sleep(POLL_S)
+    return False
+
+
+def run_supervised(command: list[str], grace_s: float) -> int:
+    """Runs ``command`` to its end and returns its exit code, or stops it on SIGINT/SIGTERM (see module doc)."""
+    received: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in FORWARDED}
+    tag = uuid.uuid4().hex
+    try:
+        child = subprocess.Popen(command, start_new_session=True, env={**os.environ, TAG: tag})
+        while child.poll() is None and not received:
+            time.sleep(POLL_S)
+        if not received:
+            return child.returncode
+        signum = received[0]
+        name = signal.Signals(signum).name
+        print(f"launch: {name} received: stopping the job (up to launcher.grace_s={grace_s:g} s)",
+              file=sys.stderr, flush=True)
+        _signal_all([-child.pid], signal.SIGTERM)   # torchrun's process group; it relays to the ranks
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline and len(received) == 1:
+            if _wait_gone(child, tag, min(deadline, time.monotonic() + POLL_S)):
+                break
+        leftover = tagged_processes(tag)
+        if child.poll() is None or leftover:
+            print(f"launch: {len(leftover)} process(es) still running: killed", file=sys.stderr, flush=True)
+            _signal_all([-child.pid, *leftover], signal.SIGKILL)
+            child.wait()
+            _wait_gone(child, tag, time.monotonic() + 5)
+        return 128 + signum
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,52 @@
+"""A run directory belongs to one run: a new run refuses a directory that already holds another
+run's outputs unless it continues that run (``train.resume``) or replaces it (``train.overwrite``)."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "config.yaml", "checkpoints", "trace", "tensorboard")
+
+
+def checkpoint_root(cfg: Any, run_dir: Path) -> Path:
+    ckpt = cfg.get("checkpoint") or {}
+    return Path(str(ckpt.get("dir") or run_dir / "checkpoints"))
+
+
+def existing_outputs(run_dir: Path, checkpoints: Path) -> list[Path]:
+    """Another run's outputs in ``run_dir`` and its checkpoint folders in ``checkpoints``."""
+    found = [run_dir / name for name in RUN_OUTPUTS
+             if (run_dir / name).is_file() or ((run_dir / name).is_dir() and any((run_dir / name).iterdir()))]
+    if checkpoints.is_dir() and checkpoints != run_dir / "checkpoints":
+        found += sorted(p for p in checkpoints.iterdir() if p.name.startswith("step_"))
+    return found
+
+
+def claim_run_dir(cfg: Any, run_dir: Path) -> None:
+    """Raises ConfigError if ``run_dir`` holds another run and neither resume nor overwrite is set;
+    with ``train.overwrite=true`` removes the old outputs first."""
+    resume = cfg.train.get("resume")
+    overwrite = bool(cfg.train.get("overwrite", False))
+    if resume and overwrite:
+        raise ConfigError(f"train.resume={resume} and train.overwrite=true contradict each other: "
+                          f"drop one (resume continues the run in {run_dir}, overwrite replaces it)")
+    if resume:
+        return
+    checkpoints = checkpoint_root(cfg, run_dir)
+    found = existing_outputs(run_dir, checkpoints)
+    if not found:
+        return
+    if not overwrite:
+        names = ", ".join(str(p.relative_to(run_dir)) if p.is_relative_to(run_dir) else str(p) for p in found[:4])
+        more = f" and {len(found) - 4} more" if len(found) > 4 else ""
+        raise ConfigError(f"train.run_dir={run_dir} already holds another run's outputs ({names}{more}): "
+                          f"continue it with train.resume=auto, replace it with train.overwrite=true, "
+                          f"or choose another train.run_dir")
+    for path in found:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
