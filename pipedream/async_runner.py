@@ -47,7 +47,7 @@ class AsyncRunner:
         # pipedream: every micro-batch is a mini-batch; 2bw: the batch's m micro-batches are averaged
         self.loss_scale = 1.0 if spec.schedule == "pipedream" else 1.0 / spec.microbatches
         self.build = build
-        self.executor = parts.executor(self._update, sends_before_sync=False)
+        self.executor = parts.make_executor(self._update, sends_before_sync=False)
         self.segment: Segment | None = None
         self.store: WeightStore | None = None
         self.steps_done = 0
@@ -62,7 +62,7 @@ class AsyncRunner:
         """Peak weight versions this rank has held."""
         return max(self.peak_versions, self.store.peak if self.store is not None else 1)
 
-    def run_step(self, batches: dict[int, Batch], grad_norm: bool = True) -> StepResult:
+    def run_step(self, batches: dict[int, Batch], grad_norm: bool) -> StepResult:
         """Runs this rank's window of the next step; ``batches`` are that step's micro-batches by
         index (0 .. m-1). The loss is the mean of the micro-batches that completed in the window
         (NaN when none did, early in a deep pipeline's warm-up). The norm is always computed."""

@@ -1,12 +1,11 @@
 """One rank's share of a pipeline: builds its stage, optimizer, gradient sync and communication
-from a RunSpec, picks the runner of the schedule once (``runner.runner_class``: flush or
+from a RunSpec, picks the runner of the schedule once (``runner_class``: flush or
 asynchronous), and runs training steps and evaluation through it."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from models.spec import LayerModel
@@ -17,15 +16,20 @@ from .grad_accumulation import fuse_grad_accumulation
 from .groups import ProcessGroups, layer_owner
 from .optim import GradientSync, TiedCopy, build_optimizer, build_scheduler
 from .run_spec import RunSpec
-from .runner import RankParts, Runner, StepResult, runner_class
-from .schedules import Action
+from .async_runner import AsyncRunner
+from .runner import FlushRunner, RankParts, Runner, StepResult
+from .schedules import ASYNC_SCHEDULES, Action
 from .schedules.forward_only import forward_only
 from .shapes import BoundaryShapes
 from .specs import OptimSpec, TrainSpec
 from .stage import Stage
 from .tensor_parallel import TensorParallel
 
-__all__ = ["PipelineEngine", "StepResult"]
+__all__ = ["PipelineEngine", "StepResult", "runner_class"]
+
+
+def runner_class(schedule: str) -> type[FlushRunner] | type[AsyncRunner]:
+    return AsyncRunner if schedule in ASYNC_SCHEDULES else FlushRunner
 
 
 class PipelineEngine:
@@ -63,21 +67,20 @@ class PipelineEngine:
                                       tp_group=groups.tp if layout.tp > 1 else None)
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp)[self.coords.pp])
         input_dtype = model.make_batch(1, torch.Generator().manual_seed(0))[0].dtype
-        self.shapes = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
+        self.boundaries = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
         self.comm = None
         parts = RankParts(spec, train, self.stage, self.params, None, self.optimizer, self.scheduler, self.gradients,
                           self.topology, schedule_rank, self.coords.pp, device, recorder=recorder)
         if layout.pp > 1:
             shape_of = parts.shapes.of
             self.comm = PipeComm(layout, rank, device, timeout, groups.p2p,
-                                 input_spec=lambda mb, c: self.shapes.stage_input(shape_of(mb), self.virtual_stages[c]),
-                                 output_spec=lambda mb, c: self.shapes.stage_output(shape_of(mb), self.virtual_stages[c]),
+                                 input_spec=lambda mb, c: self.boundaries.stage_input(shape_of(mb), self.virtual_stages[c]),
+                                 output_spec=lambda mb, c: self.boundaries.stage_output(shape_of(mb), self.virtual_stages[c]),
                                  tp=tp, scatter_gather=spec.scatter_gather)
             self.comm.connect()
             parts.comm = self.comm
         self.parts = parts
         self.runner: Runner = runner(parts)
-        self.world_group = dist.group.WORLD
 
     @property
     def executor(self) -> Executor:

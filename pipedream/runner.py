@@ -3,7 +3,7 @@ resumes at a step, owns the optimizer update its executor calls (``executor.step
 the weight versions it held.
 
 ``FlushRunner`` (1f1b, gpipe, interleaved) is here; ``AsyncRunner`` (pipedream, 2bw) is in
-``async_runner.py``. ``runner_class`` picks one from the schedule, once.
+``async_runner.py``. The engine picks one from the schedule, once (``engine.runner_class``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from .comm import PipeComm
 from .executor import Batch, Executor, Recorder
 from .optim import GradientSync, NonFiniteError
 from .run_spec import RunSpec
-from .schedules import ASYNC_SCHEDULES, build_schedule
+from .schedules import build_schedule
 from .schedules.replicated import ReplicatedPipeline
 from .shapes import InputShapes, input_shapes
 from .specs import TrainSpec
@@ -52,7 +52,8 @@ class RankParts:
     shapes: InputShapes = field(default_factory=InputShapes)
     recorder: Recorder | None = None
 
-    def executor(self, update: Any, sends_before_sync: bool) -> Executor:
+    def make_executor(self, update: Any, sends_before_sync: bool) -> Executor:
+        """The runner's executor; ``update`` is called at every STEP action."""
         return Executor(self.stage, self.comm, self.gradients.sync, update, sends_before_sync=sends_before_sync,
                         weight_grads_after_send=self.train.weight_grads_after_send,
                         weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder)
@@ -74,6 +75,9 @@ class RankParts:
 
 
 class Runner(Protocol):
+    """Besides these, a runner class states ``global_grad_norm`` (clip by the norm across stages)
+    and ``updates_per_step(spec, topology, schedule_rank)`` (for the learning-rate schedule)."""
+
     executor: Executor
     last_losses: dict[int, float]     # micro-batch -> loss of the last step (last stage; asynchronous only)
 
@@ -85,11 +89,6 @@ class Runner(Protocol):
 
     @property
     def weight_versions(self) -> int: ...
-
-
-def runner_class(schedule: str) -> type:
-    from .async_runner import AsyncRunner   # imported here: it imports this module
-    return AsyncRunner if schedule in ASYNC_SCHEDULES else FlushRunner
 
 
 class FlushRunner:
@@ -107,7 +106,7 @@ class FlushRunner:
         self.parts = parts
         spec = parts.spec
         self.actions = build_schedule(spec.schedule, spec.layout.pp, spec.microbatches, spec.layout.vpp)[parts.pp_rank]
-        self.executor = parts.executor(self._update, sends_before_sync=True)
+        self.executor = parts.make_executor(self._update, sends_before_sync=True)
         self.last_losses: dict[int, float] = {}
         self._norm = math.nan
         self._norm_wanted = True

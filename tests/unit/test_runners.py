@@ -9,11 +9,11 @@ import torch.distributed as dist
 
 from models import build_model
 from pipedream.async_runner import AsyncRunner
-from pipedream.engine import PipelineEngine
+from pipedream.engine import PipelineEngine, runner_class
 from pipedream.errors import DataError, InvariantError
 from pipedream.groups import build_groups
 from pipedream.run_spec import build_run_spec
-from pipedream.runner import FlushRunner, runner_class
+from pipedream.runner import FlushRunner
 from tests.training_harness import compose_config
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
