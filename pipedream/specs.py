@@ -130,8 +130,8 @@ class OptimSpec:
         common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"))
         if name == "adamw":
             betas = optim.raw("betas")
-            if len(betas) != 2:
-                raise ConfigError(f"optim.betas = {list(betas)} must be two numbers, e.g. [0.9, 0.95]")
+            if isinstance(betas, (str, int, float)) or len(betas) != 2:
+                raise ConfigError(f"optim.betas = {betas!r} must be two numbers, e.g. [0.9, 0.95]")
             return cls(**common, betas=(float(betas[0]), float(betas[1])), eps=optim.number("eps"))
         return cls(**common, momentum=optim.number("momentum"))
 
