@@ -20,7 +20,6 @@ import re
 import shutil
 import sys
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from .checkpoint_integrity import content_problem, has_checksums, manifest
+from .specs import CheckpointSpec
 
 MARKER = "COMMITTED"
 STEP_DIR = re.compile(r"^step_(\d{8})$")
@@ -49,15 +49,6 @@ def layers_module(layers: dict[int, nn.Module]) -> nn.Module:
     wrapper = nn.Module()
     wrapper.layers = nn.ModuleDict({str(i): layer for i, layer in sorted(layers.items())})
     return wrapper
-
-
-@dataclass(frozen=True)
-class TrainingState:
-    """What besides weights and optimizer state a resumed run needs to continue exactly."""
-
-    step: int                  # optimizer steps completed; the data order is a function of it
-    scheduler: dict[str, Any]
-    rng: dict[str, Any]
 
 
 def step_dir(root: Path, step: int) -> Path:
@@ -293,22 +284,17 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
 class RunCheckpoints:
     """The trainer's view: resume at start (``train.resume``), save every ``checkpoint.every`` steps."""
 
-    def __init__(self, cfg: Any, engine: Any, rank: int, run_dir: Path):
-        ckpt = cfg.get("checkpoint") or {}
-        self.every = int(ckpt.get("every") or 0)
-        self.keep = int(ckpt.get("keep") or 0)
-        self.root = Path(str(ckpt.get("dir") or run_dir / "checkpoints"))
-        self.resume_from = cfg.train.get("resume")
+    def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Any, rank: int, run_dir: Path):
+        """``record`` (the resolved config, the plan) is stored beside every checkpoint."""
+        self.every, self.keep = spec.every, spec.keep
+        self.root = Path(spec.dir) if spec.dir else run_dir / "checkpoints"
+        self.resume_from = spec.resume
         self.engine, self.rank = engine, rank
         spec = engine.spec
         self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}-v{spec.layout.vpp}-"
                            f"{spec.schedule}-{list(spec.bounds)}")
         self.module = layers_module(_global_layers(engine))
-        from omegaconf import OmegaConf
-        self.extra = {"config": OmegaConf.to_container(cfg, resolve=True), "layout": self.layout_key}
-        plan = cfg.parallel.get("plan")
-        if plan and Path(str(plan)).exists():
-            self.extra["plan"] = json.loads(Path(str(plan)).read_text())
+        self.extra = {**record, "layout": self.layout_key}
 
     def resume(self) -> int:
         """Steps already done (0 for a fresh run)."""

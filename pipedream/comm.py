@@ -19,6 +19,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .errors import InvariantError
 from .groups import DirectedGroups
 from .layout import ParallelLayout
 from .tensor_parallel import TensorParallel, gather_chunks, scatter_chunk
@@ -98,9 +99,6 @@ class PipeComm:
     def wait_gradient(self, microbatch: int, chunk: int) -> torch.Tensor:
         return self._wait_recv((True, microbatch, chunk))
 
-    def is_posted(self, is_grad: bool, microbatch: int, chunk: int) -> bool:
-        return (is_grad, microbatch, chunk) in self._recvs
-
     def _splits(self, shape: torch.Size) -> bool:
         """Scatter/gather (ch. 4.4.1): tensor-parallel ranks hold identical boundary tensors, so each
         sends only its 1/t slice to its counterpart; the receivers all-gather. Both sides decide
@@ -148,7 +146,7 @@ class PipeComm:
 
     def _wait_recv(self, key: tuple[bool, int, int]) -> torch.Tensor:
         if key not in self._recvs:
-            raise RuntimeError(f"receive {key} was never posted: the schedule must place RECV before its consumer")
+            raise InvariantError(f"receive {key} was never posted: the schedule must place RECV before its consumer")
         pending = self._recvs.pop(key)
         pending.work.wait(self.timeout)
         self.stats.bytes_received += pending.buffer.numel() * pending.buffer.element_size()
@@ -164,7 +162,7 @@ class PipeComm:
 
     def unpark(self, parked: dict[tuple[bool, int, int], _Pending]) -> None:
         if self._recvs:
-            raise RuntimeError(f"receives {sorted(self._recvs)[:3]} are still posted: finish them before unpark")
+            raise InvariantError(f"receives {sorted(self._recvs)[:3]} are still posted: finish them before unpark")
         self._recvs = parked
 
     def wait_sends(self) -> None:

@@ -3,3 +3,13 @@
 
 class ConfigError(ValueError):
     """A configuration that cannot run: the message names the value, the rule and a way out."""
+
+
+class DataError(ValueError):
+    """Training data this run cannot use (e.g. a shape the schedule does not allow): the message
+    says what was found and a way out."""
+
+
+class InvariantError(RuntimeError):
+    """A rule of the runtime itself was broken (a schedule, a version plan and the executor
+    disagree): a defect in this project, not in the user's input."""

@@ -1,8 +1,8 @@
 """Walks one rank's action list in issue order (``schedules.issue_order``: receives posted one
 compute ahead, so a transfer overlaps the compute before it): compute on the Stage, transfers
-through PipeComm, gradient sync and the optimizer step through callbacks. With a WeightStore
-(asynchronous schedules) every forward and backward runs on the weight version the store assigns
-to it."""
+through PipeComm, gradient sync and the optimizer step through callbacks. A run given a
+WeightStore (asynchronous schedules) runs every forward and backward on the weight version the
+store assigns to it; without one, on the parameters."""
 from __future__ import annotations
 
 import time
@@ -38,33 +38,33 @@ class Executor:
     stage: Stage
     comm: PipeComm | None                    # None when pp = 1
     sync_grads: Callable[[], None]
-    step: Callable[[], None]
-    recorder: Recorder | None = None
-    clock: Callable[[], float] = field(default=time.perf_counter)
-    weights: WeightStore | None = None
+    step: Callable[[], None]                 # the optimizer update (a runner's; tests may wrap it)
     # Flush schedules complete their sends before the gradient all-reduce. Asynchronous ones must
     # not: a send's receive may be posted later in the window, and Gloo's send waits for it.
-    sends_before_sync: bool = True
+    sends_before_sync: bool
     # A backward whose input gradient is sent computes that gradient first, sends it, then runs
-    # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Flush schedules
-    # only (weight versions of the asynchronous ones take their gradients at the backward's end).
-    weight_grads_after_send: bool = True
+    # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Runs without a
+    # weight store only (weight versions take their gradients at the backward's end).
+    weight_grads_after_send: bool
     # How many later backwards' sends a backward's weight-gradient GEMMs wait for (0: right after
     # its own send). With 1, the GEMMs of B(k) run after B(k+1)'s send: the forward that follows a
     # backward in 1F1B starts as soon as its input arrives, and the last backward's input gradient
     # leaves one weight-gradient pass earlier, which shortens the flush (docs/design.md). Every
     # held group runs before the gradient sync.
-    weight_grads_delay: int = 1
+    weight_grads_delay: int
+    recorder: Recorder | None = None
+    clock: Callable[[], float] = field(default=time.perf_counter)
 
     def __post_init__(self) -> None:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
 
     def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
-            train: bool = True) -> IterationResult:
+            train: bool = True, weights: WeightStore | None = None) -> IterationResult:
         """``batches`` maps micro-batch ids to (input, target); only the first stage reads inputs
         and only the last reads targets. ``loss_scale`` is 1/m (losses are averaged over the batch).
-        With ``train=False`` forwards run without a graph (evaluation)."""
+        With ``train=False`` forwards run without a graph (evaluation); ``weights`` gives every
+        forward and backward its weight version."""
         result = IterationResult()
         for action in issue_order(actions):
             kind = action.kind
@@ -77,9 +77,9 @@ class Executor:
             start = self.clock()
             wait = 0.0
             if kind is Kind.FWD:
-                wait = self._forward(action, batches, loss_scale, result, train)
+                wait = self._forward(action, batches, loss_scale, result, train, weights)
             elif kind is Kind.BWD:
-                wait = self._backward(action)
+                wait = self._backward(action, weights)
             elif kind is Kind.SEND_ACT:
                 self.comm.send_activation(action.microbatch, action.chunk,
                                           self._outputs.pop((action.microbatch, action.chunk)))
@@ -115,7 +115,7 @@ class Executor:
                 self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
 
     def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
-                 train: bool) -> float:
+                 train: bool, weights: WeightStore | None) -> float:
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         if self.stage.is_first[chunk]:
@@ -126,10 +126,10 @@ class Executor:
             wait = self.clock() - before
         target = batches[mb][1] if self.stage.is_last[chunk] else None
         if train:
-            weights = self.weights.weights_for(action) if self.weights is not None else None
-            out = self.stage.forward(mb, chunk, inputs, target, loss_scale, weights)
-            if self.weights is not None:
-                self.weights.after_forward(action)
+            version = weights.weights_for(action) if weights is not None else None
+            out = self.stage.forward(mb, chunk, inputs, target, loss_scale, version)
+            if weights is not None:
+                weights.after_forward(action)
         else:
             out = self.stage.forward_only(chunk, inputs, target)
         if self.stage.is_last[chunk]:
@@ -140,7 +140,7 @@ class Executor:
             self._outputs[(mb, chunk)] = out
         return wait
 
-    def _backward(self, action: Action) -> float:
+    def _backward(self, action: Action, weights: WeightStore | None) -> float:
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         grad_output = None
@@ -148,10 +148,10 @@ class Executor:
             before = self.clock()
             grad_output = self.comm.wait_gradient(mb, chunk)
             wait = self.clock() - before
-        defer = self.weight_grads_after_send and self.weights is None and not self.stage.is_first[chunk]
+        defer = self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk]
         grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer)
-        if self.weights is not None:
-            self.weights.after_backward(action)
+        if weights is not None:
+            weights.after_backward(action)
         if grad_input is not None:
             self._last_input_grads[(mb, chunk)] = grad_input
         return wait

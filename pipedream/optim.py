@@ -9,6 +9,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .errors import ConfigError
+from .specs import OptimSpec, TrainSpec
+
 
 class NonFiniteError(RuntimeError):
     """The loss or the gradients became inf/NaN: training stops instead of corrupting weights."""
@@ -21,26 +24,22 @@ def parameter_groups(params: list[nn.Parameter], weight_decay: float) -> list[di
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(optim_cfg: Any, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    name = optim_cfg["name"]
-    weight_decay = float(optim_cfg.get("weight_decay", 0.0))
-    groups = parameter_groups(params, weight_decay)
-    if name == "adamw":
-        betas = tuple(float(b) for b in optim_cfg.get("betas", (0.9, 0.999)))
-        return _with_fused_kernel(torch.optim.AdamW, optim_cfg, groups, lr=lr, betas=betas,
-                                  eps=float(optim_cfg.get("eps", 1e-8)))
-    if name == "sgd":
-        return _with_fused_kernel(torch.optim.SGD, optim_cfg, groups, lr=lr,
-                                  momentum=float(optim_cfg.get("momentum", 0.0)))
-    raise ValueError(f"optim={name!r} is unknown: choose adamw or sgd")
+def build_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    groups = parameter_groups(params, optim.weight_decay)
+    if optim.name == "adamw":
+        return _with_fused_kernel(torch.optim.AdamW, optim.fused, groups, lr=lr,
+                                  betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps))
+    if optim.name == "sgd":
+        return _with_fused_kernel(torch.optim.SGD, optim.fused, groups, lr=lr, momentum=float(optim.momentum))
+    raise ConfigError(f"optim={optim.name!r} is unknown: choose adamw or sgd")
 
 
-def _with_fused_kernel(optimizer_class: type[torch.optim.Optimizer], optim_cfg: Any, groups: list[dict[str, Any]],
+def _with_fused_kernel(optimizer_class: type[torch.optim.Optimizer], fused: bool, groups: list[dict[str, Any]],
                        **options: Any) -> torch.optim.Optimizer:
-    """``optim.fused`` (default true): torch's fused kernel, one pass over each tensor (AdamW's
-    step is about 5x faster on CPU than the multi-pass foreach one). Where the parameters' device
-    or dtype has no fused kernel, torch refuses at construction and the foreach one is used."""
-    if optim_cfg.get("fused", True):
+    """``optim.fused``: torch's fused kernel, one pass over each tensor (AdamW's step is about 5x
+    faster on CPU than the multi-pass foreach one). Where the parameters' device or dtype has no
+    fused kernel, torch refuses at construction and the foreach one is used."""
+    if fused:
         try:
             return optimizer_class(groups, fused=True, **options)
         except RuntimeError:
@@ -57,12 +56,11 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg: Any, updates_per_step: int = 1
+def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainSpec, updates_per_step: int = 1
                     ) -> torch.optim.lr_scheduler.LambdaLR:
     """The schedule follows training steps (global batches). A stage that updates several times per
     step (pipedream: after every micro-batch) keeps the rate of the step its update belongs to."""
-    warmup, total = int(train_cfg.get("warmup_steps", 0)), int(train_cfg["steps"])
-    min_ratio = float(train_cfg.get("min_lr_ratio", 0.1))
+    warmup, total, min_ratio = int(train.warmup_steps), int(train.steps), float(train.min_lr_ratio)
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda u: warmup_cosine(u // updates_per_step, warmup, total, min_ratio))
 

@@ -1,7 +1,8 @@
 """Turns the Hydra config into a validated ``RunSpec`` before any process group exists.
 
-Every rule lives here, and each failure is one ``ConfigError`` line naming the value, the rule
-and a way out.
+Every rule lives here and in the section readers of ``specs.py``, and each failure is one
+``ConfigError`` line naming the value, the rule and a way out. The model and data sections stay
+configs: ``models`` and ``data`` read them.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_laye
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
 from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
+from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
 OPTIMIZERS = ("adamw", "sgd")
 DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
@@ -31,8 +33,15 @@ class RunSpec:
     bounds: tuple[tuple[int, int], ...]   # [start, end) per virtual stage
     recompute: bool
     seq_len: int | None        # tokens per sample (None for the MLP)
-    vertical_sync: bool = False   # pipedream only: every stage uses the input stage's version
-    scatter_gather: bool = True   # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
+    vertical_sync: bool        # pipedream only: every stage uses the input stage's version
+    scatter_gather: bool       # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
+    device: str                # cluster.device: cpu | cuda | auto
+    plan: str | None           # parallel.plan, the plan file the layout came from
+    train: TrainSpec
+    optim: OptimSpec
+    loop: LoopSpec
+    checkpoint: CheckpointSpec
+    trace: TraceSpec
 
 
 def _positive(cfg: Any, key: str) -> int:
@@ -92,8 +101,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
     num_layers = _check_model(cfg)
     seq_len = _check_data(cfg)
-    if _get(cfg, "optim.name") not in OPTIMIZERS:
-        raise ConfigError(f"optim={_get(cfg, 'optim.name')!r} is unknown: choose one of {', '.join(OPTIMIZERS)}")
+    optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
     if schedule not in SCHEDULES:
         raise ConfigError(f"schedule={schedule!r} is unknown: choose one of {', '.join(sorted(SCHEDULES))}")
@@ -102,12 +110,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
     for key in ("train.steps", "train.global_batch_size", "train.micro_batch_size"):
         _positive(cfg, key)
-    if not float(cfg.train.lr) > 0:
-        raise ConfigError(f"train.lr = {cfg.train.lr} must be > 0")
-    delay = _get(cfg, "train.weight_grads_delay")
-    if delay is not None and (not isinstance(delay, int) or isinstance(delay, bool) or delay < 0):
-        raise ConfigError(f"train.weight_grads_delay = {delay!r} must be an integer >= 0 (0 runs a backward's "
-                          f"weight-gradient GEMMs right after its send)")
+    train = TrainSpec.from_config(cfg)
     tp = _get(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
         check_tensor_parallel_config(cfg.model, tp)
@@ -125,7 +128,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                             stage_replicas=replicas)
     if layout.vpp > 1 and schedule != "interleaved":
         raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved (got schedule={schedule})")
-    vertical_sync = bool(_get(cfg, "schedule.vertical_sync") or False)
+    vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
     if vertical_sync and schedule != "pipedream":
         raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "
                           f"set schedule.vertical_sync=false or use schedule=pipedream")
@@ -151,4 +154,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
                    recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
-                   scatter_gather=bool(_get(cfg, "comm.scatter_gather") if _get(cfg, "comm") else True))
+                   scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
+                   device=str(Section(cfg, "cluster").raw("device")), plan=Section(cfg, "parallel").optional_text("plan"),
+                   train=train, optim=optim, loop=LoopSpec.from_config(cfg),
+                   checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg))

@@ -2,9 +2,14 @@
 device (no memory, no compute), so receivers can allocate buffers without a handshake."""
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 import torch
 
 from models.spec import LayerModel
+
+from .errors import DataError, InvariantError
 
 TensorSpec = tuple[torch.Size, torch.dtype]
 
@@ -48,3 +53,42 @@ class BoundaryShapes:
 
     def stage_output(self, input_shape: tuple[int, ...], virtual_stage: int) -> TensorSpec:
         return self.outputs(input_shape)[virtual_stage]
+
+
+def input_shapes(batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, tuple[int, ...]]:
+    return {microbatch: tuple(inputs.shape) for microbatch, (inputs, _) in batches.items()}
+
+
+class InputShapes:
+    """Every rank knows each micro-batch's input shape (the data order is deterministic), so
+    receivers size their buffers without asking. Flush schedules allow a shape per micro-batch
+    (``current``, set each step); asynchronous schedules keep micro-batches of earlier steps in
+    flight under segment-local ids, so they need one shape for the whole run (``run``)."""
+
+    def __init__(self) -> None:
+        self.current: dict[int, tuple[int, ...]] = {}
+        self.run: tuple[int, ...] | None = None
+
+    def of(self, microbatch: int) -> tuple[int, ...]:
+        shape = self.current.get(microbatch, self.run)
+        if shape is None:
+            raise InvariantError(f"no input shape is known for micro-batch {microbatch}")
+        return shape
+
+    def fix_run_shape(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]], schedule: str) -> None:
+        for shape in input_shapes(batches).values():
+            if self.run is None:
+                self.run = shape
+            elif shape != self.run:
+                raise DataError(f"schedule={schedule} needs every micro-batch of a run to have the same shape: got "
+                                f"{shape} after {self.run}; pad the data to one shape or use a flush schedule "
+                                f"(1f1b, gpipe, interleaved)")
+
+    @contextmanager
+    def evaluating(self, batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> Iterator[None]:
+        """Evaluation's micro-batches have their own shapes; training's are restored afterwards."""
+        training, self.current = self.current, input_shapes(batches)
+        try:
+            yield
+        finally:
+            self.current = training

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch.distributed as dist
 
 from .schedules import Action, Kind
+from .specs import TraceSpec
 
 _CATEGORY = {Kind.FWD: "forward", Kind.BWD: "backward", Kind.SEND_ACT: "send", Kind.SEND_GRAD: "send",
              Kind.RECV_ACT: "recv", Kind.RECV_GRAD: "recv", Kind.SYNC_GRADS: "sync", Kind.STEP: "step"}
@@ -142,14 +143,14 @@ def _event(action: Action | str, start: float, end: float, wait: float) -> Trace
     return TraceEvent(str(action), action.kind.value, action.microbatch, action.chunk, start, end, wait)
 
 
-def traced_steps(trace_cfg: Any, total_steps: int, warmup: int) -> frozenset[int]:
+def traced_steps(trace: TraceSpec, total_steps: int, warmup: int) -> frozenset[int]:
     """1-based steps to trace: ``trace.steps``, or the few right after warm-up; none if disabled."""
-    enabled = trace_cfg.get("enabled", "auto") if trace_cfg is not None else "auto"
+    enabled = trace.enabled
     if enabled == "auto":
         enabled = total_steps <= TRACE_AUTO_MAX_STEPS
     if not enabled:
         return frozenset()
-    steps = trace_cfg.get("steps") if trace_cfg is not None else None
+    steps = trace.steps
     if steps is None:
         first = min(warmup + 1, total_steps)
         steps = range(first, min(first + TRACED_ITERATIONS, total_steps + 1))

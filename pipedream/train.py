@@ -1,5 +1,10 @@
 """Training entry point: ``torchrun --nproc-per-node N -m pipedream.train [hydra overrides]``
-(``python -m launcher`` computes N and runs this for you)."""
+(``python -m launcher`` computes N and runs this for you).
+
+Errors end the run with one line on stderr (``failures.failure_line``) and a non-zero exit: 2 for
+a configuration refused before any process group exists, 1 for anything later. ``train.debug=true``
+or ``PIPEDREAM_DEBUG=1`` adds the traceback of an unexpected error.
+"""
 from __future__ import annotations
 
 import os
@@ -11,10 +16,8 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from .checkpoint import CheckpointError
 from .distributed import init_distributed, shutdown, world_size_from_env
 from .errors import ConfigError
-from .optim import NonFiniteError
 from .plan_config import apply_plan, check_plan_world_size
 from .run_outputs import claim_run_dir
 from .run_spec import build_run_spec
@@ -35,18 +38,16 @@ def run(cfg: Any) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
-    torch.set_num_threads(max(1, int(cfg.train.threads)))
-    from .trainer import train  # imported late: validation errors stay fast
+    torch.set_num_threads(spec.train.threads)
+    from .failures import debug_requested, failure_report  # imported late: validation errors stay fast
+    from .trainer import train
     try:
-        ctx = init_distributed(str(cfg.cluster.get("device", "cpu")), float(cfg.train.timeout_s))
+        ctx = init_distributed(spec.device, spec.train.timeout_s)
         train(cfg, spec, ctx)
-    except (ConfigError, NonFiniteError, CheckpointError) as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
-        return 1
-    except RuntimeError as error:  # gloo/NCCL: a peer died or stayed silent past the timeout
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        print(f"error: rank {os.environ.get('RANK', '0')}: communication failed (a peer died, or was silent longer "
-              f"than train.timeout_s={cfg.train.timeout_s}): {first_line}", file=sys.stderr, flush=True)
+    except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
+        rank = int(os.environ.get("RANK", "0"))
+        print(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)),
+              file=sys.stderr, flush=True)
         return 1
     finally:
         shutdown()

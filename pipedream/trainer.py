@@ -1,9 +1,10 @@
 """The training loop shared by every schedule: data, iterations, evaluation, logging, summary."""
 from __future__ import annotations
 
+import json
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from models import build_model
 from .checkpoint import RunCheckpoints
 from .data import GlobalBatchOrder, build_datasets, microbatches
 from .distributed import DistContext
-from .engine import PipelineEngine
+from .engine import PipelineEngine, StepResult
 from .groups import build_groups
 from .metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                       peak_memory_bytes, warmup_steps)
@@ -25,7 +26,7 @@ from .peak_flops import PeakFlops, peak_flops
 from .run_spec import RunSpec
 from .tensor_parallel import TensorParallel
 from .trace import TraceRecorder, gather_traces, traced_steps
-from .trace_report import write_trace_outputs
+from .trace_report import TraceReport, write_trace_outputs
 
 
 @dataclass
@@ -44,22 +45,57 @@ class RankStats:
     bubble_fraction: float | None = None   # measured in traced iterations (filled on rank 0)
 
 
-def agree_on_run_dir(cfg: Any, ctx: DistContext) -> Path:
-    """Rank 0 resolves the run directory (it may hold a timestamp) and tells the others."""
-    holder = [str(cfg.train.run_dir) if ctx.rank == 0 else None]
-    dist.broadcast_object_list(holder, src=0)
-    return Path(holder[0])
-
-
-def _shard_batches(dataset, order: GlobalBatchOrder, step: int, spec: RunSpec, dp_rank: int):
-    indices = order.shard(step, dp_rank, spec.layout.dp)
-    return dict(enumerate(microbatches(dataset, indices, spec.micro_batch)))
-
-
 @dataclass
 class TrainOutcome:
     summary: dict[str, Any]
     engine: PipelineEngine
+
+
+def agree_on_run_dir(spec: RunSpec, ctx: DistContext) -> Path:
+    """Rank 0 resolves the run directory (it may hold a timestamp) and tells the others."""
+    holder = [spec.loop.run_dir if ctx.rank == 0 else None]
+    dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
+
+
+def resolved_config(cfg: Any, run_dir: Path) -> dict[str, Any]:
+    """The run as it ran, for run_dir/config.yaml, checkpoints and the summary (timestamp included)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved["train"]["run_dir"] = str(run_dir)
+    return resolved
+
+
+def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> PipelineEngine:
+    """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
+    torch.manual_seed(spec.train.seed)
+    dense = build_model(cfg.model, seed=spec.train.seed)
+    groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
+    tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None
+    model = build_model(cfg.model, seed=spec.train.seed, tp=tp) if tp is not None else dense
+    return PipelineEngine(spec, model, ctx.rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout,
+                          recorder=recorder, tp=tp, shape_model=dense)
+
+
+class ShardedData:
+    """The training and validation sets, and this data-parallel rank's micro-batches of a step."""
+
+    def __init__(self, cfg: Any, spec: RunSpec, dp_rank: int):
+        seed = spec.train.seed
+        self.spec, self.dp_rank = spec, dp_rank
+        self.train_set, self.val_set = build_datasets(cfg.model, cfg.data, seed)
+        self.order = GlobalBatchOrder(len(self.train_set), spec.global_batch, seed)
+        self.val_order = GlobalBatchOrder(len(self.val_set), spec.global_batch, seed)
+        self.val_steps = max(1, min(spec.loop.eval_batches, len(self.val_set) // spec.global_batch))
+
+    def train_batches(self, step: int) -> dict[int, Any]:
+        return self._shard(self.train_set, self.order, step)
+
+    def val_batches(self, index: int) -> dict[int, Any]:
+        return self._shard(self.val_set, self.val_order, index)
+
+    def _shard(self, dataset, order: GlobalBatchOrder, step: int) -> dict[int, Any]:
+        indices = order.shard(step, self.dp_rank, self.spec.layout.dp)
+        return dict(enumerate(microbatches(dataset, indices, self.spec.micro_batch)))
 
 
 def _comm_bytes(engine: PipelineEngine) -> tuple[int, int]:
@@ -74,102 +110,133 @@ def _throughput(cfg: Any, spec: RunSpec, ctx: DistContext) -> tuple[Throughput, 
     return Throughput(spec.global_batch, spec.seq_len or 1, flops, ctx.world_size, peak.flops if peak else 0.0), peak
 
 
-def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
-    logging_cfg = cfg.get("logging") or {}
-    check_tensorboard(bool(logging_cfg.get("tensorboard", False)))
-    seed = int(cfg.train.seed)
-    torch.manual_seed(seed)
-    dense = build_model(cfg.model, seed=seed)
-    groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
-    tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None
-    model = build_model(cfg.model, seed=seed, tp=tp) if tp is not None else dense
-    recorder = TraceRecorder()
-    engine = PipelineEngine(spec, model, ctx.rank, ctx.device, groups, cfg.optim, cfg.train, ctx.timeout,
-                            recorder=recorder, tp=tp, shape_model=dense)
-    train_set, val_set = build_datasets(cfg.model, cfg.data, seed)
-    order = GlobalBatchOrder(len(train_set), spec.global_batch, seed)
-    val_steps = max(1, min(int(cfg.train.eval_batches), len(val_set) // spec.global_batch))
-    val_order = GlobalBatchOrder(len(val_set), spec.global_batch, seed)
-    dp_rank = engine.coords.dp
+@dataclass
+class Loop:
+    """State of the step loop: what it measured, and the last losses."""
 
-    run_dir = agree_on_run_dir(cfg, ctx)
-    writer = RunWriter(run_dir, bool(logging_cfg.get("tensorboard", False))) if ctx.rank == 0 else None
-    if writer:
-        resolved = OmegaConf.to_container(cfg, resolve=True)   # the run as it ran (timestamp included)
-        resolved["train"]["run_dir"] = str(run_dir)
-        writer.write_config(OmegaConf.to_yaml(OmegaConf.create(resolved)))
-    steps = int(cfg.train.steps)
-    log_every = max(1, int(cfg.train.log_every))
-    eval_every = int(cfg.train.eval_every)
-    times = StepTimes()
-    throughput, peak = _throughput(cfg, spec, ctx)
-    to_trace = traced_steps(cfg.get("trace"), steps, warmup_steps(steps))
-    train_bytes = [0, 0]
-    progress = tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not cfg.train.progress, dynamic_ncols=True)
+    engine: PipelineEngine
+    data: ShardedData
+    recorder: TraceRecorder
+    times: StepTimes = field(default_factory=StepTimes)
+    train_bytes: list[int] = field(default_factory=lambda: [0, 0])
+    last_loss: float = math.nan
+    val_loss: float = math.nan
 
-    def evaluate() -> float:
-        losses = [engine.evaluate(_shard_batches(val_set, val_order, i, spec, dp_rank)) for i in range(val_steps)]
-        return sum(losses) / len(losses)
+    def evaluate(self) -> float:
+        losses = [self.engine.evaluate(self.data.val_batches(i)) for i in range(self.data.val_steps)]
+        self.val_loss = sum(losses) / len(losses)
+        return self.val_loss
 
-    checkpoints = RunCheckpoints(cfg, engine, ctx.rank, run_dir)
+    def step(self, step: int, traced: bool, grad_norm: bool) -> tuple[StepResult, float]:
+        """Runs 1-based ``step``; returns its result and time."""
+        batches = self.data.train_batches(step - 1)
+        self.recorder.begin_step(step, traced, dist.barrier if traced else None)
+        sent, received = _comm_bytes(self.engine)
+        started = time.perf_counter()
+        result = self.engine.train_step(batches, grad_norm=grad_norm)
+        elapsed = time.perf_counter() - started
+        self.recorder.end_step()
+        self.train_bytes[0] += _comm_bytes(self.engine)[0] - sent
+        self.train_bytes[1] += _comm_bytes(self.engine)[1] - received
+        self.times.add(elapsed)
+        self.last_loss = result.loss
+        return result, elapsed
+
+
+def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, writer: RunWriter | None,
+               throughput: Throughput) -> None:
+    steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
+    to_trace = traced_steps(spec.trace, steps, warmup_steps(steps))
+    progress = tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not spec.loop.progress, dynamic_ncols=True)
     start_step = checkpoints.resume()
     progress.update(start_step)
-    last_loss, val_loss = math.nan, math.nan
-    for step in range(start_step, steps):
-        batches = _shard_batches(train_set, order, step, spec, dp_rank)
-        traced = step + 1 in to_trace
-        recorder.begin_step(step + 1, traced, dist.barrier if traced else None)
-        sent, received = _comm_bytes(engine)
-        evaluating = eval_every > 0 and ((step + 1) % eval_every == 0 or step + 1 == steps)
-        logged = (step + 1) % log_every == 0 or step + 1 == steps or evaluating
-        started = time.perf_counter()
-        result = engine.train_step(batches, grad_norm=logged)
-        elapsed = time.perf_counter() - started
-        recorder.end_step()
-        train_bytes[0] += _comm_bytes(engine)[0] - sent
-        train_bytes[1] += _comm_bytes(engine)[1] - received
-        times.add(elapsed)
-        last_loss = result.loss
+    for step in range(start_step + 1, steps + 1):
+        evaluating = eval_every > 0 and (step % eval_every == 0 or step == steps)
+        logged = step % log_every == 0 or step == steps or evaluating
+        result, elapsed = loop.step(step, step in to_trace, grad_norm=logged)
         progress.update(1)
-        record = {"step": step + 1, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+        record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                   "step_time_s": elapsed, **throughput.of(elapsed)}
         if evaluating:
-            val_loss = evaluate()
-            record["val_loss"] = val_loss
+            record["val_loss"] = loop.evaluate()
         if writer and logged:
             writer.log_step(record)
-            progress.set_postfix(loss=f"{result.loss:.3f}", **({"val": f"{val_loss:.3f}"} if "val_loss" in record else {}))
+            progress.set_postfix(loss=f"{result.loss:.3f}",
+                                 **({"val": f"{loop.val_loss:.3f}"} if "val_loss" in record else {}))
             progress.write(_format_record(record, steps))
-        checkpoints.after_step(step + 1)
+        checkpoints.after_step(step)
     progress.close()
-    engine.drain()  # asynchronous schedules: final weights well defined (the last step has already drained)
-    if math.isnan(val_loss):
-        val_loss = evaluate()
 
-    stats = RankStats(rank=ctx.rank, pp_rank=engine.coords.pp, dp_rank=dp_rank,
-                      peak_in_flight=engine.stage.stats.peak_in_flight,
-                      peak_stash_bytes=engine.stage.stats.peak_bytes,
-                      stash_bytes_per_microbatch=dict(engine.stage.stats.bytes_per_microbatch),
+
+def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
+    """Trains on this rank. ``cfg`` supplies the model and data sections (read by ``models`` and
+    ``data``) and the record of the run; every other setting comes from ``spec``."""
+    check_tensorboard(spec.loop.tensorboard)
+    recorder = TraceRecorder()
+    engine = _build_engine(cfg, spec, ctx, recorder)
+    loop = Loop(engine, ShardedData(cfg, spec, engine.coords.dp), recorder)
+    run_dir = agree_on_run_dir(spec, ctx)
+    config = resolved_config(cfg, run_dir)
+    writer = RunWriter(run_dir, spec.loop.tensorboard) if ctx.rank == 0 else None
+    if writer:
+        writer.write_config(OmegaConf.to_yaml(OmegaConf.create(config)))
+    throughput, peak = _throughput(cfg, spec, ctx)
+    checkpoints = RunCheckpoints(spec.checkpoint, _checkpoint_record(spec, config), engine, ctx.rank, run_dir)
+    _run_steps(loop, spec, ctx, checkpoints, writer, throughput)
+    engine.drain()  # asynchronous schedules: final weights well defined (the last step has already drained)
+    if math.isnan(loop.val_loss):
+        loop.evaluate()
+    gathered, report = _gather_stats(loop, spec, ctx, run_dir)
+    summary = _summary(loop, spec, throughput, peak, gathered, report, config)
+    if writer:
+        path = writer.write_summary(summary)
+        writer.close()
+        print(f"final train loss {loop.last_loss:.4f}, validation loss {loop.val_loss:.4f}, "
+              f"{summary['samples_per_s']:.1f} samples/s; wrote {path}", flush=True)
+    return TrainOutcome(summary, engine)
+
+
+def _checkpoint_record(spec: RunSpec, config: dict[str, Any]) -> dict[str, Any]:
+    """Stored beside each checkpoint: the resolved config and, if any, the plan it ran."""
+    record: dict[str, Any] = {"config": config}
+    if spec.plan and Path(spec.plan).exists():
+        record["plan"] = json.loads(Path(spec.plan).read_text())
+    return record
+
+
+def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
+                  ) -> tuple[list[RankStats], TraceReport | None]:
+    """Collective: every rank's statistics and traces; rank 0 writes the trace outputs."""
+    engine, steps = loop.engine, spec.train.steps
+    stage_stats = engine.stage.stats
+    stats = RankStats(rank=ctx.rank, pp_rank=engine.coords.pp, dp_rank=engine.coords.dp,
+                      peak_in_flight=stage_stats.peak_in_flight, peak_stash_bytes=stage_stats.peak_bytes,
+                      stash_bytes_per_microbatch=dict(stage_stats.bytes_per_microbatch),
                       weight_versions=engine.weight_versions,
                       bytes_sent=_comm_bytes(engine)[0], bytes_received=_comm_bytes(engine)[1],
-                      comm={"bytes_sent_per_step": train_bytes[0] / steps,
-                            "bytes_received_per_step": train_bytes[1] / steps, **recorder.totals.per_step()},
+                      comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
+                            "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device))
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)
-    traces = gather_traces(recorder, ctx.rank, engine.coords.pp, dp_rank, ctx.world_size)
+    traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)
     report = None
     if traces is not None:
         report = write_trace_outputs(run_dir / "trace", traces, spec.schedule, spec.layout.pp, spec.microbatches,
-                                     spec.layout.vpp, draw=bool((cfg.get("trace") or {}).get("timeline", True)),
+                                     spec.layout.vpp, draw=spec.trace.timeline,
                                      metadata={"schedule": spec.schedule, "run_dir": str(run_dir)},
-                                     weight_grads_delay=int(cfg.train.get("weight_grads_delay", 1)))
+                                     weight_grads_delay=spec.train.weight_grads_delay)
         if report is not None:
             for rank_stats, bubble in zip(gathered, report.bubble_fraction_per_rank):
                 rank_stats.bubble_fraction = bubble
-    median = times.median_after_warmup()
-    summary = {
-        "steps": steps,
+    return gathered, report
+
+
+def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops | None, gathered: list[RankStats],
+             report: TraceReport | None, config: dict[str, Any]) -> dict[str, Any]:
+    median = loop.times.median_after_warmup()
+    return {
+        "steps": spec.train.steps,
         "schedule": spec.schedule,
         "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp},
         "batch": {"global": spec.global_batch, "micro": spec.micro_batch, "num_microbatches": spec.microbatches},
@@ -181,18 +248,11 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         "bubble_fraction": (sum(report.bubble_fraction_per_rank) / len(report.bubble_fraction_per_rank)
                             if report else None),
         "trace": report.as_dict() if report else None,
-        "final_train_loss": last_loss,
-        "final_val_loss": val_loss,
+        "final_train_loss": loop.last_loss,
+        "final_val_loss": loop.val_loss,
         "ranks": [vars(s) for s in gathered],
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": config,
     }
-    if writer:
-        summary["config"]["train"]["run_dir"] = str(run_dir)
-        path = writer.write_summary(summary)
-        writer.close()
-        print(f"final train loss {last_loss:.4f}, validation loss {val_loss:.4f}, "
-              f"{summary['samples_per_s']:.1f} samples/s; wrote {path}", flush=True)
-    return TrainOutcome(summary, engine)
 
 
 def _format_record(record: dict[str, Any], steps: int) -> str:

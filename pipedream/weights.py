@@ -23,6 +23,7 @@ from collections import Counter
 import torch
 from torch import nn
 
+from .errors import InvariantError
 from .schedules import Action
 from .schedules.versions import Uses
 
@@ -52,7 +53,7 @@ class WeightStore:
         if version not in self.versions:
             if version != self.current:
                 state = "is not created yet" if version > self.current else "was freed"
-                raise RuntimeError(f"{action} needs weight version {version}, which {state} (current "
+                raise InvariantError(f"{action} needs weight version {version}, which {state} (current "
                                    f"{self.current}): the version plan and the schedule disagree")
             self.versions[version] = self._alias()
         tensors = self.versions[version]
@@ -93,7 +94,7 @@ class WeightStore:
         """Switches to the plan of a shorter run (a drain) whose executed part is the same."""
         for action in executed:
             if action in uses and uses[action] != self.uses.get(action):
-                raise RuntimeError(f"draining changes the weight version of {action}: {self.uses.get(action)} -> "
+                raise InvariantError(f"draining changes the weight version of {action}: {self.uses.get(action)} -> "
                                    f"{uses[action]}")
         self.uses = uses
         self.pending = Counter(uses[a] for a in remaining if a in uses)

@@ -149,7 +149,7 @@ def _ours(workload: Workload, case: Case, rank: int, groups_cache: dict, recorde
     model = build_model(cfg.model, seed=1)
     if "groups" not in groups_cache:   # one mesh serves every case (pp=2, dp=tp=1, nothing tied)
         groups_cache["groups"] = build_groups(spec.layout, rank, "cpu", model, list(spec.bounds))
-    engine = PipelineEngine(spec, model, rank, torch.device("cpu"), groups_cache["groups"], cfg.optim, cfg.train,
+    engine = PipelineEngine(spec, model, rank, torch.device("cpu"), groups_cache["groups"], spec.optim, spec.train,
                             datetime.timedelta(seconds=300), recorder=recorder)
     batches = dict(enumerate(_microbatches(model, workload)))
     # no gradient norm: torch's loop computes none, and the trainer computes it only on logged steps
@@ -179,7 +179,7 @@ def _torch(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     else:
         cls = Schedule1F1B if case.schedule == "1f1b" else ScheduleGPipe
         schedule = cls(stages[0], n_microbatches=workload.microbatches, loss_fn=model.loss_fn)
-    optimizer = build_optimizer(cfg.optim, [p for m in modules for p in m.parameters()], float(cfg.train.lr))
+    optimizer = build_optimizer(spec.optim, [p for m in modules for p in m.parameters()], spec.train.lr)
     parts = _microbatches(model, workload)
     inputs, targets = torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
     first, last = 0 in mine, stages_total - 1 in mine
@@ -202,11 +202,13 @@ def _single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     (on rank 0; with BOTH_CORES rank 1 runs its own copy at the same time)."""
     from models import build_model
     from pipedream.optim import build_optimizer
+    from pipedream.specs import OptimSpec, TrainSpec
 
     cfg = _compose(workload, Case("pipedream", "1f1b"))
     model = build_model(cfg.model, seed=1)
     network = model.build_sequential()
-    optimizer = build_optimizer(cfg.optim, list(network.parameters()), float(cfg.train.lr))
+    optimizer = build_optimizer(OptimSpec.from_config(cfg, (cfg.optim.name,)), list(network.parameters()),
+                                TrainSpec.from_config(cfg).lr)
     parts = _microbatches(model, workload)
     scale = 1.0 / len(parts)
 

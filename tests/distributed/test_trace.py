@@ -7,9 +7,9 @@ import math
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
 from pipedream.schedules import Action, Kind, build_schedule
+from pipedream.specs import TraceSpec
 from pipedream.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
 from pipedream.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
 from tests.workers import run_workers
@@ -70,13 +70,13 @@ def test_recorder_keeps_only_traced_training_steps() -> None:
 
 
 def test_traced_steps_selection() -> None:
-    cfg = OmegaConf.create({"enabled": "auto", "steps": None})
-    assert traced_steps(cfg, 300, warmup=5) == {6, 7, 8}
-    assert traced_steps(cfg, 2, warmup=0) == {1, 2}
-    assert traced_steps(cfg, 10_000, warmup=5) == frozenset()        # auto: long runs are not traced
-    assert traced_steps(OmegaConf.create({"enabled": True, "steps": [3, 99]}), 10, 2) == {3}
-    assert traced_steps(OmegaConf.create({"enabled": False, "steps": [3]}), 10, 2) == frozenset()
-    assert traced_steps(None, 10, 2) == {3, 4, 5}
+    auto = TraceSpec(enabled="auto", steps=None, timeline=True)
+    assert traced_steps(auto, 300, warmup=5) == {6, 7, 8}
+    assert traced_steps(auto, 2, warmup=0) == {1, 2}
+    assert traced_steps(auto, 10_000, warmup=5) == frozenset()        # auto: long runs are not traced
+    assert traced_steps(TraceSpec(enabled=True, steps=(3, 99), timeline=True), 10, 2) == {3}
+    assert traced_steps(TraceSpec(enabled=False, steps=(3,), timeline=True), 10, 2) == frozenset()
+    assert traced_steps(TraceSpec(enabled=True, steps=None, timeline=True), 10, 2) == {3, 4, 5}
 
 
 def _synthetic_traces() -> list[RankTrace]:

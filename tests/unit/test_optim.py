@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pipedream.optim import build_optimizer, parameter_groups
+from pipedream.specs import OptimSpec
 
 
 def _params(dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
@@ -13,9 +14,15 @@ def _params(dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
             torch.nn.Parameter(torch.randn(4, generator=generator, dtype=dtype))]
 
 
-def _trained(optim_cfg: dict, steps: int = 5) -> list[torch.Tensor]:
+def _spec(name: str, fused: bool = True) -> OptimSpec:
+    if name == "adamw":
+        return OptimSpec(name, weight_decay=0.1, fused=fused, betas=(0.9, 0.999), eps=1e-8)
+    return OptimSpec(name, weight_decay=0.1, fused=fused, momentum=0.9)
+
+
+def _trained(optim: OptimSpec, steps: int = 5) -> list[torch.Tensor]:
     params = _params()
-    optimizer = build_optimizer(optim_cfg, params, lr=0.05)
+    optimizer = build_optimizer(optim, params, lr=0.05)
     generator = torch.Generator().manual_seed(1)
     for _ in range(steps):
         for p in params:
@@ -26,10 +33,9 @@ def _trained(optim_cfg: dict, steps: int = 5) -> list[torch.Tensor]:
 
 @pytest.mark.parametrize("name", ["adamw", "sgd"])
 def test_fused_kernel_is_the_default_and_matches_foreach(name: str) -> None:
-    cfg = {"name": name, "weight_decay": 0.1, "momentum": 0.9}
-    assert build_optimizer(cfg, _params(), lr=0.05).defaults["fused"] is True
-    assert not build_optimizer({**cfg, "fused": False}, _params(), lr=0.05).defaults.get("fused")
-    for fused, foreach in zip(_trained(cfg), _trained({**cfg, "fused": False})):
+    assert build_optimizer(_spec(name), _params(), lr=0.05).defaults["fused"] is True
+    assert not build_optimizer(_spec(name, fused=False), _params(), lr=0.05).defaults.get("fused")
+    for fused, foreach in zip(_trained(_spec(name)), _trained(_spec(name, fused=False))):
         torch.testing.assert_close(fused, foreach, rtol=1e-6, atol=1e-6)
 
 
@@ -42,4 +48,4 @@ def test_weight_decay_applies_to_matrices_only() -> None:
 
 def test_unknown_optimizer_names_the_choices() -> None:
     with pytest.raises(ValueError, match="choose adamw or sgd"):
-        build_optimizer({"name": "lamb"}, _params(), lr=0.1)
+        build_optimizer(OptimSpec("lamb", weight_decay=0.0, fused=True), _params(), lr=0.1)

@@ -1,0 +1,77 @@
+"""Each class of error that ends a run becomes its own line on stderr and a non-zero exit code
+(``pipedream.train.run`` with a trainer that raises)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from pipedream.checkpoint import CheckpointError
+from pipedream.errors import ConfigError, DataError, InvariantError
+from pipedream.optim import NonFiniteError
+from pipedream.train import run
+from tests.training_harness import compose_config
+
+MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
+       "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=2", "train.timeout_s=7"]
+
+
+def _run_raising(monkeypatch, capsys, error: BaseException, overrides: list[str] = ()) -> tuple[int, str]:
+    def failing_train(cfg, spec, ctx):
+        raise error
+    monkeypatch.setattr("pipedream.trainer.train", failing_train)
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(name, raising=False)
+    code = run(compose_config(MLP + list(overrides)))
+    return code, capsys.readouterr().err.strip()
+
+
+@pytest.mark.parametrize("error, line", [
+    (DataError("schedule=2bw needs one shape"), "error: schedule=2bw needs one shape"),
+    (ConfigError("data.path is not set"), "error: data.path is not set"),
+    (NonFiniteError("training loss is nan: stopped"), "error: training loss is nan: stopped"),
+    (CheckpointError("train.resume=x is not a usable checkpoint"), "error: train.resume=x is not a usable checkpoint"),
+    (dist.DistBackendError("NCCL error: remote process exited"),
+     "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
+     "NCCL error: remote process exited"),
+    (RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:705"),
+     "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
+     "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:705"),
+    (RuntimeError("Application timeout caused pair closure"),
+     "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
+     "Application timeout caused pair closure"),
+    (RuntimeError("shape mismatch\nmore detail"), "error: rank 0: RuntimeError: shape mismatch"),
+    (KeyError("weight"), "error: rank 0: KeyError: 'weight'"),
+])
+def test_each_error_is_one_line(monkeypatch, capsys, error, line) -> None:
+    code, err = _run_raising(monkeypatch, capsys, error)
+    assert code == 1 and err == line
+
+
+@pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
+                                   MemoryError()])
+def test_out_of_memory_says_so(monkeypatch, capsys, error) -> None:
+    code, err = _run_raising(monkeypatch, capsys, error)
+    assert code == 1 and err.startswith("error: rank 0: out of memory (") and "train.micro_batch_size" in err
+    assert "communication failed" not in err and "\n" not in err
+
+
+def test_invariant_violations_are_reported_as_internal(monkeypatch, capsys) -> None:
+    code, err = _run_raising(monkeypatch, capsys, InvariantError("weight version 3 was freed"))
+    assert code == 1
+    assert err.startswith("error: rank 0: internal error (InvariantError): weight version 3 was freed")
+    assert "communication failed" not in err
+
+
+@pytest.mark.parametrize("switch", ["env", "config"])
+def test_debug_adds_the_traceback(monkeypatch, capsys, switch) -> None:
+    overrides = ["train.debug=true"] if switch == "config" else []
+    if switch == "env":
+        monkeypatch.setenv("PIPEDREAM_DEBUG", "1")
+    code, err = _run_raising(monkeypatch, capsys, ValueError("bad value"), overrides)
+    assert code == 1 and err.startswith("Traceback") and err.endswith("error: rank 0: ValueError: bad value")
+
+
+def test_a_refused_config_exits_2_before_training(monkeypatch, capsys) -> None:
+    code, err = _run_raising(monkeypatch, capsys, AssertionError("not reached"), ["train.lr=0"])
+    assert code == 2 and err == "error: train.lr = 0.0 must be > 0"
