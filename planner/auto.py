@@ -112,9 +112,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
     best = result.best
     sim = _sim_check(inputs, best) if simulate else SimCheck(False, "simulator check off (planner.simulate=false)")
     notes = list(result.notes)
-    if not best.fits:
-        notes.append(f"warning: the flattened pipeline needs {best.memory_bytes / 2**30:.1f} GiB per device, "
-                     f"over the {best.capacity_bytes / 2**30:.1f} GiB available")
+    assert best.fits, "searches never choose a plan over device memory"
     plan = Plan(
         model=ModelInfo(inputs.model, inputs.profile.num_layers, int(inputs.profile.num_parameters)),
         cluster=ClusterInfo(inputs.cluster.name, inputs.cluster.num_devices, inputs.cluster.devices_per_node),
@@ -124,5 +122,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
                  "breakdown_s": best.breakdown, "simulator": sim.to_json(), "notes": notes,
-                 "device": inputs.cluster.device.name, "profile_source": inputs.profile.source})
+                 "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
+                 "memory_reserve_bytes": inputs.workspace,
+                 "model_tflops_per_device": best.model_tflops_per_device})
     return Outcome(plan, result, reason, sim)

@@ -71,7 +71,8 @@ def inputs_from_config(cfg: Any) -> Inputs:
     return Inputs(
         model=profile.model if profile.source == "graph.txt" else str(cfg.model.get("preset") or cfg.model.name),
         profile=profile, cluster=cluster,
-        global_batch=batch, spec=spec if analytic else None, workspace_fraction=float(p.workspace_fraction),
+        global_batch=batch, spec=spec if analytic else None, reserve_gib=float(p.reserve_gib),
+        reserve_fraction=float(p.reserve_fraction),
         max_micro_batch=int(p.max_micro_batch), micro_batch=micro,
         schedules=tuple(str(s) for s in p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),

@@ -49,11 +49,12 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     mem = max(stage_memory(inputs.profile, stages, micro, memory))
     time = per_input * batch / micro
     devices = sum(st.replicas for st in stages)
-    flops = inputs.flops_per_sample(recompute) * batch
     return Candidate(
         label, len(stages), 1, first, 1, "pipedream", micro, batch // (micro * first), batch, recompute,
-        tuple((st.start, st.end, st.ranks) for st in stages), time, batch / time, flops / (time * devices) / 1e12,
-        0.0, mem, inputs.capacity, _breakdown(inputs, stages, micro, recompute, per_input, batch / micro))
+        tuple((st.start, st.end, st.ranks) for st in stages), time, batch / time,
+        inputs.hardware_flops(batch) / (time * devices) / 1e12, 0.0, mem, inputs.capacity,
+        _breakdown(inputs, stages, micro, recompute, per_input, batch / micro),
+        model_tflops_per_device=inputs.model_flops(batch) / (time * devices) / 1e12)
 
 
 def pipedream_search(inputs: Inputs) -> SearchResult:

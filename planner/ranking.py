@@ -40,6 +40,7 @@ class Candidate:
     capacity_bytes: float
     breakdown: dict[str, float] = field(default_factory=dict)
     why_lost: str = ""
+    model_tflops_per_device: float = 0.0  # forward + backward only (3 passes), whatever is recomputed
 
     @property
     def fits(self) -> bool:
@@ -105,12 +106,12 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
     rec = bool(tab["recompute"][i])
     time = float(tab["iteration_time"][i])
     batch = inputs.global_batch
-    flops = inputs.flops_per_sample(rec) * batch
     return Candidate(
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
         batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
-        flops / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]), inputs.capacity,
-        {k: float(tab["t_" + k][i]) for k in PARTS})
+        inputs.hardware_flops(batch) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
+        inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
+        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12)
 
 
 def why_lost(alt: Candidate, best: Candidate) -> str:
