@@ -29,6 +29,9 @@ class Inputs:
     top_k: int = 4
     pin_tp: int | None = None  # fix the tensor-parallel degree (planner.tp)
     pin_pp: int | None = None  # fix the pipeline depth (planner.pp)
+    pin_dp: int | None = None  # fix the data-parallel degree (planner.dp)
+    fewer_devices: bool = True  # PipeDream DP: leave devices unused when more would not help
+    pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
 
     @property
     def capacity(self) -> float:

@@ -114,26 +114,36 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
         model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12)
 
 
+def _block_count(inputs: Inputs) -> int:
+    kinds = [layer.kind for layer in inputs.profile.layers]
+    return kinds.count("block") or len(kinds)
+
+
 def why_lost(alt: Candidate, best: Candidate) -> str:
-    """One phrase: how much slower and the part of the iteration that grew most."""
+    """One phrase: how much slower and the part of the iteration that grew most. Plans with other
+    global batches (PipeDream's rounded steps) compare per sample, scaled to the best's batch."""
     if not alt.fits:
-        gain = best.iteration_time / alt.iteration_time - 1
+        gain = alt.samples_per_s / best.samples_per_s - 1
         return (f"{gain:.0%} faster but needs {alt.memory_bytes / GIB:.1f} GiB per device "
                 f"> {alt.capacity_bytes / GIB:.1f} GiB")
-    slower = alt.iteration_time / best.iteration_time - 1
+    slower = best.samples_per_s / alt.samples_per_s - 1
     if slower < 1e-6:
         return f"as fast, but more memory ({alt.memory_bytes / GIB:.1f} vs {best.memory_bytes / GIB:.1f} GiB)"
-    part = max(PARTS, key=lambda k: alt.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0))
-    a, b = alt.breakdown.get(part, 0.0), best.breakdown.get(part, 0.0)
-    return f"{slower:.1%} slower: {PART_NAMES[part]} +{a - b:.3g} s per iteration ({a:.3g} s vs {b:.3g} s)"
+    scale = best.global_batch / alt.global_batch
+    grew = {k: alt.breakdown.get(k, 0.0) * scale - best.breakdown.get(k, 0.0) for k in PARTS}
+    part = max(PARTS, key=grew.get)
+    a, b = alt.breakdown.get(part, 0.0) * scale, best.breakdown.get(part, 0.0)
+    unit = "per iteration" if scale == 1 else f"per {best.global_batch} samples"
+    return f"{slower:.1%} slower: {PART_NAMES[part]} +{a - b:.3g} s {unit} ({a:.3g} s vs {b:.3g} s)"
 
 
 def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()) -> SearchResult:
     if not rows.cols:
         raise PlannerError(f"{algorithm}: no configuration of {inputs.model} matches "
                            f"train.global_batch_size={inputs.global_batch} on {inputs.cluster.num_devices} devices "
-                           f"(the batch must split into d pipelines x b x m micro-batches; try a batch divisible by "
-                           f"{inputs.cluster.num_devices})")
+                           f"(the batch must split into d pipelines x b x m micro-batches and p must divide the "
+                           f"{_block_count(inputs)} repeated blocks of its {inputs.profile.num_layers} layers; try a batch "
+                           f"divisible by {inputs.cluster.num_devices} or other pins)")
     tab = rows.table()
     fits = tab["memory"] <= inputs.capacity
     if not fits.any():

@@ -24,6 +24,12 @@ def _sim_line(sim, m: int) -> str:
     """The simulator's view: idle over busy time and peak in-flight, next to the formulas."""
     if not sim.ran:
         return sim.note
+    if sim.per_input_predicted:
+        return (f"steady state {sim.per_input_simulated:.4g} s per input simulated vs {sim.per_input_predicted:.4g} s "
+                f"predicted without the all-reduce ({sim.per_input_simulated / sim.per_input_predicted - 1:+.1%}) over {sim.microbatches} "
+                f"micro-batches; idle {sim.bubble_simulated:.0%} of busy time there (stage imbalance); peak in-flight "
+                f"{max(sim.peak_in_flight)} {'matches' if sim.peak_in_flight == sim.peak_in_flight_formula else 'DIFFERS from'}"
+                f" the formula ({max(sim.peak_in_flight_formula)})")
     steps = f", {sim.steps} steps: one fill and drain" if sim.steps > 1 else ""
     if sim.microbatches != m:
         steps += f" (not {m}, to stay interactive)"

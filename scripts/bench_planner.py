@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 
 from planner.auto import make_plan  # noqa: E402
 from planner.config import compose, inputs_from_config  # noqa: E402
-from planner.pipedream_dp import MemoryModel, pipedream_dp  # noqa: E402
+from planner.pipedream_dp import DPOptions, MemoryModel, pipedream_dp  # noqa: E402
 from planner.pipedream_search import pipedream_search  # noqa: E402
 from planner.ptdp import ptdp_search  # noqa: E402
 
@@ -64,7 +64,7 @@ def main() -> int:
     dp_cfg = compose(["model=gpt3_175b", "cluster=dgx_a100", "cluster.nodes=16", "train.global_batch_size=512"])
     dp_inputs = inputs_from_config(dp_cfg)
     memory = MemoryModel(dp_inputs.capacity, dp_inputs.workspace, recompute=True)
-    one = lambda: pipedream_dp(dp_inputs.profile, dp_inputs.cluster, 1, True, memory)  # noqa: E731
+    one = lambda: pipedream_dp(dp_inputs.profile, dp_inputs.cluster, 1, DPOptions(), memory)  # noqa: E731
     result = one()
     sweep_inputs = replace(dp_inputs, recompute=(True,))
     pt_cfg = compose(["model=gpt_1t", "cluster=dgx_a100", "cluster.nodes=384", "train.global_batch_size=3072"])
