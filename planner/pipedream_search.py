@@ -75,7 +75,7 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
         model_tflops_per_device=inputs.model_flops(batch) / (time * devices) / 1e12)
 
 
-def _search(inputs: Inputs) -> tuple[list[Candidate], list[Candidate], int]:
+def search_candidates(inputs: Inputs) -> tuple[list[Candidate], list[Candidate], int]:
     n = inputs.cluster.num_devices
     limit = inputs.capacity if inputs.memory_constraint else None
     found: list[Candidate] = []
@@ -101,7 +101,7 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
     check_pins(inputs, "pipedream")
     check_layers(inputs.profile, inputs.cluster, dp_options(inputs))
     n = inputs.cluster.num_devices
-    found, baselines, considered = _search(inputs)
+    found, baselines, considered = search_candidates(inputs)
     order = lambda c: (-c.samples_per_s, c.memory_bytes)  # noqa: E731 - batches may differ: rank by rate
     fitting = sorted((c for c in found + baselines if c.fits and c.algorithm == "pipedream"), key=order)
     if not fitting:

@@ -55,9 +55,9 @@ def _tflops(c: Candidate, peak_flops: float) -> str:
 
 
 def _memory(c: Candidate, reserve: float) -> str:
-    used = c.memory_bytes - reserve
-    return (f"{c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB ({c.memory_bytes / c.capacity_bytes:.0%}): "
-            f"{used / GIB:.2f} GiB modelled + {reserve / GIB:.2f} GiB reserve")
+    used, usable = c.memory_bytes - reserve, c.capacity_bytes - reserve
+    return (f"{used / GIB:.2f} of {usable / GIB:.2f} GiB usable ({used / usable:.0%}), + {reserve / GIB:.2f} GiB "
+            f"reserve = {c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB")
 
 
 def _row(name: str, value: str) -> str:
