@@ -14,7 +14,8 @@ from .inputs import Inputs
 from .pipedream_search import pipedream_search
 from .ptdp import ptdp_search
 from .ranking import Candidate, SearchResult
-from .simcheck import SimCheck, available_schedules, check_replicated, check_uniform
+from .simcheck import SimCheck, available_schedules, check_uniform
+from .simcheck_async import check_replicated
 from .two_bw_search import two_bw_search
 from .uniform_cost import rank_stats
 
@@ -65,7 +66,8 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
     if best.schedule not in available_schedules():
         return SimCheck(False, f"simulator check skipped: schedule {best.schedule!r} is not in "
                                f"pipedream.schedules yet (available: {', '.join(available_schedules()) or 'none'})")
-    level = inputs.cluster.level_for_span(best.pp * best.tp * best.dp)
+    level = inputs.cluster.level_for_span(sum(len(r) for _, _, r in best.stages) if best.schedule == "pipedream"
+                                          else best.pp * best.tp * best.dp)
     if best.schedule == "pipedream":
         fwd, bwd = inputs.profile.times(best.micro)
         col = inputs.profile.arrays
@@ -74,7 +76,9 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
                                 [float(fwd[s:e].sum()) for s, e, _ in best.stages],
                                 [float((bwd + extra)[s:e].sum()) for s, e, _ in best.stages],
                                 [float(col["output_bytes"][e - 1] * best.micro) for _, e, _ in best.stages],
-                                best.global_batch // best.micro, level.bandwidth, level.latency)
+                                (best.iteration_time - best.breakdown.get("dp_comm", 0.0)) * best.micro
+                                / best.global_batch, level.bandwidth,
+                                level.latency)
     stats = rank_stats(inputs.profile_at(best.tp), inputs.cluster, best.tp, best.pp, best.vpp, best.dp,
                        best.recompute, np.array([best.micro], dtype=float))
     if stats is None:
@@ -112,9 +116,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
     best = result.best
     sim = _sim_check(inputs, best) if simulate else SimCheck(False, "simulator check off (planner.simulate=false)")
     notes = list(result.notes)
-    if not best.fits:
-        notes.append(f"warning: the flattened pipeline needs {best.memory_bytes / 2**30:.1f} GiB per device, "
-                     f"over the {best.capacity_bytes / 2**30:.1f} GiB available")
+    assert best.fits, "searches never choose a plan over device memory"
     plan = Plan(
         model=ModelInfo(inputs.model, inputs.profile.num_layers, int(inputs.profile.num_parameters)),
         cluster=ClusterInfo(inputs.cluster.name, inputs.cluster.num_devices, inputs.cluster.devices_per_node),
@@ -124,5 +126,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
                  "breakdown_s": best.breakdown, "simulator": sim.to_json(), "notes": notes,
-                 "device": inputs.cluster.device.name, "profile_source": inputs.profile.source})
+                 "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
+                 "memory_reserve_bytes": inputs.workspace,
+                 "model_tflops_per_device": best.model_tflops_per_device})
     return Outcome(plan, result, reason, sim)

@@ -71,8 +71,17 @@ def inputs_from_config(cfg: Any) -> Inputs:
     return Inputs(
         model=profile.model if profile.source == "graph.txt" else str(cfg.model.get("preset") or cfg.model.name),
         profile=profile, cluster=cluster,
-        global_batch=batch, spec=spec if analytic else None, workspace_fraction=float(p.workspace_fraction),
+        global_batch=batch, spec=spec if analytic else None, reserve_gib=float(p.reserve_gib),
+        reserve_fraction=float(p.reserve_fraction),
         max_micro_batch=int(p.max_micro_batch), micro_batch=micro,
         schedules=tuple(str(s) for s in p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
-        top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"))
+        top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
+        fewer_devices=bool(p.get("fewer_devices", True)), pipedream_costs=_costs(p.get("pipedream_costs", "paper")))
+
+
+def _costs(value: Any) -> str:
+    if value not in ("paper", "released"):
+        raise PlannerError(f"planner.pipedream_costs={value!r} is unknown: choose paper (the dissertation's "
+                           f"formulas) or released (PipeDream's released optimizer)")
+    return str(value)

@@ -30,6 +30,22 @@ def pipedream_stage_time(compute, param_bytes, replicas, bandwidth):
     return np.maximum(compute, pipedream_sync_time(param_bytes, replicas, bandwidth)) / replicas
 
 
+def released_stage_time(compute, param_bytes, replicas, bandwidth, sync_divisor=1.0):
+    """PipeDream's released optimizer (ch. 2.4.1 as coded in optimizer_graph_hierarchical.py): the
+    sync adds to compute instead of overlapping it, (A + 4 (m-1) sum|w| / (B_k m) / div) / m, where
+    div is the devices per component for a whole range replicated across components (their GPUs
+    sync their shares in parallel) and 1 otherwise."""
+    replicas = np.asarray(replicas, dtype=float)
+    sync = 4.0 * (replicas - 1.0) * np.asarray(param_bytes) / (bandwidth * replicas) / sync_divisor
+    return (np.asarray(compute) + sync) / replicas
+
+
+def released_boundary_time(output_bytes, bandwidth, receiver_replicas):
+    """The released optimizer's stage boundary (ch. 2.4.1 as coded): 2 a_s / (B_k m'), spread over
+    the m' replicas of the receiving stage."""
+    return 2.0 * np.asarray(output_bytes) / (bandwidth * np.asarray(receiver_replicas, dtype=float))
+
+
 def pipedream_boundary_time(output_bytes, bandwidth):
     """Activation forward + gradient backward across a stage boundary: 2 a_s / B_k (ch. 2.4.1)."""
     return 2.0 * np.asarray(output_bytes) / bandwidth

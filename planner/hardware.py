@@ -45,12 +45,14 @@ def _total_ram_bytes() -> float:
 
 @dataclass(frozen=True)
 class Level:
-    """``count`` components of the level below, joined by links of ``bandwidth`` bytes/s."""
+    """``count`` components of the level below, joined by links of ``bandwidth`` bytes/s per device;
+    ``node_bandwidth`` is what all NICs of one node carry together (None: bandwidth x devices per node)."""
 
     name: str
     count: int
     bandwidth: float
     latency: float = 0.0
+    node_bandwidth: float | None = None
 
 
 @dataclass(frozen=True)
@@ -110,13 +112,15 @@ def cluster_from_config(cfg: Mapping[str, Any], sheet: DeviceSheet | None = None
     for k, raw in enumerate(raw_levels):
         bandwidth = float(raw["bandwidth_gbit_s"]) * 1e9 / 8  # Gbit/s -> bytes/s
         latency = float(raw.get("latency_us", 0.0)) * 1e-6
+        nics = raw.get("nics_per_node")
+        node_bw = float(nics) * float(raw.get("nic_gbit_s", raw["bandwidth_gbit_s"])) * 1e9 / 8 if nics else None
         if k == 0:
             count = per_node
         elif k == len(raw_levels) - 1:
             count = nodes // math.prod(int(r["count"]) for r in raw_levels[1:-1]) if len(raw_levels) > 2 else nodes
         else:
             count = int(raw["count"])
-        levels.append(Level(str(raw.get("name", f"level{k}")), max(count, 1), bandwidth, latency))
+        levels.append(Level(str(raw.get("name", f"level{k}")), max(count, 1), bandwidth, latency, node_bw))
     if len(raw_levels) == 1 and nodes > 1:
         levels.append(Level("network", nodes, levels[0].bandwidth, levels[0].latency))
     sheet_name = str(cfg.get("sheet", "local_cpu" if cfg.get("device") == "cpu" else "a100_80gb"))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipedream.devices import GIB
+
 from .hardware import Cluster
 from .model_specs import ModelSpec
 from .profile import Profile, analytic_profile
@@ -15,7 +17,8 @@ class Inputs:
     cluster: Cluster
     global_batch: int
     spec: ModelSpec | None = None  # analytic models can be re-profiled at any tensor-parallel degree
-    workspace_fraction: float = 0.05
+    reserve_gib: float = 3.0  # docs/planner.md, Memory reserve
+    reserve_fraction: float = 0.2
     max_micro_batch: int = 32
     micro_batch: int | None = None  # fixed by the user; None = search
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
@@ -26,6 +29,9 @@ class Inputs:
     top_k: int = 4
     pin_tp: int | None = None  # fix the tensor-parallel degree (planner.tp)
     pin_pp: int | None = None  # fix the pipeline depth (planner.pp)
+    pin_dp: int | None = None  # fix the data-parallel degree (planner.dp)
+    fewer_devices: bool = True  # PipeDream DP: leave devices unused when more would not help
+    pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
 
     @property
     def capacity(self) -> float:
@@ -33,8 +39,9 @@ class Inputs:
 
     @property
     def workspace(self) -> float:
-        """Bytes kept free for kernels' workspace, allocator fragmentation and the CUDA context."""
-        return self.workspace_fraction * self.capacity
+        """Bytes no plan may use: a fixed part (CUDA context, NCCL buffers, library workspaces) plus a
+        fraction of the device (caching-allocator fragmentation, transient buffers the model omits)."""
+        return memory_reserve(self.capacity, self.reserve_gib, self.reserve_fraction)
 
     def tp_degrees(self) -> list[int]:
         """Tensor-parallel degrees: divisors of n that divide the head count and align with nodes
@@ -59,8 +66,18 @@ class Inputs:
             return [self.micro_batch] if per_pipeline % self.micro_batch == 0 else []
         return [b for b in divisors(per_pipeline) if b <= self.max_micro_batch]
 
-    def flops_per_sample(self, recompute: bool) -> float:
-        return self.profile.flops_per_sample_recompute if recompute else self.profile.flops_per_sample
+    def model_flops(self, samples: float) -> float:
+        """Model FLOPs: forward and backward (3 passes), the same for every plan."""
+        return self.profile.flops_per_sample * samples
+
+    def hardware_flops(self, samples: float) -> float:
+        """Table 4.1's count (eq. 4.2): 4 passes, the forward again as with full recomputation, for
+        every plan, so plans with and without recomputation compare on one scale."""
+        return self.profile.flops_per_sample_recompute * samples
+
+
+def memory_reserve(capacity: float, gib: float, fraction: float) -> float:
+    return min(gib * GIB + fraction * capacity, capacity)
 
 
 def divisors(n: int) -> list[int]:

@@ -11,6 +11,11 @@ A^0(i->j) = sum of layer times, for every level (lowest first):
 level costs O(m_k^2) vectorised passes instead of O(N^3 m_k^2) Python steps; the top level only
 needs i = 0. ``replication=False`` keeps every stage on one component (straight pipelines).
 
+With ``fewer_devices`` (the default, as PipeDream's ``--use_fewer_machines``), A^k(i->j, m) is the
+best over at most m components, so devices that would not speed anything up stay unused instead
+of replicating layers that do no work. ``costs="released"`` uses the formulas of PipeDream's
+released optimizer instead of the dissertation's (docs/planner.md, PipeDream's two cost models).
+
 The optional memory constraint is checked where stages are built from devices (the lowest level):
 a stage on r devices after m - r others in its component holds ceil((m_1 - m + r) / r) inputs in
 flight (1F1B-RR's NOAM counted inside the component, as PipeDream's optimizer does), each with its
@@ -58,11 +63,19 @@ class DPResult:
 
 
 @dataclass(frozen=True)
+class DPOptions:
+    replication: bool = True
+    fewer_devices: bool = True
+    costs: str = "paper"  # paper | released
+
+
+@dataclass(frozen=True)
 class _Level:
     count: int
     rows: np.ndarray  # the start layers i this level was solved for
     split: np.ndarray  # (count+1, len(rows), N+1): start of the last stage, -1 = one stage
     reps: np.ndarray  # replicas of the last stage
+    used: np.ndarray  # components the best solution with at most m of them uses
     value: np.ndarray  # A[m] for m = count: (len(rows), N+1)
 
 
@@ -94,22 +107,35 @@ def _memory_ok(params, opt, acts, working, in_flight, memory: MemoryModel) -> np
     return need <= memory.limit
 
 
+def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs):
+    """T(i->j, r) for a split's last stage, the same for a whole range on r components, and the
+    boundary time before layer s as a function of the receiving stage's replicas r."""
+    cut = np.concatenate([[INF], boundary])  # cut before layer s
+    if costs == "released":
+        split = [None] + [cost.released_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
+        whole = [None] + [cost.released_stage_time(prev, params, r, bandwidth, divisor) for r in range(1, count + 1)]
+        return split, whole, lambda r: cost.released_boundary_time(cut, bandwidth, r)
+    split = [None] + [cost.pipedream_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
+    boundary_time = cost.pipedream_boundary_time(cut, bandwidth)
+    return split, split, lambda r: boundary_time
+
+
 def _solve_level(prev: np.ndarray, params: np.ndarray, boundary: np.ndarray, count: int, bandwidth: float,
-                 top: bool, replication: bool, mem_check) -> _Level:
+                 top: bool, options: DPOptions, mem_check, divisor: int = 1) -> _Level:
     n1 = prev.shape[1]
     rows = np.arange(1) if top else np.arange(n1)
-    stage = [None] + [cost.pipedream_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
-    cut = cost.pipedream_boundary_time(np.concatenate([[INF], boundary]), bandwidth)  # cut before layer s
+    stage, whole, cut = _stage_times(prev, params, boundary, count, bandwidth, divisor, options.costs)
     value = np.full((count + 1, len(rows), n1), INF)
     split = np.full(value.shape, -1, dtype=np.int32)
     reps = np.zeros(value.shape, dtype=np.int32)
+    used = np.zeros(value.shape, dtype=np.int32)
     for m in range(1, count + 1):
-        if replication or m == 1:
-            value[m] = np.where(mem_check(m, m), stage[m], INF)[rows]
+        if options.replication or m == 1:
+            value[m] = np.where(mem_check(m, m), whole[m], INF)[rows]
             reps[m] = m
-        for r in (range(1, m) if replication else [1] if m > 1 else []):
+        for r in (range(1, m) if options.replication else [1] if m > 1 else []):
             last = np.where(mem_check(m, r), stage[r], INF)  # [s, j]
-            head = np.maximum(value[m - r], cut[None, :])  # [i, s]
+            head = np.maximum(value[m - r], cut(r)[None, :])  # [i, s]
             cand = np.maximum(head[:, :, None], last[None, :, :])  # [i, s, j]
             best = cand.argmin(axis=1)
             val = np.take_along_axis(cand, best[:, None, :], axis=1)[:, 0, :]
@@ -117,13 +143,19 @@ def _solve_level(prev: np.ndarray, params: np.ndarray, boundary: np.ndarray, cou
             value[m] = np.where(better, val, value[m])
             split[m] = np.where(better, best, split[m])
             reps[m] = np.where(better, r, reps[m])
-    return _Level(count, rows, split, reps, value[count])
+        used[m] = m
+        if options.fewer_devices and m > 1:  # keep m - 1 components' solution unless m is faster
+            fewer = value[m - 1] <= value[m] * (1 - 1e-9)
+            value[m] = np.where(fewer, value[m - 1], value[m])
+            used[m] = np.where(fewer, used[m - 1], m)
+    return _Level(count, rows, split, reps, used, value[count])
 
 
 def _stages_of(level: _Level, i: int, j: int, m: int) -> list[tuple[int, int, int]]:
     row = int(np.searchsorted(level.rows, i))
     out = []
     while True:
+        m = int(level.used[m, row, j])
         s, r = int(level.split[m, row, j]), int(level.reps[m, row, j])
         if s < 0:
             out.append((i, j, r))
@@ -132,9 +164,10 @@ def _stages_of(level: _Level, i: int, j: int, m: int) -> list[tuple[int, int, in
         j, m = s, m - r
 
 
-def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, replication: bool = True,
+def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: DPOptions = DPOptions(),
                  memory: MemoryModel | None = None) -> DPResult | None:
-    """Solve every level, then unfold the partition into stages with global ranks; None if infeasible."""
+    """Solve every level, then unfold the partition into stages with global ranks (renumbered densely
+    when devices stay unused); None if infeasible."""
     memory = memory or MemoryModel(None)
     compute, params, opt, acts, out_bytes, working = _layer_tables(profile, micro_batch, memory.recompute)
     n_layers = profile.num_layers
@@ -149,7 +182,8 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, replicati
         else:
             def mem_check(m: int, r: int):
                 return True
-        level = _solve_level(prev, params, out_bytes, lv.count, lv.bandwidth, top, replication, mem_check)
+        divisor = int(np.prod([low.count for low in cluster.levels[:k]])) if k else 1
+        level = _solve_level(prev, params, out_bytes, lv.count, lv.bandwidth, top, options, mem_check, divisor)
         levels.append(level)
         prev = level.value
     best = float(prev[0, n_layers])
@@ -170,7 +204,10 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, replicati
             offset += r
         return stages
 
-    return DPResult(best, micro_batch, tuple(unfold(len(levels) - 1, 0, n_layers, 0)))
+    stages = unfold(len(levels) - 1, 0, n_layers, 0)
+    dense = {rank: k for k, rank in enumerate(sorted(r for st in stages for r in st.ranks))}
+    return DPResult(best, micro_batch, tuple(DPStage(st.start, st.end, tuple(dense[r] for r in st.ranks))
+                                             for st in stages))
 
 
 def stage_memory(profile: Profile, stages: tuple[DPStage, ...], micro_batch: int, memory: MemoryModel) -> list[float]:
@@ -198,7 +235,9 @@ def minimum_memory(profile: Profile, num_devices: int, micro_batch: int, memory:
     return max(single, spread)
 
 
-def check_layers(profile: Profile, cluster: Cluster, replication: bool) -> None:
-    if not replication and profile.num_layers < cluster.num_devices:
+def check_layers(profile: Profile, cluster: Cluster, options: DPOptions) -> None:
+    """A straight pipeline that must use every device needs a layer per device."""
+    if not options.replication and not options.fewer_devices and profile.num_layers < cluster.num_devices:
         raise PlannerError(f"a straight pipeline needs a layer per device: {profile.num_layers} layers < "
-                           f"{cluster.num_devices} devices; set planner.replication=true or use fewer devices")
+                           f"{cluster.num_devices} devices; set planner.fewer_devices=true, planner.replication=true "
+                           f"or use at most {profile.num_layers} devices")

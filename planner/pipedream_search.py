@@ -1,18 +1,27 @@
 """PipeDream planning around the hierarchical DP: one DP per micro-batch size (and recomputation
-only where nothing fits without it), plus the plain data-parallel and straight-pipeline baselines
-as alternatives. PipeDream's throughput is b / (time per input at the slowest stage).
+only where nothing fits without it), plus the plain data-parallel baseline as an alternative.
+PipeDream's throughput is b / (time per input at the slowest stage).
+
+1F1B-RR routes micro-batches to a stage's replicas round-robin and the runtime updates every
+stage's replicas together, so the micro-batches per step must be a multiple of lcm(replicas).
+The pipedream schedule updates weights after every micro-batch (ch. 2.4.3), so the step only
+groups micro-batches: when the global batch does not fit the replicas, the plan rounds the step to
+the nearest multiple and says so (a note), instead of refusing the partition.
 """
 from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from . import cost
 from .errors import PlannerError
 from .inputs import Inputs
-from .pipedream_dp import DPStage, MemoryModel, minimum_memory, pipedream_dp, stage_memory
+from .pins import check_pins
+from .pipedream_dp import DPOptions, DPStage, MemoryModel, check_layers, minimum_memory, pipedream_dp, stage_memory
 from .ranking import GIB, Candidate, SearchResult, why_lost
+
+
+def dp_options(inputs: Inputs) -> DPOptions:
+    return DPOptions(inputs.replication, inputs.fewer_devices, inputs.pipedream_costs)
 
 
 def data_parallel_time(inputs: Inputs, micro: int, recompute: bool) -> float:
@@ -21,8 +30,13 @@ def data_parallel_time(inputs: Inputs, micro: int, recompute: bool) -> float:
     rec = inputs.profile.arrays["recomputable"]
     value = float(cost.stage_compute(fwd, bwd, recompute, fwd * rec).sum())
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
+    below = 1
     for level in inputs.cluster.levels:
-        value = float(cost.pipedream_stage_time(value, weights, level.count, level.bandwidth))
+        if inputs.pipedream_costs == "released":
+            value = float(cost.released_stage_time(value, weights, level.count, level.bandwidth, below))
+        else:
+            value = float(cost.pipedream_stage_time(value, weights, level.count, level.bandwidth))
+        below *= level.count
     return value
 
 
@@ -39,72 +53,83 @@ def _breakdown(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     return {"compute": compute, "dp_comm" if sync_bound else "p2p_comm": rest}
 
 
+def step_microbatches(requested: int, replicas: tuple[int, ...]) -> int:
+    """Micro-batches per step: the requested count, or the nearest multiple of lcm(replicas)."""
+    lcm = math.lcm(*replicas)
+    return max(lcm, round(requested / lcm) * lcm)
+
+
 def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recompute: bool, per_input: float,
-               memory: MemoryModel, label: str = "pipedream") -> Candidate | None:
-    batch = inputs.global_batch
+               memory: MemoryModel, label: str = "pipedream") -> Candidate:
+    microbatches = step_microbatches(inputs.global_batch // micro, tuple(st.replicas for st in stages))
+    batch = microbatches * micro
     first = stages[0].replicas
-    lcm = math.lcm(*(st.replicas for st in stages))
-    if batch % micro or (batch // micro) % lcm:
-        return None  # 1F1B-RR routes micro-batches round-robin: every stage's replicas need whole rounds
     mem = max(stage_memory(inputs.profile, stages, micro, memory))
-    time = per_input * batch / micro
+    time = per_input * microbatches
     devices = sum(st.replicas for st in stages)
-    flops = inputs.flops_per_sample(recompute) * batch
     return Candidate(
-        label, len(stages), 1, first, 1, "pipedream", micro, batch // (micro * first), batch, recompute,
-        tuple((st.start, st.end, st.ranks) for st in stages), time, batch / time, flops / (time * devices) / 1e12,
-        0.0, mem, inputs.capacity, _breakdown(inputs, stages, micro, recompute, per_input, batch / micro))
+        label, len(stages), 1, first, 1, "pipedream", micro, microbatches // first, batch, recompute,
+        tuple((st.start, st.end, st.ranks) for st in stages), time, batch / time,
+        inputs.hardware_flops(batch) / (time * devices) / 1e12, 0.0, mem, inputs.capacity,
+        _breakdown(inputs, stages, micro, recompute, per_input, microbatches),
+        model_tflops_per_device=inputs.model_flops(batch) / (time * devices) / 1e12)
 
 
-def pipedream_search(inputs: Inputs) -> SearchResult:
+def search_candidates(inputs: Inputs) -> tuple[list[Candidate], list[Candidate], int]:
     n = inputs.cluster.num_devices
     limit = inputs.capacity if inputs.memory_constraint else None
     found: list[Candidate] = []
     baselines: list[Candidate] = []
     considered = 0
-    unusable: list[tuple[int, tuple[int, ...]]] = []  # (micro, replicas) the batch cannot feed
     for recompute in inputs.recompute:
         memory = MemoryModel(limit, inputs.workspace, recompute)
         for micro in inputs.micro_batches(inputs.global_batch):
             considered += 1
-            result = pipedream_dp(inputs.profile, inputs.cluster, micro, inputs.replication, memory)
+            result = pipedream_dp(inputs.profile, inputs.cluster, micro, dp_options(inputs), memory)
             if result is not None:
-                cand = _candidate(inputs, result.stages, micro, recompute, result.time_per_input, memory)
-                found += [cand] if cand is not None else []
-                if cand is None:
-                    unusable.append((micro, tuple(st.replicas for st in result.stages)))
+                found.append(_candidate(inputs, result.stages, micro, recompute, result.time_per_input, memory))
             if inputs.replication:
                 dp_stage = (DPStage(0, inputs.profile.num_layers, tuple(range(n))),)
-                cand = _candidate(inputs, dp_stage, micro, recompute, data_parallel_time(inputs, micro, recompute),
-                                  memory, "data-parallel")
-                baselines += [cand] if cand is not None else []
-        if found:
+                baselines.append(_candidate(inputs, dp_stage, micro, recompute,
+                                            data_parallel_time(inputs, micro, recompute), memory, "data-parallel"))
+        if any(c.fits for c in found):
             break  # PipeDream does not recompute; only fall back to it when nothing fits without
-    if not found and unusable:
-        micro, reps = unusable[0]
-        lcm = math.lcm(*reps)
-        raise PlannerError(
-            f"PipeDream's best partitions of {inputs.model} replicate stages {list(reps)} times, so the "
-            f"micro-batches per step must be a multiple of {lcm}, but train.global_batch_size={inputs.global_batch} "
-            f"gives {inputs.global_batch // micro} of size {micro}: use a global batch that is a multiple of "
-            f"{lcm * micro}, or planner.algorithm=ptdp")
-    if not found:
+    return found, baselines, considered
+
+
+def pipedream_search(inputs: Inputs) -> SearchResult:
+    check_pins(inputs, "pipedream")
+    check_layers(inputs.profile, inputs.cluster, dp_options(inputs))
+    n = inputs.cluster.num_devices
+    found, baselines, considered = search_candidates(inputs)
+    order = lambda c: (-c.samples_per_s, c.memory_bytes)  # noqa: E731 - batches may differ: rank by rate
+    fitting = sorted((c for c in found + baselines if c.fits and c.algorithm == "pipedream"), key=order)
+    if not fitting:
         micro = min(inputs.micro_batches(inputs.global_batch) or [1])
-        need = minimum_memory(inputs.profile, n, micro, MemoryModel(limit, inputs.workspace, True))
+        limit = inputs.capacity if inputs.memory_constraint else None
+        need = min([c.memory_bytes for c in found] or
+                   [minimum_memory(inputs.profile, n, micro, MemoryModel(limit, inputs.workspace, True))])
         raise PlannerError(
-            f"{inputs.model} fits no PipeDream partition on {n} x {inputs.cluster.device.name}: it needs at least "
-            f"{need / GIB:.1f} GiB per device (micro-batch {micro}) but {inputs.capacity / GIB:.1f} GiB are "
-            f"available; add devices, try planner.algorithm=ptdp (tensor parallelism) or a smaller model")
-    found.sort(key=lambda c: (c.iteration_time, c.memory_bytes))
-    best = found[0]
-    others = found[1:inputs.top_k] + sorted(baselines, key=lambda c: c.iteration_time)[:1]
-    others = [c for c in others if c.fits or c.iteration_time < best.iteration_time]
-    alternatives = tuple(Candidate(**{**c.__dict__, "why_lost": why_lost(c, best)}) for c in others)
-    notes = ("PipeDream relaxes the optimizer's semantics: weight stashing keeps a version per in-flight input "
-             "(ch. 2.4.3); stages may be replicated unevenly (1F1B-RR)",)
-    if len(inputs.cluster.levels) > 1 and limit is not None:
-        notes += ("memory is checked per server like PipeDream's optimizer; the table shows the flattened "
-                  "pipeline's in-flight count",)
-    if not math.isfinite(best.iteration_time) or np.isnan(best.iteration_time):
-        raise PlannerError(f"{inputs.model}: the profile gives no finite stage time")
-    return SearchResult("pipedream", best, alternatives, considered, notes)
+            f"{inputs.model} fits no PipeDream partition on {n} x {inputs.cluster.device.name}: the smallest needs "
+            f"{need / GIB:.1f} GiB per device but {(inputs.capacity - inputs.workspace) / GIB:.1f} GiB are usable "
+            f"({inputs.workspace / GIB:.1f} GiB reserve); add devices, try planner.algorithm=ptdp (tensor "
+            f"parallelism) or a smaller model")
+    best = fitting[0]
+    others = fitting[1:inputs.top_k] + sorted((c for c in baselines if c.fits), key=order)[:1]
+    faster_oom = sorted((c for c in found + baselines if not c.fits and c.samples_per_s > best.samples_per_s),
+                        key=order)[:1]
+    alternatives = tuple(Candidate(**{**c.__dict__, "why_lost": why_lost(c, best)}) for c in others + faster_oom)
+    notes = ["PipeDream relaxes the optimizer's semantics: weight stashing keeps a version per in-flight input "
+             "(ch. 2.4.3); stages may be replicated unevenly (1F1B-RR)"]
+    used = sum(len(r) for _, _, r in best.stages)
+    if used < n:
+        notes.append(f"uses {used} of the {n} devices: more would not speed up any stage (planner.fewer_devices)")
+    if best.global_batch != inputs.global_batch:
+        reps = [len(r) for _, _, r in best.stages]
+        notes.append(f"global batch {inputs.global_batch} -> {best.global_batch}: 1F1B-RR routes micro-batches "
+                     f"round-robin to stage replicas {reps}, so a step needs a multiple of lcm = {math.lcm(*reps)} "
+                     f"micro-batches of {best.micro}; pipedream updates weights every micro-batch (ch. 2.4.3), so "
+                     f"only the step's length changes")
+    if len(inputs.cluster.levels) > 1 and inputs.memory_constraint:
+        notes.append("memory is checked per server like PipeDream's optimizer, then for the flattened pipeline")
+    return SearchResult("pipedream", best, alternatives, considered, tuple(notes))

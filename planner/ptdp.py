@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from .errors import PlannerError
 from .inputs import Inputs, divisors
+from .pins import check_pins
 from .ranking import Rows, SearchResult, rank
 from .uniform_cost import even_boundaries, estimate, rank_stats
 
 
 def ptdp_search(inputs: Inputs) -> SearchResult:
     n, batch = inputs.cluster.num_devices, inputs.global_batch
+    check_pins(inputs, "ptdp")
+    check_pinned_depth(inputs)
     rows = Rows()
     for t in inputs.tp_degrees():
         profile = inputs.profile_at(t)
@@ -25,6 +29,8 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
             if inputs.pin_pp is not None and p != inputs.pin_pp:
                 continue
             d = n // (t * p)
+            if inputs.pin_dp is not None and d != inputs.pin_dp:
+                continue
             if batch % d or even_boundaries(profile, p) is None:
                 continue
             chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
@@ -40,6 +46,16 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                         est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace)
                         rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec))
     return rank(inputs, "ptdp", rows)
+
+
+def check_pinned_depth(inputs: Inputs) -> None:
+    """A pinned p must split the repeated blocks evenly (ch. 4.2.2): say so in terms of layers."""
+    p = inputs.pin_pp
+    if p is not None and even_boundaries(inputs.profile, p) is None:
+        blocks = len(_blocks(inputs.profile))
+        raise PlannerError(f"planner.pp={p} does not divide the {blocks} repeated blocks of {inputs.model} "
+                           f"({inputs.profile.num_layers} layers with embedding and head): every stage gets the same "
+                           f"number of blocks; choose p among {divisors(blocks)}")
 
 
 def _blocks(profile) -> list[int]:

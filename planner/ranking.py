@@ -40,6 +40,7 @@ class Candidate:
     capacity_bytes: float
     breakdown: dict[str, float] = field(default_factory=dict)
     why_lost: str = ""
+    model_tflops_per_device: float = 0.0  # forward + backward only (3 passes), whatever is recomputed
 
     @property
     def fits(self) -> bool:
@@ -105,34 +106,44 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
     rec = bool(tab["recompute"][i])
     time = float(tab["iteration_time"][i])
     batch = inputs.global_batch
-    flops = inputs.flops_per_sample(rec) * batch
     return Candidate(
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
         batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
-        flops / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]), inputs.capacity,
-        {k: float(tab["t_" + k][i]) for k in PARTS})
+        inputs.hardware_flops(batch) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
+        inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
+        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12)
+
+
+def _block_count(inputs: Inputs) -> int:
+    kinds = [layer.kind for layer in inputs.profile.layers]
+    return kinds.count("block") or len(kinds)
 
 
 def why_lost(alt: Candidate, best: Candidate) -> str:
-    """One phrase: how much slower and the part of the iteration that grew most."""
+    """One phrase: how much slower and the part of the iteration that grew most. Plans with other
+    global batches (PipeDream's rounded steps) compare per sample, scaled to the best's batch."""
     if not alt.fits:
-        gain = best.iteration_time / alt.iteration_time - 1
+        gain = alt.samples_per_s / best.samples_per_s - 1
         return (f"{gain:.0%} faster but needs {alt.memory_bytes / GIB:.1f} GiB per device "
                 f"> {alt.capacity_bytes / GIB:.1f} GiB")
-    slower = alt.iteration_time / best.iteration_time - 1
+    slower = best.samples_per_s / alt.samples_per_s - 1
     if slower < 1e-6:
         return f"as fast, but more memory ({alt.memory_bytes / GIB:.1f} vs {best.memory_bytes / GIB:.1f} GiB)"
-    part = max(PARTS, key=lambda k: alt.breakdown.get(k, 0.0) - best.breakdown.get(k, 0.0))
-    a, b = alt.breakdown.get(part, 0.0), best.breakdown.get(part, 0.0)
-    return f"{slower:.1%} slower: {PART_NAMES[part]} +{a - b:.3g} s per iteration ({a:.3g} s vs {b:.3g} s)"
+    scale = best.global_batch / alt.global_batch
+    grew = {k: alt.breakdown.get(k, 0.0) * scale - best.breakdown.get(k, 0.0) for k in PARTS}
+    part = max(PARTS, key=grew.get)
+    a, b = alt.breakdown.get(part, 0.0) * scale, best.breakdown.get(part, 0.0)
+    unit = "per iteration" if scale == 1 else f"per {best.global_batch} samples"
+    return f"{slower:.1%} slower: {PART_NAMES[part]} +{a - b:.3g} s {unit} ({a:.3g} s vs {b:.3g} s)"
 
 
 def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()) -> SearchResult:
     if not rows.cols:
         raise PlannerError(f"{algorithm}: no configuration of {inputs.model} matches "
                            f"train.global_batch_size={inputs.global_batch} on {inputs.cluster.num_devices} devices "
-                           f"(the batch must split into d pipelines x b x m micro-batches; try a batch divisible by "
-                           f"{inputs.cluster.num_devices})")
+                           f"(the batch must split into d pipelines x b x m micro-batches and p must divide the "
+                           f"{_block_count(inputs)} repeated blocks of its {inputs.profile.num_layers} layers; try a batch "
+                           f"divisible by {inputs.cluster.num_devices} or other pins)")
     tab = rows.table()
     fits = tab["memory"] <= inputs.capacity
     if not fits.any():
@@ -140,8 +151,9 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
         frugal = _candidate(inputs, algorithm, tab, i)
         raise PlannerError(
             f"{inputs.model} fits no configuration on {inputs.cluster.num_devices} x {inputs.cluster.device.name}: "
-            f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()} but "
-            f"{inputs.capacity / GIB:.1f} GiB are available; add devices or use a smaller model")
+            f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()}, with the "
+            f"{inputs.workspace / GIB:.1f} GiB reserve, but {inputs.capacity / GIB:.1f} GiB are available; add devices "
+            f"or use a smaller model")
     order = np.lexsort((tab["memory"], tab["iteration_time"]))
     best = _candidate(inputs, algorithm, tab, int(order[fits[order]][0]))
     seen, alternatives = {best.key}, []

@@ -24,6 +24,12 @@ def _sim_line(sim, m: int) -> str:
     """The simulator's view: idle over busy time and peak in-flight, next to the formulas."""
     if not sim.ran:
         return sim.note
+    if sim.per_input_predicted:
+        return (f"steady state {sim.per_input_simulated:.4g} s per input simulated vs {sim.per_input_predicted:.4g} s "
+                f"predicted without the all-reduce ({sim.per_input_simulated / sim.per_input_predicted - 1:+.1%}) over {sim.microbatches} "
+                f"micro-batches; idle {sim.bubble_simulated:.0%} of busy time there (stage imbalance); peak in-flight "
+                f"{max(sim.peak_in_flight)} {'matches' if sim.peak_in_flight == sim.peak_in_flight_formula else 'DIFFERS from'}"
+                f" the formula ({max(sim.peak_in_flight_formula)})")
     steps = f", {sim.steps} steps: one fill and drain" if sim.steps > 1 else ""
     if sim.microbatches != m:
         steps += f" (not {m}, to stay interactive)"
@@ -31,6 +37,27 @@ def _sim_line(sim, m: int) -> str:
     return (f"idle {sim.bubble_simulated:.2%} of busy time at m={sim.microbatches}{steps} (formula "
             f"{sim.bubble_formula:.2%}; the rest is stage imbalance and messages); peak in-flight "
             f"{max(sim.peak_in_flight)} {ok} the formula ({max(sim.peak_in_flight_formula)})")
+
+
+def count(n: float) -> str:
+    """1.01T, 175B, 6.5M: three significant digits with a unit, never 1.01e+03B."""
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.3g}"
+
+
+def _tflops(c: Candidate, peak_flops: float) -> str:
+    """Both counts, labelled: Table 4.1's hardware FLOPs (4 passes) and the model's (3 passes)."""
+    share = f", {c.tflops_per_device * 1e12 / peak_flops:.0%} of peak" if peak_flops else ""
+    return (f"{c.tflops_per_device:.4g} hardware (eq. 4.2, 4 passes as Table 4.1{share}), "
+            f"{c.model_tflops_per_device:.4g} model (3 passes)")
+
+
+def _memory(c: Candidate, reserve: float) -> str:
+    used, usable = c.memory_bytes - reserve, c.capacity_bytes - reserve
+    return (f"{used / GIB:.2f} of {usable / GIB:.2f} GiB usable ({used / usable:.0%}), + {reserve / GIB:.2f} GiB "
+            f"reserve = {c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB")
 
 
 def _row(name: str, value: str) -> str:
@@ -41,7 +68,7 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
     c, plan, sim = outcome.result.best, outcome.plan, outcome.sim
     n = plan.cluster.num_devices
     lines = [
-        f"Plan for {plan.model.name} ({plan.model.num_parameters / 1e9:.3g}B parameters, {plan.model.num_layers} "
+        f"Plan for {plan.model.name} ({count(plan.model.num_parameters)} parameters, {plan.model.num_layers} "
         f"layers) on {plan.cluster.name}: {n} x {plan.planner['device']}, global batch {c.global_batch}",
         f"  algorithm: {outcome.result.algorithm} ({outcome.result.considered} configurations) - {outcome.reason}",
         _row("degrees", f"pp={c.pp} tp={c.tp} dp={c.dp} vpp={c.vpp}  ({plan.world_size} devices)"),
@@ -51,10 +78,8 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
         _row("recomputation", "full" if c.recompute else "none"),
         _row("iteration time", f"{c.iteration_time:.4g} s"),
         _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
-        _row("TFLOP/s per device", f"{c.tflops_per_device:.4g}" + (
-            f" ({c.tflops_per_device * 1e12 / peak_flops:.0%} of peak)" if peak_flops else "")),
-        _row("memory per device", f"{c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB "
-                                  f"({c.memory_bytes / c.capacity_bytes:.0%})"),
+        _row("TFLOP/s per device", _tflops(c, peak_flops)),
+        _row("memory per device", _memory(c, plan.planner.get("memory_reserve_bytes", 0.0))),
         _row("bubble", f"{c.bubble_fraction:.2%} of ideal time ({_bubble_rule(c.schedule)})"),
         _row("time per iteration", ", ".join(f"{k} {v:.3g} s" for k, v in c.breakdown.items() if v > 0)),
     ]
@@ -79,16 +104,18 @@ def alternatives_table(outcome: Outcome) -> str:
 
 
 def training_time(outcome: Outcome, tokens: float, seq_len: int | None) -> str:
-    """Eq. 4.4 (8 T P / (n X)) with the predicted X, and the same budget counted in iterations."""
+    """Days for a token budget: iterations x predicted iteration time. Eq. 4.4 (8 T P / (n X)) is the
+    same estimate when X counts hardware FLOPs (4 passes) and its dropped terms are small; it is
+    printed beside it as a check, never as a second estimate."""
     c, plan = outcome.result.best, outcome.plan
     if not seq_len:
         return "End-to-end training time: n/a (eq. 4.4 needs a sequence model; this one has no tokens)"
     iterations = tokens / (c.global_batch * seq_len)
-    direct = iterations * c.iteration_time / 86400
-    if c.tflops_per_device <= 0:
-        return (f"End-to-end training on {tokens:.3g} tokens: {direct:.1f} days as {iterations:.3g} iterations x "
-                f"{c.iteration_time:.3g} s (eq. 4.4 needs FLOPs, which this profile lacks)")
-    days = training_days(tokens, plan.model.num_parameters, plan.world_size, c.tflops_per_device * 1e12)
-    return (f"End-to-end training on {tokens:.3g} tokens: {days:.1f} days by eq. 4.4 (8TP/(nX), X = "
-            f"{c.tflops_per_device:.3g} TFLOP/s), {direct:.1f} days as {iterations:.3g} iterations x "
-            f"{c.iteration_time:.3g} s")
+    days = iterations * c.iteration_time / 86400
+    line = (f"End-to-end training on {count(tokens)} tokens: {days:.1f} days ({iterations:.3g} iterations x "
+            f"{c.iteration_time:.3g} s)")
+    if c.tflops_per_device > 0:
+        eq44 = training_days(tokens, plan.model.num_parameters, plan.world_size, c.tflops_per_device * 1e12)
+        line += (f"; eq. 4.4 (8TP/(nX), X = {c.tflops_per_device:.3g} hardware TFLOP/s) gives {eq44:.1f} days, "
+                 f"{eq44 / days - 1:+.0%} from dropping s/6h and V/16lh")
+    return line

@@ -24,12 +24,15 @@ class SimCheck:
     peak_in_flight: tuple[int, ...] = ()
     peak_in_flight_formula: tuple[int, ...] = ()
     steps: int = 1  # asynchronous schedules are simulated over several steps (no flush between them)
+    per_input_simulated: float = 0.0  # pipedream: steady-state seconds per input, simulated ...
+    per_input_predicted: float = 0.0  # ... and the DP's
 
     def to_json(self) -> dict:
         return {"ran": self.ran, "note": self.note, "microbatches": self.microbatches, "steps": self.steps,
                 "bubble_simulated": self.bubble_simulated, "bubble_formula": self.bubble_formula,
                 "peak_in_flight": list(self.peak_in_flight),
-                "peak_in_flight_formula": list(self.peak_in_flight_formula)}
+                "peak_in_flight_formula": list(self.peak_in_flight_formula),
+                "per_input_simulated_s": self.per_input_simulated, "per_input_predicted_s": self.per_input_predicted}
 
 
 ASYNC_STEPS = 3
@@ -99,23 +102,3 @@ def check_uniform(schedule: str, stats: RankStats, row: int, m: int, bandwidth: 
         formula = float(cost.bubble_fraction(schedule, p, m_sim, v))
     flight = [int(np.ceil(cost.in_flight(schedule, p, r, m_sim, v) * v - 1e-9)) for r in range(p)]
     return _run(schedule, p, m, v, m_sim, costs, formula, flight, steps)
-
-
-def check_replicated(replicas: tuple[int, ...], forward: list[float], backward: list[float], out_bytes: list[float],
-                     m: int, bandwidth: float, latency: float) -> SimCheck:
-    """Simulate PipeDream's 1F1B-RR for a few steps: per-stage costs of one replica, NOAM in flight."""
-    if "pipedream" not in available_schedules():
-        return SimCheck(False, "simulator check skipped: schedule 'pipedream' is not in pipedream.schedules yet")
-    lcm = int(np.lcm.reduce(np.array(replicas, dtype=np.int64)))
-    world, p = sum(replicas), len(replicas)
-    m_sim = max(lcm, min(m, MAX_SIMULATED_MICROBATCHES // (ASYNC_STEPS * world)) // lcm * lcm)
-    stage_of = [s for s, r in enumerate(replicas) for _ in range(r)]
-    costs = dict(forward={(r, 0): forward[stage_of[r]] for r in range(world)},
-                 backward={(r, 0): backward[stage_of[r]] for r in range(world)},
-                 act_bytes={(r, 0): out_bytes[stage_of[r]] for r in range(world)}, latency=latency,
-                 bandwidth=bandwidth)
-    costs["grad_bytes"] = costs["act_bytes"]
-    total = ASYNC_STEPS * m_sim
-    formula = (p - 1) / (total / replicas[0])
-    flight = [int(np.ceil(sum(replicas[s:]) / replicas[s])) for s in stage_of]
-    return _run("pipedream", p, m, 1, m_sim, costs, formula, flight, ASYNC_STEPS, replicas)

@@ -13,17 +13,21 @@ from __future__ import annotations
 import numpy as np
 
 from .inputs import Inputs, divisors
+from .pins import check_pins
+from .ptdp import check_pinned_depth
 from .ranking import Rows, SearchResult, rank
 from .uniform_cost import estimate, rank_stats
 
 
 def two_bw_search(inputs: Inputs) -> SearchResult:
     n, batch = inputs.cluster.num_devices, inputs.global_batch
+    check_pins(inputs, "2bw")
+    check_pinned_depth(inputs)
     profile = inputs.profile
     rows = Rows()
     for d in divisors(n):  # Algorithm 1: for d = 1 to N, for p = 1 to N / d (here p = N / d)
         p = n // d
-        if batch % d:
+        if batch % d or inputs.pin_pp not in (None, p) or inputs.pin_dp not in (None, d):
             continue
         bs = np.array(inputs.micro_batches(batch // d) or [1], dtype=float)
         # p = 1 is "model and data parallelism without pipelining" (ch. 3.3.3): plain data parallelism

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
+from .collectives import allreduce_time
 from .hardware import Cluster
 from .profile import Profile
 
@@ -149,8 +150,7 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
-    dp_bw = cluster.bandwidth_for_span(stats.t * d)
-    grad_sync = cost.ring_allreduce_time(stats.param_bytes, d, dp_bw).max() if d > 1 else 0.0
+    grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
     if schedule == "2bw":
         # ch. 3.3.3 THROUGHPUT(.): a micro-batch every max_i max(comp_i + comm_i, allreduce_i / m) seconds
         every = np.maximum(stage_time, grad_sync / m)

@@ -47,6 +47,22 @@ def replica_splits(total: int, parts: int):
             yield (first, *rest)
 
 
+def hierarchical_allreduce(cluster, nbytes, d, t):
+    """d members t apart: ring inside one node, else reduce-scatter in the node, ring over nodes on
+    the node's NICs shared by all its devices, all-gather in the node (planner/collectives.py)."""
+    per_node = cluster.devices_per_node
+    if d * t <= per_node or len(cluster.levels) == 1:
+        return 2 * (d - 1) / d * nbytes / cluster.level_for_span(d * t).bandwidth
+    local = max(min(d, per_node // t), 1) if t <= per_node else 1
+    level = cluster.level_for_span(d * t)
+    nic = level.node_bandwidth / per_node if level.node_bandwidth else level.bandwidth
+    if d % local:
+        return 2 * (d - 1) / d * nbytes / min(level.bandwidth, nic)
+    nodes = d // local
+    inside = 2 * (local - 1) / local * nbytes / cluster.levels[0].bandwidth
+    return inside + 2 * (nodes - 1) / nodes * (nbytes / local) / nic
+
+
 def scalar_uniform(profile, cluster, t, p, v, d, rec, b, schedule, batch, workspace):
     """Independent re-derivation of one equi-replicated configuration (plain loops, formulas written
     out): (iteration time, peak memory per device), or None if the configuration is not valid."""
@@ -73,7 +89,6 @@ def scalar_uniform(profile, cluster, t, p, v, d, rec, b, schedule, batch, worksp
     L = profile.layers
     tp_level = cluster.level_for_span(t)
     pp_level = cluster.level_for_span(p * t * d)
-    dp_level = cluster.level_for_span(t * d)
     per_mb, mem = [], []
     working = max((L[i].activation_bytes for i in range(n_layers) if L[i].recomputable), default=0.0) * b if rec else 0.0
     sync = 0.0
@@ -109,7 +124,7 @@ def scalar_uniform(profile, cluster, t, p, v, d, rec, b, schedule, batch, worksp
         versions = 2 if schedule == "2bw" else 1
         mem.append(params * (versions + 1) + opt + act * b * flight + working + workspace)
         if d > 1:
-            sync = max(sync, 2 * (d - 1) / d * params / dp_level.bandwidth)
+            sync = max(sync, hierarchical_allreduce(cluster, params, d, t))
     stage = max(per_mb)
     if schedule == "2bw":
         time = m * max(stage, sync / m)

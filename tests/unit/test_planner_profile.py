@@ -67,7 +67,9 @@ def test_analytic_profile_scales_with_tensor_parallelism():
     blk1, blk8 = one.layers[1], eight.layers[1]
     assert blk8.parameter_bytes == pytest.approx(blk1.parameter_bytes / 8)
     assert blk8.forward_s[0] > blk1.forward_s[0] / 8  # smaller GEMMs run less efficiently
-    assert blk8.forward_s[0] < blk1.forward_s[0] / 4
+    # ~4x faster at t = 8 (h = 4096, b = 1) with the A100 efficiency fitted to Table 4.1's hardware
+    # FLOPs (x_half = 1.2e10 FLOPs); it was 5x with the earlier x_half = 4e9
+    assert blk8.forward_s[0] < blk1.forward_s[0] / 3.5
     assert blk1.tp_forward_bytes == 0 and blk8.tp_forward_bytes + blk8.tp_backward_bytes == pytest.approx(
         8 * 2048 * 4096 * 7 / 8 * 2)  # ch. 4.3.2: 8bsh(t-1)/t elements of 2 bytes
     assert one.flops_per_sample_recompute / one.flops_per_sample == pytest.approx(4 / 3, rel=0.05)

@@ -22,7 +22,9 @@ SCHEDULES = ("1f1b", "interleaved", "gpipe")
 def random_inputs(rng: random.Random) -> Inputs:
     counts = [rng.randint(1, 4)] + ([rng.randint(1, 3)] if rng.random() < 0.5 else [])
     device = replace(DEVICES["v100_16gb"], memory_bytes=1.0, half_efficiency_flops=100.0)
-    levels = tuple(Level(f"L{k}", c, rng.uniform(1e3, 1e5), rng.uniform(0, 1e-4)) for k, c in enumerate(counts))
+    levels = tuple(Level(f"L{k}", c, rng.uniform(1e3, 1e5), rng.uniform(0, 1e-4),
+                         rng.choice([None, rng.uniform(1e3, 1e5) * counts[0]]) if k else None)
+                   for k, c in enumerate(counts))
     cluster = Cluster("rand", device, levels, counts[0])
     if rng.random() < 0.6:
         heads = rng.choice([1, 2, 4])
@@ -32,7 +34,7 @@ def random_inputs(rng: random.Random) -> Inputs:
     else:
         spec = None
         profile = random_profile(rng, rng.randint(1, 6), blocks=rng.random() < 0.7)
-    inputs = Inputs("m", profile, cluster, rng.choice([rng.randint(1, 24), 8, 12, 16, 24]), spec, workspace_fraction=rng.uniform(0, 0.2),
+    inputs = Inputs("m", profile, cluster, rng.choice([rng.randint(1, 24), 8, 12, 16, 24]), spec, reserve_gib=0.0, reserve_fraction=rng.uniform(0, 0.2),
                     max_micro_batch=rng.randint(1, 8), schedules=SCHEDULES, top_k=3)
     # a capacity between the smallest and largest need, so memory binds in many instances
     needs = [v[1] for v in enumerate_all(inputs, "ptdp").values()] or [1.0]
@@ -104,7 +106,7 @@ def test_two_bw_trades_depth_or_recompute_for_memory():
     spec = TransformerSpec("t", "gpt", 8, 64, 4, 16, 64, "fp32")
     device = replace(DEVICES["v100_16gb"], half_efficiency_flops=1e6)
     cluster = Cluster("c", device, (Level("nv", 8, 1e9),), 8)
-    inputs = Inputs("t", analytic_profile(spec, device, 1), cluster, 64, None, workspace_fraction=0.0)
+    inputs = Inputs("t", analytic_profile(spec, device, 1), cluster, 64, None, reserve_gib=0.0, reserve_fraction=0.0)
     roomy = two_bw_search(inputs).best
     needs = sorted(v[1] for v in enumerate_all(inputs, "2bw").values())
     cap = (needs[0] + roomy.memory_bytes) / 2
