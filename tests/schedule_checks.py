@@ -10,6 +10,7 @@ def check_compute(schedule: list[list[Action]], microbatches: int, vpp: int) -> 
     where a rank lists WEIGHT actions, one per (microbatch, chunk), each after its backward."""
     expected = {(mb, c) for mb in range(microbatches) for c in range(vpp)}
     before = {Kind.BWD: Kind.FWD, Kind.WEIGHT: Kind.BWD}
+    names = {Kind.FWD: "forward", Kind.BWD: "backward"}
     for rank, actions in enumerate(schedule):
         seen: dict[Kind, set[tuple[int, int]]] = {Kind.FWD: set(), Kind.BWD: set(), Kind.WEIGHT: set()}
         for action in actions:
@@ -19,7 +20,7 @@ def check_compute(schedule: list[list[Action]], microbatches: int, vpp: int) -> 
             if key in seen[action.kind]:
                 raise ScheduleError(f"rank {rank}: {action} appears twice")
             if action.kind in before and key not in seen[before[action.kind]]:
-                raise ScheduleError(f"rank {rank}: {action} comes before its {before[action.kind].name}")
+                raise ScheduleError(f"rank {rank}: {action} comes before its {names[before[action.kind]]}")
             seen[action.kind].add(key)
         if not seen[Kind.WEIGHT]:
             del seen[Kind.WEIGHT]   # backwards run whole
