@@ -18,6 +18,12 @@ CHUNKS = {"zb_h2": 1, "zbv": 2}   # per rank; the planner plans zbv as one stage
 WEIGHT_GRAD_SHARE = 0.5   # of a backward: the weight-gradient GEMMs, as many FLOPs as the input gradient's
 
 
+def fits(schedule: str, p: int, blocks: int) -> bool:
+    """Whether ``schedule`` can split ``blocks`` repeated blocks over ``p`` ranks: zbv needs two chunks
+    per rank (the planner prices it as one stage per rank, split in two); every other schedule fits."""
+    return schedule != "zbv" or blocks >= CHUNKS["zbv"] * p
+
+
 def zb_h2_bubble(p, m):
     """ZB-H2: one forward of fill per stage, (p-1)/(3m); with m < p the first micro-batch's round trip
     is longer than the work, 2m + 2p - 1 steps."""

@@ -69,3 +69,10 @@ def test_the_simulator_check_runs_them() -> None:
         assert check.ran, check.note
         assert check.peak_in_flight == check.peak_in_flight_formula
         assert abs(check.bubble_simulated - check.bubble_formula) < 0.1, check
+
+
+def test_zbv_needs_two_blocks_per_rank() -> None:
+    assert zero_bubble.fits("zbv", 4, 8) and not zero_bubble.fits("zbv", 4, 6) and zero_bubble.fits("zb_h2", 4, 4)
+    spec = TransformerSpec("t", "gpt", 4, 64, 4, 16, 64, "fp32")
+    inputs = replace(small_inputs(("1f1b", "zbv")), profile=analytic_profile(spec, DEVICES["v100_16gb"], 1))
+    assert ptdp_search(inputs).best.schedule == "1f1b"     # 4 blocks cannot make 8 chunks on 4 ranks
