@@ -72,11 +72,12 @@ def summary(result: SimResult, microbatches: int, fill_share: float | None = Non
     lines = [
         f"iteration time: {result.iteration_time:g} units",
         f"bubble fraction (idle / ideal compute): {result.bubble_fraction:.4f}   {reference}",
-        f"steady-state bubble (no synchronisation at the step): {result.steady_bubble_fraction:.4f}",
         f"idle fraction (idle / iteration time): {result.idle_fraction:.4f}",
         f"peak in-flight micro-batches per rank{' (counted per chunk)' if v > 1 else ''}"
         f"{', until their W' if fill_share is not None else ''}: {per_rank}",
     ]
+    if fill_share is not None:
+        lines.insert(2, f"steady-state bubble (no synchronisation at the step): {result.steady_bubble_fraction:.4f}")
     if v > 1:
         lines.append("chunks: " + " ".join(f"{chunk_letter(c)}={c}" for c in range(v)))
     return "\n".join(lines)
