@@ -2,10 +2,11 @@
 
 Rank r holds virtual stages r and 2p-1-r (``placement.Placement(p, 2, "vshape")``): a micro-batch
 goes down the ranks in chunk 0 and back up in chunk 1, so the first and the last stage are both on
-rank 0 and every rank sees the first backward after about the same number of forwards. Each rank
-admits up to 2p (micro-batch, chunk) pairs (counted until their W), which is p micro-batches of a
-whole stage's activations: 1F1B's memory at stage 0, and less than 1F1B's p - r elsewhere is not
-needed for the zero bubble. W fills the gaps left by the order of ``zb_order``.
+rank 0 and every rank sees its first backward after about the same number of forwards. Each rank
+admits up to 2p (micro-batch, chunk) pairs (counted until their W), p micro-batches of a whole
+stage's activations: 1F1B's peak (stage 0), on every rank. With F = B = W per chunk a flushed
+iteration takes 6m + p - 1 chunk-steps for p <= 4 (at most 2 more up to p = 8 with m >= 2p): only
+the fill of p - 1 chunk forwards, half of ZB-H2's.
 """
 from __future__ import annotations
 
