@@ -17,8 +17,8 @@ from .gpipe import gpipe
 from .interleaved import interleaved
 from .one_f_one_b import one_f_one_b
 from .pipedream_async import pipedream, pipedream_replicated
-from .replicated import ReplicatedPipeline
 from .placement import Placement
+from .replicated import ReplicatedPipeline
 from .two_bw import two_bw
 from .zb_h2 import zb_h2
 from .zbv import zbv
@@ -66,5 +66,6 @@ def build_schedule(name: str, pp: int, microbatches: int, vpp: int = 1, steps: i
 
 
 __all__ = ["ASYNC_SCHEDULES", "Action", "Kind", "Placement", "ReplicatedPipeline", "SCHEDULES",
-           "SIMULATED_SCHEDULES", "ScheduleError", "all_schedules", "build_schedule", "schedule_placement", "format_actions", "parse_action", "parse_actions", "peer_stage",
-           "pipedream_replicated", "virtual_stage"]
+           "SIMULATED_SCHEDULES", "ScheduleError", "all_schedules", "build_schedule", "format_actions",
+           "parse_action", "parse_actions", "peer_stage", "pipedream_replicated", "schedule_placement",
+           "virtual_stage"]
