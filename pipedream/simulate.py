@@ -48,7 +48,8 @@ class Costs:
     ``sync``/``step``: SYNC_GRADS and STEP durations (0 by default so bubbles are pure pipeline).
     ``weight_grad``: the part of ``backward`` that is weight-gradient GEMMs, which a backward whose
     input gradient is sent runs after that send, held back behind later sends as the executor
-    does (``simulate``'s ``weight_grads_delay``); 0 runs every backward whole.
+    does (``simulate``'s ``weight_grads_delay``); 0 runs every backward whole. In a schedule with
+    WEIGHT actions, BWD takes ``backward - weight_grad`` and each WEIGHT takes ``weight_grad``.
     """
 
     forward: Value = 1.0
@@ -93,6 +94,9 @@ class SimResult:
     "bubble time fraction" t_pb / t_id, (p-1)/m for GPipe and 1F1B, (p-1)/(v*m) interleaved.
     ``idle_fractions[r]`` = idle time / iteration time. Idle excludes SYNC_GRADS and STEP.
     ``bubble_fraction`` and ``idle_fraction`` are the same over all ranks (summed device time).
+    ``steady_bubble_fraction`` counts only the idle time between a rank's first and last compute:
+    the bubble left when iterations follow each other without a global synchronisation at the
+    optimizer step, where one iteration's drain overlaps the next one's fill.
     """
 
     pp: int
@@ -109,6 +113,7 @@ class SimResult:
     peak_in_flight: list[int]
     peak_stash_bytes: list[float]
     starts: list[list[float]] = field(default_factory=list)  # per rank, per action: when it started
+    steady_bubble_fraction: float = 0.0
 
 
 def _messages(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn) -> tuple[dict, dict]:
@@ -164,7 +169,9 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
     ``needed_receive``). With ``sync_groups``, the n-th SYNC_GRADS of every member of a group starts
     when the last member reaches it (an all-reduce), so collectives take part in deadlock detection.
     With ``costs.weight_grad``, a backward's weight-gradient part runs once ``weight_grads_delay``
-    later backwards of its rank have sent their input gradients, or before SYNC_GRADS.
+    later backwards of its rank have sent their input gradients, or before SYNC_GRADS, unless the
+    schedule places it as a WEIGHT action. A micro-batch counts as in flight (and stashed) from its
+    FWD to its BWD, or to its WEIGHT where there is one (the weight gradient needs the activations).
     """
     pp = len(schedule)
     vpp = vpp or 1 + max((a.chunk for actions in schedule for a in actions), default=0)
@@ -189,6 +196,7 @@ class _Rank:
     waits: list[Interval] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
     in_flight: set[tuple[int, int]] = field(default_factory=set)          # (microbatch, chunk) forwarded, not back
+    backed: set[tuple[int, int]] = field(default_factory=set)             # BWD done, its WEIGHT not yet
     stash: float = 0.0
     peak: int = 0
     peak_stash: float = 0.0
@@ -229,6 +237,8 @@ class _Simulation:
         # backwards that send an input gradient: only those hold their weight-gradient part back
         self.sends_grad = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
                            for a in actions if a.kind is Kind.SEND_GRAD}
+        self.explicit_weight = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
+                                for a in actions if a.kind is Kind.WEIGHT}
 
     def run(self) -> None:
         while any(state.pc < len(actions) for state, actions in zip(self.ranks, self.schedule)):
@@ -293,8 +303,10 @@ class _Simulation:
             state.waits.append(Interval(action, state.clock, start))
         if action.kind is Kind.FWD:
             duration = self._forward(rank, action)
-        else:
+        elif action.kind is Kind.BWD:
             duration = self._backward(rank, action)
+        else:
+            duration = self._weight(rank, action)
         state.run(action, start, duration)
         return True
 
@@ -325,14 +337,29 @@ class _Simulation:
         state, key = self.ranks[rank], (action.microbatch, action.chunk)
         if key not in state.in_flight:
             raise ScheduleError(f"rank {rank}: {action} runs without an earlier forward")
-        state.in_flight.remove(key)
-        state.stash -= self.costs.of("stash_bytes", rank, action.chunk)
         duration = self.costs.of("backward", rank, action.chunk)
         weight_grad = self.costs.of("weight_grad", rank, action.chunk)
+        if (rank, *key) in self.explicit_weight:
+            state.backed.add(key)
+            return duration - weight_grad
+        self._release(state, rank, key)
         if weight_grad > 0 and (rank, *key) in self.sends_grad:
             duration -= weight_grad
             state.held.append((action, weight_grad))
         return duration
+
+    def _weight(self, rank: int, action: Action) -> float:
+        """An explicit weight gradient: frees the micro-batch's activations."""
+        state, key = self.ranks[rank], (action.microbatch, action.chunk)
+        if key not in state.backed:
+            raise ScheduleError(f"rank {rank}: {action} runs without an earlier backward")
+        state.backed.remove(key)
+        self._release(state, rank, key)
+        return self.costs.of("weight_grad", rank, action.chunk)
+
+    def _release(self, state: _Rank, rank: int, key: tuple[int, int]) -> None:
+        state.in_flight.remove(key)
+        state.stash -= self.costs.of("stash_bytes", rank, key[1])
 
     def _sync_grads(self, rank: int, action: Action) -> bool:
         """Held-back weight gradients run first; in a sync group, every member must have arrived."""
@@ -372,6 +399,8 @@ def _result(pp: int, vpp: int, ranks: list[_Rank]) -> SimResult:
     busy = [sum(i.end - i.start for i in tl if i.action.kind in COMPUTE_KINDS) for tl in timelines]
     other = [sum(i.end - i.start for i in tl if i.action.kind not in COMPUTE_KINDS) for tl in timelines]
     idle = [total - b - o for b, o in zip(busy, other)]
+    spans = [[i for i in tl if i.action.kind in COMPUTE_KINDS] for tl in timelines]
+    inner_idle = sum(max(i.end for i in s) - min(i.start for i in s) - b for s, b in zip(spans, busy) if s)
     return SimResult(
         pp=pp, vpp=vpp, timelines=timelines, waits=[state.waits for state in ranks], iteration_time=total,
         busy=busy, idle=idle,
@@ -380,4 +409,5 @@ def _result(pp: int, vpp: int, ranks: list[_Rank]) -> SimResult:
         bubble_fraction=sum(idle) / sum(busy) if sum(busy) else 0.0,
         idle_fraction=sum(idle) / (pp * total) if total else 0.0,
         peak_in_flight=[state.peak for state in ranks], peak_stash_bytes=[state.peak_stash for state in ranks],
-        starts=[state.starts for state in ranks])
+        starts=[state.starts for state in ranks],
+        steady_bubble_fraction=inner_idle / sum(busy) if sum(busy) else 0.0)

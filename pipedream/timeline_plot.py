@@ -2,7 +2,7 @@
 
 Input is generic so simulated and measured timelines draw the same way: per rank, a list of
 spans ``(label, kind, microbatch, chunk, start, end)`` where kind is "F", "B", "W" (weight
-gradients run after a backward's send) or anything else (drawn grey, e.g. "SYNC", "STEP").
+gradients: a schedule's W action, or the part of a backward held back after its send) or anything else (drawn grey, e.g. "SYNC", "STEP").
 matplotlib is imported lazily, with the Agg canvas and no pyplot, so importing this module (or
 the simulator) never needs a display or matplotlib itself.
 """
@@ -18,7 +18,7 @@ Span = tuple[str, str, int, int, float, float]
 # Blue forwards and green backwards as in Megatron's figures; chunk c gets the c-th (lighter) shade.
 _SHADES = {"F": ("#1f4e9c", "#4f7fd0", "#8fb0e6", "#c5d6f4"),
            "B": ("#1b7a3a", "#3fa862", "#86cf9b", "#c2e8cc"),
-           "W": ("#7a5c1b", "#a8843f", "#cfb586", "#e8dcc2")}   # weight gradients run after a send
+           "W": ("#7a5c1b", "#a8843f", "#cfb586", "#e8dcc2")}   # weight gradients: W actions or held back
 _OTHER = "#9e9e9e"
 
 
@@ -75,7 +75,7 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
     ax.set_ylim(-0.6, ranks - 0.4)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    names = {"F": "forward", "B": "backward", "W": "weight gradients (after a send)"}
+    names = {"F": "forward", "B": "backward", "W": "weight gradients (W)"}
     interleaved = any(c > 0 for _, c in chunks)
     handles = [Patch(color=span_color(k, c), label=f"{names[k]}{f' chunk {c}' if interleaved else ''}")
                for k, c in sorted(chunks, key=lambda kc: ("FBW".find(kc[0]), kc)) if k in names]

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import zero_bubble
+
 FLUSH_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 SCHEDULES = FLUSH_SCHEDULES + ASYNC_SCHEDULES
@@ -65,6 +67,8 @@ def scatter_gather_bytes(b, s, h, t, dtype_bytes=2):
 def bubble_fraction(schedule: str, p, m, v=1):
     """Pipeline bubble over ideal time: (p-1)/m for gpipe and 1f1b, (p-1)/(v m) interleaved (ch. 4.2.2);
     none in steady state for pipedream and 2bw (ch. 2.4.2, 3.2.1)."""
+    if schedule in zero_bubble.SCHEDULES:
+        return zero_bubble.bubble_fraction(schedule, p, m)
     p, m, v = (np.asarray(x, dtype=float) for x in (p, m, v))
     if schedule in ASYNC_SCHEDULES:
         return np.zeros(np.broadcast(p, m, v).shape)
@@ -85,6 +89,8 @@ def in_flight(schedule: str, p, stage, m, v=1, devices_downstream=None, replicas
     warm-up (p - stage - 1) * 2 + (v - 1) * p chunk-forwards plus the one in progress, each 1/v of the
     stage. pipedream: 1F1B-RR admits ceil(devices from this stage on / replicas) (NOAM, ch. 2.4.2).
     """
+    if schedule in zero_bubble.SCHEDULES:
+        return zero_bubble.in_flight(schedule, p, stage, m)
     p, stage, m, v = (np.asarray(x, dtype=float) for x in (p, stage, m, v))
     if schedule == "gpipe":
         return m

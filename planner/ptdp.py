@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import zero_bubble
 from .errors import PlannerError
 from .inputs import Inputs, divisors
 from .pins import check_pins
@@ -35,7 +36,8 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                 continue
             chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
             for v in chunk_counts:
-                schedules = [s for s in inputs.schedules if (s == "interleaved") == (v > 1)]
+                schedules = [s for s in inputs.schedules if (s == "interleaved") == (v > 1)
+                             and zero_bubble.fits(s, p, len(_blocks(profile)))]
                 if not schedules:
                     continue
                 for rec in inputs.recompute:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import cost
+from . import cost, zero_bubble
 from .uniform_cost import RankStats
 
 MAX_SIMULATED_MICROBATCHES = 6000  # p * m * v beyond this is simulated at a smaller m (at least p)
@@ -40,9 +40,13 @@ ASYNC_STEPS = 3
 
 def _simulate(schedule: str, p: int, m: int, v: int, costs: dict, steps: int = 1, replicas: tuple[int, ...] = ()):
     """The one place that calls the runtime's simulator; returns its SimResult."""
-    from pipedream.schedules import build_schedule
+    from pipedream.schedules import build_schedule, schedule_placement
     from pipedream.simulate import Costs, simulate
 
+    if schedule in zero_bubble.SCHEDULES:
+        placement = schedule_placement(schedule, p, v)
+        return simulate(build_schedule(schedule, p, m, v), Costs(**zero_bubble.chunk_costs(costs, placement.vpp)),
+                        vpp=placement.vpp, peer=placement.peer, needs=placement.needs)
     costs = Costs(**costs)
     if replicas and any(r > 1 for r in replicas):
         from pipedream.schedules import ReplicatedPipeline, pipedream_replicated
@@ -56,11 +60,12 @@ def _simulate(schedule: str, p: int, m: int, v: int, costs: dict, steps: int = 1
 
 
 def available_schedules() -> tuple[str, ...]:
+    """Schedules the simulator knows (the zero-bubble ones included, which training cannot run yet)."""
     try:
-        from pipedream.schedules import SCHEDULES
+        from pipedream.schedules import all_schedules
     except ImportError:
         return ()
-    return tuple(SCHEDULES)
+    return tuple(all_schedules())
 
 
 def _run(schedule: str, p: int, m: int, v: int, m_sim: int, costs: dict, formula: float, flight: list[int],
@@ -100,5 +105,6 @@ def check_uniform(schedule: str, stats: RankStats, row: int, m: int, bandwidth: 
         formula = (p - 1) / (m_sim * steps)
     else:
         formula = float(cost.bubble_fraction(schedule, p, m_sim, v))
-    flight = [int(np.ceil(cost.in_flight(schedule, p, r, m_sim, v) * v - 1e-9)) for r in range(p)]
+    counted = v * zero_bubble.CHUNKS.get(schedule, 1)   # the simulator counts (micro-batch, chunk) pairs
+    flight = [int(np.ceil(cost.in_flight(schedule, p, r, m_sim, v) * counted - 1e-9)) for r in range(p)]
     return _run(schedule, p, m, v, m_sim, costs, formula, flight, steps)

@@ -1,7 +1,11 @@
 """Pipeline schedules as data: ``build_schedule(name, pp, microbatches, vpp)`` returns, for every
 pipeline rank, the list of actions it executes in one iteration (flush schedules) or, for the
 asynchronous schedules (``ASYNC_SCHEDULES``), in a whole run of ``steps`` steps of ``microbatches``
-micro-batches each. No torch imports here."""
+micro-batches each. No torch imports here.
+
+``SIMULATED_SCHEDULES`` (zero-bubble orders with explicit WEIGHT actions) are built, printed,
+drawn, simulated and planned like the others, but are not in ``SCHEDULES``, the set a training
+run may choose: the executor does not run WEIGHT actions or V-shaped placements yet."""
 from __future__ import annotations
 
 from types import MappingProxyType
@@ -13,8 +17,11 @@ from .gpipe import gpipe
 from .interleaved import interleaved
 from .one_f_one_b import one_f_one_b
 from .pipedream_async import pipedream, pipedream_replicated
+from .placement import Placement
 from .replicated import ReplicatedPipeline
 from .two_bw import two_bw
+from .zb_h2 import zb_h2
+from .zbv import zbv
 
 ScheduleFn = Callable[..., list[list[Action]]]
 
@@ -27,18 +34,38 @@ SCHEDULES: MappingProxyType[str, ScheduleFn] = MappingProxyType({
 })
 ASYNC_SCHEDULES = frozenset({"pipedream", "2bw"})
 """No flush: the action lists span the whole run; weights have several versions."""
+SIMULATED_SCHEDULES: MappingProxyType[str, ScheduleFn] = MappingProxyType({
+    "zb_h2": zb_h2,
+    "zbv": zbv,
+})
+"""Simulator, plots and planner only, until the executor runs WEIGHT actions (not trainable)."""
+_PLACEMENTS = MappingProxyType({"zbv": ("vshape", 2)})   # name -> (placement, chunks per rank)
+
+
+def schedule_placement(name: str, pp: int, vpp: int = 1) -> Placement:
+    """Where the chunks of ``name`` sit: pass its ``peer`` and ``needs`` to the simulator and the
+    stream model (round-robin for every schedule but zbv)."""
+    kind, chunks = _PLACEMENTS.get(name, ("round-robin", vpp))
+    return Placement(pp, chunks, kind)
+
+
+def all_schedules() -> dict[str, ScheduleFn]:
+    """Every schedule ``build_schedule`` knows: trainable and simulation-only."""
+    return {**SCHEDULES, **SIMULATED_SCHEDULES}
 
 
 def build_schedule(name: str, pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[list[Action]]:
     """Per pipeline rank, the actions of one iteration (``steps`` iterations for the asynchronous
     schedules, which never flush); ScheduleError (one line) for bad sizes."""
-    if name not in SCHEDULES:
-        raise ScheduleError(f"schedule={name!r} is unknown; choose one of {sorted(SCHEDULES)}")
+    known = all_schedules()
+    if name not in known:
+        raise ScheduleError(f"schedule={name!r} is unknown; choose one of {sorted(known)}")
     if name in ASYNC_SCHEDULES:
-        return SCHEDULES[name](pp, microbatches, vpp, steps)
-    return SCHEDULES[name](pp, microbatches, vpp)
+        return known[name](pp, microbatches, vpp, steps)
+    return known[name](pp, microbatches, vpp)
 
 
-__all__ = ["ASYNC_SCHEDULES", "Action", "Kind", "ReplicatedPipeline", "SCHEDULES", "ScheduleError",
-           "build_schedule", "format_actions", "parse_action", "parse_actions", "peer_stage",
-           "pipedream_replicated", "virtual_stage"]
+__all__ = ["ASYNC_SCHEDULES", "Action", "Kind", "Placement", "ReplicatedPipeline", "SCHEDULES",
+           "SIMULATED_SCHEDULES", "ScheduleError", "all_schedules", "build_schedule", "format_actions",
+           "parse_action", "parse_actions", "peer_stage", "pipedream_replicated", "schedule_placement",
+           "virtual_stage"]

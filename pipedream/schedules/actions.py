@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 class Kind(enum.Enum):
     FWD = "F"
-    BWD = "B"
+    BWD = "B"        # the whole backward, or only its input gradient when the list also has a WEIGHT
+    WEIGHT = "W"     # weight gradient of a micro-batch (and chunk) whose BWD ran earlier
     SEND_ACT = "SA"
     RECV_ACT = "RA"
     SEND_GRAD = "SG"
@@ -21,7 +22,7 @@ class Kind(enum.Enum):
     STEP = "STEP"
 
 
-COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD})
+COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD, Kind.WEIGHT})
 COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})
 
 
@@ -29,7 +30,9 @@ COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_
 class Action:
     """One step of one rank: ``kind`` applied to ``microbatch`` of model ``chunk``.
 
-    Per-iteration actions (SYNC_GRADS, STEP) use microbatch -1.
+    Per-iteration actions (SYNC_GRADS, STEP) use microbatch -1. A list without WEIGHT actions runs
+    each backward whole (its weight-gradient part may be held back by the executor); a list with
+    them splits every backward into BWD (input gradient) and WEIGHT (weight gradient).
     """
 
     kind: Kind
@@ -44,14 +47,14 @@ class Action:
         return f"{self.kind.value}{self.microbatch}"
 
 
-_ACTION_RE = re.compile(r"^(SYNC|STEP|SA|RA|SG|RG|F|B)(?:(\d+)(?:\.(\d+))?)?$")
+_ACTION_RE = re.compile(r"^(SYNC|STEP|SA|RA|SG|RG|F|B|W)(?:(\d+)(?:\.(\d+))?)?$")
 
 
 def parse_action(text: str) -> Action:
     """Inverse of ``str(action)``: ``"F3.1"`` -> Action(FWD, 3, 1)."""
     match = _ACTION_RE.match(text.strip())
     if not match:
-        raise ValueError(f"cannot parse action {text!r}: expected e.g. F3, B2.1, SA0, SYNC, STEP")
+        raise ValueError(f"cannot parse action {text!r}: expected e.g. F3, B2.1, W2.1, SA0, SYNC, STEP")
     code, microbatch, chunk = match.groups()
     kind = Kind(code)
     if microbatch is None:

@@ -76,30 +76,33 @@ def check_sizes(pp: int, microbatches: int, vpp: int) -> None:
             raise ScheduleError(f"{name} = {value} must be >= 1")
 
 
-def add_communication(compute: list[list[Action]], pp: int, vpp: int) -> list[list[Action]]:
-    """Turn per-rank compute orders (FWD/BWD only) into full action lists.
+def add_communication(compute: list[list[Action]], pp: int, vpp: int, placement=None) -> list[list[Action]]:
+    """Turn per-rank compute orders (FWD/BWD/WEIGHT) into full action lists.
 
     Each FWD/BWD is followed by its send. Receives are posted lazily, just before the first
     compute that needs one, and always in the order the sender sends on that (src, dst) channel,
     because NCCL matches point-to-point messages by order. On channels that carry both
     activations and gradients (pp = 2 with interleaving) this posts some receives early.
+    ``placement`` (a ``placement.Placement``) maps chunks to virtual stages; default round-robin.
     """
+    if placement is None:
+        from .placement import Placement  # placement imports this module
+        placement = Placement(pp, vpp)
     with_sends: list[list[Action]] = []
     for rank, actions in enumerate(compute):
         out: list[Action] = []
         for action in actions:
             out.append(action)
-            if action.kind is Kind.FWD and not is_last_virtual_stage(rank, action.chunk, pp, vpp):
-                out.append(Action(Kind.SEND_ACT, action.microbatch, action.chunk))
-            elif action.kind is Kind.BWD and not is_first_virtual_stage(rank, action.chunk):
-                out.append(Action(Kind.SEND_GRAD, action.microbatch, action.chunk))
+            send = placement.sends(rank, action)
+            if send is not None:
+                out.append(send)
         with_sends.append(out)
 
     incoming: dict[tuple[int, int], list[Action]] = {}  # (src, dst) -> receiver-side actions in send order
     for src, actions in enumerate(with_sends):
         for action in actions:
             if action.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
-                dst, chunk = peer_stage(src, action, pp, vpp)
+                dst, chunk = placement.peer(src, action)
                 kind = Kind.RECV_ACT if action.kind is Kind.SEND_ACT else Kind.RECV_GRAD
                 incoming.setdefault((src, dst), []).append(Action(kind, action.microbatch, chunk))
 
@@ -109,9 +112,9 @@ def add_communication(compute: list[list[Action]], pp: int, vpp: int) -> list[li
         posted: set[Action] = set()
         out = []
         for action in actions:
-            need = needed_receive(dst, action, pp, vpp)
+            need = placement.needs(dst, action)
             if need is not None and need not in posted:
-                src = peer_stage(dst, need, pp, vpp)[0]
+                src = placement.peer(dst, need)[0]
                 queue = incoming.get((src, dst), [])
                 while True:
                     i = cursor.get(src, 0)

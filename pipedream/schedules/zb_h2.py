@@ -1,0 +1,29 @@
+"""ZB-H2 (Qi et al. 2023): 1F1B with the backward split into B and W, more warm-up forwards.
+
+Every stage admits up to 2p - 1 micro-batches (counted until their W), so stage 0's warm-up
+forwards cover the whole round trip of the first micro-batch and later stages can run their Bs
+back to back in the drain (W waits), and W fills every bubble that is left. With F = B = W, every rank then works without a gap from its first F to its last W (a
+parallelogram): a flushed iteration still has the (p - 1)-step fill and drain edges, which only
+an optimizer step without the global synchronisation (the paper's post-validation) removes.
+Memory: up to 2p - 1 micro-batches of activations at stage 0, about twice 1F1B's p.
+"""
+from __future__ import annotations
+
+from .actions import Action
+from .common import ScheduleError, add_communication, check_sizes, flush_update
+from .placement import Placement
+from .zb_order import zero_bubble_order
+
+
+def in_flight_limit(rank: int, pp: int) -> int:
+    """Micro-batches stage ``rank`` may hold (forwarded, W not yet run): the same at every stage."""
+    return 2 * pp - 1
+
+
+def zb_h2(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
+    check_sizes(pp, microbatches, vpp)
+    if vpp != 1:
+        raise ScheduleError(f"schedule zb_h2 needs vpp = 1, got {vpp}; use schedule=zbv for two chunks per rank")
+    placement = Placement(pp, 1)
+    compute = zero_bubble_order(placement, microbatches, [in_flight_limit(r, pp) for r in range(pp)])
+    return [actions + flush_update() for actions in add_communication(compute, pp, 1, placement)]
