@@ -1,0 +1,31 @@
+"""The planner's dry run and the schedule tooling run without torch: a fresh interpreter in which
+any ``import torch`` fails imports them and plans."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" / "schedules").glob("*.py")
+                   if p.stem != "__init__")
+TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.simulate", "pipedream.stream_model",
+              "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "planner",
+              "models.formulas", "models.facts"]
+# A preset with a device sheet: ``local_cpu`` would measure this machine with torch.
+DRY_RUN = ["model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]
+
+
+
+def test_torch_free_modules_and_the_planner_dry_run_import_no_torch():
+    script = "\n".join([
+        "import contextlib, io, sys",
+        "sys.modules['torch'] = None  # any 'import torch' now raises ImportError",
+        *(f"import {name}" for name in TORCH_FREE),
+        "from planner.__main__ import main",
+        "with contextlib.redirect_stdout(io.StringIO()):",
+        f"    sys.exit(main({DRY_RUN!r}))",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
