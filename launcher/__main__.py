@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
         spec = build_run_spec(apply_plan(cfg), plan.world_size)
         check_buildable(cfg, label)
         launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
-        if launching and bool(cfg.launcher.get("check_memory", True)):
+        if launching and bool(cfg.launcher.check_memory):
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:
                 print(note, file=sys.stderr)
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
     command = plan.commands[int(node_rank or 0)]
     print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}", flush=True)
     runnable = [sys.executable, "-m", "launcher.agent", *command[1:]]
-    return run_supervised(runnable, float(cfg.launcher.get("grace_s", 30)))
+    return run_supervised(runnable, float(cfg.launcher.grace_s))
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ def _split(tokens: np.ndarray, val_fraction: float) -> tuple[np.ndarray, np.ndar
 def load_token_corpus(data_cfg: Any, vocab_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Returns (train, validation) token arrays for a language model."""
     name = data_cfg["name"]
-    val_fraction = float(data_cfg.get("val_fraction", 0.1))
+    val_fraction = float(data_cfg["val_fraction"])
     if name == "pydoc":
         train, val = _split(encode_bytes(pydoc_text()), val_fraction)
     elif name == "text_file":
@@ -68,7 +68,7 @@ def load_token_corpus(data_cfg: Any, vocab_size: int, seed: int) -> tuple[np.nda
             train, val = _split(np.memmap(path, dtype=np.uint16, mode="r"), val_fraction)
     elif name == "synthetic":
         rng = np.random.default_rng(seed)
-        total = int(data_cfg.get("num_samples", 4096)) * 64
+        total = int(data_cfg["num_samples"]) * 64
         train, val = _split(rng.integers(0, vocab_size, total).astype(np.uint16), val_fraction)
     else:
         raise ConfigError(f"data={name!r} is unknown: choose pydoc, text_file, token_bin or synthetic")
@@ -153,9 +153,9 @@ def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.util
         if data_cfg["name"] != "synthetic":
             raise ConfigError(f"model=mlp trains on synthetic regression data, not data={data_cfg['name']}: "
                               f"use data=synthetic")
-        total = int(data_cfg.get("num_samples", 4096))
+        total = int(data_cfg["num_samples"])
         full = TeacherRegression(total, int(model_cfg["hidden_size"]), seed)
-        cut = int(total * (1.0 - float(data_cfg.get("val_fraction", 0.1))))
+        cut = int(total * (1.0 - float(data_cfg["val_fraction"])))
         return (torch.utils.data.Subset(full, range(cut)), torch.utils.data.Subset(full, range(cut, total)))
     vocab_size = int(model_cfg.get("vocab_size", 256))
     seq_len = int(model_cfg["seq_len"])

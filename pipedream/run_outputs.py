@@ -29,7 +29,7 @@ def claim_run_dir(cfg: Any, run_dir: Path) -> None:
     """Raises ConfigError if ``run_dir`` holds another run and neither resume nor overwrite is set;
     with ``train.overwrite=true`` removes the old outputs first."""
     resume = cfg.train.get("resume")
-    overwrite = bool(cfg.train.get("overwrite", False))
+    overwrite = bool(cfg.train.overwrite)
     if resume and overwrite:
         raise ConfigError(f"train.resume={resume} and train.overwrite=true contradict each other: "
                           f"drop one (resume continues the run in {run_dir}, overwrite replaces it)")

@@ -12,9 +12,6 @@ from . import zero_bubble
 FLUSH_SCHEDULES = ("gpipe", "1f1b", "interleaved")
 ASYNC_SCHEDULES = ("pipedream", "2bw")
 SCHEDULES = FLUSH_SCHEDULES + ASYNC_SCHEDULES
-RECOMPUTE_EXTRA = 4.0 / 3.0  # ch. 3.3.3: c_extra, used only when a profile has no forward/backward split
-
-
 def ring_allreduce_time(nbytes, n, bandwidth):
     """Ring all-reduce: each of n workers sends and receives 2 (n-1)/n of the bytes (ch. 2.4.1, ch. 4.3.3)."""
     n = np.asarray(n, dtype=float)
@@ -51,17 +48,6 @@ def released_boundary_time(output_bytes, bandwidth, receiver_replicas):
 def pipedream_boundary_time(output_bytes, bandwidth):
     """Activation forward + gradient backward across a stage boundary: 2 a_s / B_k (ch. 2.4.1)."""
     return 2.0 * np.asarray(output_bytes) / bandwidth
-
-
-def tp_allreduce_bytes(b, s, h, t, dtype_bytes=2):
-    """Tensor-parallel traffic per layer per micro-batch: 8 b s h (t-1)/t elements (ch. 4.3.2)."""
-    t = np.asarray(t, dtype=float)
-    return 8.0 * b * s * h * (t - 1.0) / t * dtype_bytes
-
-
-def scatter_gather_bytes(b, s, h, t, dtype_bytes=2):
-    """Between pipeline stages with the scatter/gather optimisation: b s h / t (ch. 4.4.1)."""
-    return b * s * h / np.asarray(t, dtype=float) * dtype_bytes
 
 
 def bubble_fraction(schedule: str, p, m, v=1):
@@ -129,10 +115,6 @@ def stage_compute(forward, backward, recompute: bool, recomputable_forward=None)
     if recompute:
         total = total + (forward if recomputable_forward is None else recomputable_forward)
     return total
-
-
-def samples_per_second(global_batch, iteration_time):
-    return np.asarray(global_batch) / np.asarray(iteration_time)
 
 
 def tflops_per_device(flops_per_iteration, iteration_time, devices):

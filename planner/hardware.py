@@ -84,12 +84,6 @@ class Cluster:
     def bandwidth_for_span(self, span: int) -> float:
         return self.level_for_span(max(span, 1)).bandwidth
 
-    def with_nodes(self, nodes: int) -> "Cluster":
-        """The same cluster with another node count (the top level's count)."""
-        top = replace(self.levels[-1], count=nodes * self.devices_per_node // math.prod(
-            lv.count for lv in self.levels[:-1]))
-        return replace(self, levels=self.levels[:-1] + (top,))
-
 
 def device_sheet(name: str, devices: int = 1) -> DeviceSheet:
     if name == "local_cpu":

@@ -47,18 +47,18 @@ def test_mask_proportions_and_targets():
 
 
 def test_build_datasets_returns_mlm_for_bert_and_rejects_the_mask_id_in_data(tmp_path):
-    train, val = build_datasets(BERT_TINY, {"name": "pydoc"}, seed=3)
+    train, val = build_datasets(BERT_TINY, {"name": "pydoc", "val_fraction": 0.1}, seed=3)
     assert isinstance(train, MaskedLanguageModeling) and isinstance(val, MaskedLanguageModeling)
     inputs, targets = collate(train, [0, 1])
     assert inputs.shape == targets.shape == (2, 64) and int(inputs.max()) <= 255
-    synthetic, _ = build_datasets(BERT_TINY, {"name": "synthetic", "num_samples": 64}, seed=3)
+    synthetic, _ = build_datasets(BERT_TINY, {"name": "synthetic", "num_samples": 64, "val_fraction": 0.1}, seed=3)
     assert int(synthetic.windows.tokens.max()) < 255
     folder = tmp_path / "bins"
     folder.mkdir()
     np.full(1000, 255, dtype=np.uint16).tofile(folder / "train.bin")
     np.full(100, 7, dtype=np.uint16).tofile(folder / "val.bin")
     with pytest.raises(ConfigError, match="reserves id 255"):
-        build_datasets(BERT_TINY, {"name": "token_bin", "path": str(folder)}, seed=3)
+        build_datasets(BERT_TINY, {"name": "token_bin", "path": str(folder), "val_fraction": 0.1}, seed=3)
 
 
 def test_bert_layers_attention_is_bidirectional_and_head_tied():
@@ -80,7 +80,7 @@ def test_tiny_bert_mlm_loss_falls_on_pydoc():
     torch.manual_seed(0)
     model = build_model(BERT_TINY, seed=0)
     network = model.build_sequential()
-    train, _ = build_datasets(BERT_TINY, {"name": "pydoc"}, seed=0)
+    train, _ = build_datasets(BERT_TINY, {"name": "pydoc", "val_fraction": 0.1}, seed=0)
     order = GlobalBatchOrder(len(train), 16, seed=0)
     optimizer = torch.optim.AdamW(network.parameters(), lr=2e-3)
     losses = []

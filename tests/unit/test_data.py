@@ -33,10 +33,10 @@ def test_text_folder_and_token_bin(tmp_path):
     folder.mkdir()
     np.arange(1000, dtype=np.uint16).tofile(folder / "train.bin")
     np.arange(100, dtype=np.uint16).tofile(folder / "val.bin")
-    train, val = load_token_corpus({"name": "token_bin", "path": str(folder)}, 1024, 0)
+    train, val = load_token_corpus({"name": "token_bin", "path": str(folder), "val_fraction": 0.1}, 1024, 0)
     assert len(train) == 1000 and int(val[-1]) == 99
     with pytest.raises(ConfigError, match="token id 999 >= model.vocab_size=256"):
-        load_token_corpus({"name": "token_bin", "path": str(folder)}, 256, 0)
+        load_token_corpus({"name": "token_bin", "path": str(folder), "val_fraction": 0.1}, 256, 0)
 
 
 def test_windows_are_next_token_pairs():
@@ -66,6 +66,6 @@ def test_batches_wrap_across_epochs():
 
 
 def test_microbatches_split_a_shard():
-    train, _ = build_datasets({"name": "mlp", "hidden_size": 4}, {"name": "synthetic", "num_samples": 64}, 0)
+    train, _ = build_datasets({"name": "mlp", "hidden_size": 4}, {"name": "synthetic", "num_samples": 64, "val_fraction": 0.1}, 0)
     parts = microbatches(train, list(range(8)), 2)
     assert len(parts) == 4 and parts[0][0].shape == (2, 4)

@@ -45,7 +45,7 @@ def test_dgx_a100_matches_the_paper():
     assert cluster.device.flops("bf16") == 312e12
     assert cluster.bandwidth_for_span(8) == 300e9  # NVSwitch inside the node
     assert cluster.bandwidth_for_span(16) == 25e9  # one 200 Gb/s HDR card per GPU
-    assert cluster.with_nodes(2).num_devices == 16
+    assert cluster_from_config({**load("cluster", "dgx_a100"), "nodes": 2}).num_devices == 16
 
 
 def test_local_cpu_is_measured():
