@@ -1,24 +1,37 @@
-"""Two tiers: ``tests/unit`` runs in this process only (fast; ``scripts/test.sh tests/unit``), and
-``tests/distributed`` starts processes (Gloo ranks, torchrun, the launcher), so every test there is
-marked ``slow`` (``-m "not slow"`` skips them wherever they are collected from). Tests marked
-``gpu`` need CUDA and are skipped without it (``scripts/test.sh -m gpu`` on a GPU machine)."""
+"""Shared fixtures and the two test tiers: ``tests/unit`` runs in this process only, everything
+under ``tests/distributed`` starts processes and is marked ``slow`` here, whatever its file says."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 DISTRIBUTED = Path(__file__).resolve().parent / "distributed"
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    cuda = None
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
-        if DISTRIBUTED in Path(str(item.fspath)).resolve().parents:
+        if DISTRIBUTED in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.slow)
-        if item.get_closest_marker("gpu"):
-            if cuda is None:
-                import torch
-                cuda = torch.cuda.is_available()
-            if not cuda:
-                item.add_marker(pytest.mark.skip(reason="needs CUDA"))
+        if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """One intra-op thread: the tensors are tiny, and several threads per test process only
+    contend for the cores with each other and with the worker processes of other tests."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def run_dir(tmp_path: Path) -> Path:
+    """A fresh run directory (train.run_dir) inside the test's temporary directory."""
+    path = tmp_path / "run"
+    path.mkdir()
+    return path

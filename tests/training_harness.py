@@ -95,3 +95,11 @@ def merge_params(results: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
                 torch.testing.assert_close(tensor, merged[name], rtol=0, atol=0)
             merged[name] = tensor
     return merged
+
+
+def assert_matches_reference(result: dict, reference: dict, atol: float = 1e-6) -> None:
+    """Losses and parameters of a distributed run (``merge_params``) equal ``reference_training``'s."""
+    torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference["losses"]), rtol=1e-5, atol=0)
+    assert set(result["params"]) == set(reference["params"])
+    for name, expected in reference["params"].items():
+        torch.testing.assert_close(result["params"][name], expected, rtol=1e-5, atol=atol)

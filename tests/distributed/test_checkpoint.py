@@ -10,8 +10,7 @@ import torch
 
 from tests.checkpoint_harness import train_full, train_interrupted
 from tests.workers import run_workers
-from tests.distributed.test_pipeline_equivalence import assert_matches_reference
-from tests.training_harness import TINY_GPT, merge_params
+from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params
 
 BASE = TINY_GPT + ["optim=sgd", "train.lr=0.05", "train.steps=4", "checkpoint.every=2"]
 ASYNC = ["model.tie_embeddings=false"]

@@ -3,10 +3,9 @@ losses and parameters as single-process training on the same global batches (fp3
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, merge_params, reference_training, train_rank
+from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
 
 # (schedule, pp, dp, vpp)
 LAYOUTS = [
@@ -25,13 +24,6 @@ VARIANTS = {
 }
 ATOL = {"adamw": 1e-5}
 STEPS = 3
-
-
-def assert_matches_reference(result: dict, reference: dict, atol: float = 1e-6) -> None:
-    torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(reference["losses"]), rtol=1e-5, atol=0)
-    assert set(result["params"]) == set(reference["params"])
-    for name, expected in reference["params"].items():
-        torch.testing.assert_close(result["params"][name], expected, rtol=1e-5, atol=atol)
 
 
 @pytest.mark.slow

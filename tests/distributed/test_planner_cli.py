@@ -10,7 +10,7 @@ import pytest
 
 from planner.__main__ import main
 from pipedream.plan_file import load_plan
-from tests.unit.test_planner_profile import BRANCHY
+from tests.planner_helpers import BRANCHY, CHAIN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -97,8 +97,6 @@ def test_subprocess_exit_code_and_no_outputs_dir(tmp_path):
 
 
 def test_graph_txt_chain_plans_with_pipedream(capsys, tmp_path):
-    from tests.unit.test_planner_profile import CHAIN
-
     graph = tmp_path / "graph.txt"
     graph.write_text(CHAIN)
     code, out, err = run(capsys, f"planner.graph={graph}", "planner.graph_micro_batch=4", "cluster=pipedream_cluster_a",

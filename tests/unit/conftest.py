@@ -1,5 +1,5 @@
-"""The unit tier never starts a process: a test that tries fails at once, naming the call (move it
-to tests/distributed)."""
+"""Unit tests run in this process only: starting a subprocess or a multiprocessing process fails
+the test (such tests belong in tests/distributed)."""
 from __future__ import annotations
 
 import multiprocessing.process
@@ -8,13 +8,16 @@ import subprocess
 import pytest
 
 
-def _refuse(what: str):
-    def refuse(*args, **kwargs):
-        raise AssertionError(f"a unit test started a process ({what}): move it to tests/distributed")
-    return refuse
+class ProcessStarted(AssertionError):
+    """A unit test tried to start a process."""
 
 
 @pytest.fixture(autouse=True)
 def no_processes(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(subprocess.Popen, "__init__", _refuse("subprocess.Popen"))
-    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", _refuse("multiprocessing start"))
+    def refuse(*args, **kwargs):
+        raise ProcessStarted("tests/unit must not start processes: move this test to tests/distributed")
+
+    # the lowest common points: every subprocess function goes through Popen._execute_child, and
+    # multiprocessing, torch.multiprocessing and concurrent.futures through BaseProcess.start
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", refuse)
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refuse)

@@ -11,26 +11,7 @@ from planner.errors import ProfileError
 from planner.graph_txt import profile_from_graph
 from planner.model_specs import TransformerSpec, vgg16
 from planner.profile import LayerProfile, Profile, analytic_profile, load_profile
-
-CHAIN = """node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=600.000, parameter_size=0.000
-node2 -- Conv2d(3, 64) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=800.000, parameter_size=100.000
-node3 -- ReLU(inplace) -- forward_compute_time=0.500, backward_compute_time=1.000, activation_size=800.000, parameter_size=0.000
-node4 -- Linear(in_features=8, out_features=2) -- forward_compute_time=1.000, backward_compute_time=3.000, activation_size=16.000, parameter_size=72.000
-\tnode1 -- node2
-\tnode3 -- node4
-\tnode2 -- node3
-"""
-
-# A residual connection: node2 feeds node3 and the add (node4); PipeDream's ResNet graphs look like this.
-BRANCHY = """node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=600.000, parameter_size=0.000
-node2 -- Conv2d(3, 64) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=800.000, parameter_size=100.000
-node3 -- Conv2d(64, 64) -- forward_compute_time=2.000, backward_compute_time=4.000, activation_size=800.000, parameter_size=100.000
-node4 -- Add -- forward_compute_time=0.100, backward_compute_time=0.100, activation_size=800.000, parameter_size=0.000
-\tnode1 -- node2
-\tnode2 -- node3
-\tnode2 -- node4
-\tnode3 -- node4
-"""
+from tests.planner_helpers import BRANCHY, CHAIN
 
 
 def _layer(times):
