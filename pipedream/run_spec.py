@@ -14,6 +14,7 @@ from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_laye
 
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
+from .plugin_config import layer_count, plugin_target
 from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
@@ -59,6 +60,8 @@ def _get(cfg: Any, dotted: str) -> Any:
 
 
 def _check_model(cfg: Any) -> int:
+    if plugin_target(cfg.model) is not None:
+        return layer_count(cfg.model)   # imports, builds and checks the plugin
     name = _get(cfg, "model.name")
     if name not in TRAINABLE_MODELS:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
@@ -77,6 +80,14 @@ def _check_model(cfg: Any) -> int:
 
 
 def _check_data(cfg: Any) -> int | None:
+    model_plugin = plugin_target(cfg.model)
+    if plugin_target(cfg.data) is not None:
+        from .plugins import plugin_datasets
+        plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
+        return None if model_plugin or cfg.model.name == "mlp" else int(cfg.model.seq_len)
+    if model_plugin is not None:
+        raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
+                          f"data._target_=my_pkg.my_module.build_datasets (docs/models.md)")
     name = _get(cfg, "data.name")
     if name not in DATASETS:
         raise ConfigError(f"data={name!r} is unknown: choose one of {', '.join(DATASETS)}")
