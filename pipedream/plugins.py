@@ -5,8 +5,10 @@ checked before any process group exists. Each failure is one ``ConfigError`` lin
 target and what was wrong."""
 from __future__ import annotations
 
+import logging
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch.utils.data import Dataset
@@ -32,6 +34,18 @@ def _first_line(error: BaseException) -> str:
     return f"{type(cause).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
+@contextmanager
+def _hydra_utils_quiet() -> Iterator[None]:
+    """``get_method`` logs its failure on several lines before raising; the one line is ours."""
+    logger = logging.getLogger("hydra.utils")
+    level = logger.level
+    logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _call_target(section: Any, kind: str, seed: int) -> Any:
     """Imports and calls the section's ``_target_`` (Hydra's get_method and instantiate)."""
     from hydra.utils import get_method, instantiate
@@ -39,7 +53,8 @@ def _call_target(section: Any, kind: str, seed: int) -> Any:
     target = plugin_target(section)
     label = f"{kind}.{TARGET}={target}"
     try:
-        get_method(target)
+        with _hydra_utils_quiet():
+            get_method(target)
     except Exception as error:  # noqa: BLE001 - Hydra raises ImportError or ValueError, with the cause chained
         raise ConfigError(f"{label} cannot be imported ({_first_line(error)}): give an importable callable as "
                           f"package.module.function, on PYTHONPATH or pip-installed") from None
@@ -117,6 +132,12 @@ def _is_boundary(value: Any) -> bool:
         isinstance(value, tuple) and len(value) > 0 and all(isinstance(t, torch.Tensor) for t in value))
 
 
+def _type_names(value: Any) -> str:
+    if isinstance(value, (tuple, list)):
+        return "(" + ", ".join(type(member).__name__ for member in value) + ")"
+    return type(value).__name__
+
+
 def _describe(value: Any) -> str:
     if isinstance(value, torch.Tensor):
         return f"a {str(value.dtype).removeprefix('torch.')} tensor of shape {list(value.shape)}"
@@ -131,7 +152,7 @@ def plugin_datasets(data_cfg: Any, seed: int) -> tuple[Dataset, Dataset]:
     label = f"data.{TARGET}={plugin_target(data_cfg)}"
     result = _call_target(data_cfg, "data", seed)
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and all(isinstance(d, Dataset) for d in result)):
-        raise ConfigError(f"{label} returned {type(result).__name__}, not (train, validation) "
+        raise ConfigError(f"{label} returned {_type_names(result)}, not (train, validation) "
                           f"torch.utils.data.Dataset objects: return a pair of datasets")
     for name, dataset in zip(("train", "validation"), result):
         if len(dataset) == 0:

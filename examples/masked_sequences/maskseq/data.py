@@ -1,5 +1,6 @@
-"""A generated task: the label of a sequence is the sum of its tokens modulo the class count;
-sequences have random lengths and are padded with token 0 (the mask marks the real tokens)."""
+"""A generated task: the label of a sequence is the quantile of its mean token (class c when the
+mean lies in the c-th of ``classes`` equal ranges of the vocabulary); sequences have random
+lengths and are padded with token 0, which the mask tells apart from real tokens."""
 from __future__ import annotations
 
 import torch
@@ -12,7 +13,8 @@ class ModularSums(Dataset):
         lengths = torch.randint(seq_len // 4, seq_len + 1, (num_samples,), generator=generator)
         self.mask = torch.arange(seq_len) < lengths.unsqueeze(1)
         self.tokens = torch.randint(1, vocab, (num_samples, seq_len), generator=generator) * self.mask
-        self.labels = self.tokens.sum(1) % classes
+        mean = self.tokens.sum(1) / lengths
+        self.labels = (mean * classes / vocab).long().clamp(max=classes - 1)
 
     def __len__(self) -> int:
         return len(self.labels)
