@@ -87,3 +87,21 @@ def test_a_plugin_model_needs_plugin_data():
 def test_a_plugin_model_has_no_tensor_parallel_form():
     with pytest.raises(ConfigError, match="has no tensor-parallel form"):
         spec_of("model._target_=tests.plugin_cases.good_model", *GOOD_DATA, "parallel.tp=2", "parallel.pp=1")
+
+
+def test_the_readme_example_is_a_valid_plugin(tmp_path, monkeypatch):
+    """README's "Your own model" snippet, as written, passes every pre-check with its command line."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("## Your own model", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    command = section.split("```bash\n", 1)[1].split("```", 1)[0].split()
+    package = tmp_path / "my_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "net.py").write_text(code)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [word for word in command if "=" in word and not word.startswith("PYTHONPATH")]
+    spec = build_run_spec(compose_config(overrides), 2)
+    assert spec.layout.pp == 2 and spec.num_layers == 3
