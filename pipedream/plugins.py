@@ -95,8 +95,6 @@ def _meta_forward_flops(model: LayerModel, label: str) -> float:
         with torch.device("meta"):
             layers = model.build()
         value, target = _to_meta(inputs), _to_meta(target)
-    except ConfigError:
-        raise
     except Exception as error:  # noqa: BLE001
         raise ConfigError(f"{label}: building the layers or the example batch failed ({_first_line(error)}): "
                           f"build_layer and make_batch must run under torch.device('meta')") from None
@@ -124,7 +122,7 @@ def _to_meta(value: Any) -> Any:
         return torch.empty_like(value, device="meta")
     if isinstance(value, (tuple, list)):
         return tuple(_to_meta(member) for member in value)
-    raise ConfigError(f"make_batch gave {type(value).__name__}: batches hold tensors or tuples of tensors")
+    raise TypeError(f"make_batch gave a {type(value).__name__}: batches hold tensors or tuples of tensors")
 
 
 def _is_boundary(value: Any) -> bool:

@@ -1,6 +1,7 @@
 """Plugin models train like the built-in ones: the example project's model (two tensors, hidden
 states and a boolean padding mask, cross every stage boundary) matches single-process training
-under 1F1B and the interleaved schedule (fp32, the equality tolerance of the other tests)."""
+under 1F1B (with and without recomputation) and the interleaved schedule (fp32, the equality
+tolerance of the other tests)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,7 +17,8 @@ PLUGIN = ["model._target_=maskseq.model.build", "model.width=16", "data._target_
           "train.warmup_steps=1", "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",
           "train.progress=false", "train.timeout_s=60", "optim=sgd", "train.lr=0.05"]
 LAYOUTS = {"1f1b": ["schedule=1f1b", "parallel.pp=2", "parallel.vpp=1"],
-           "interleaved": ["schedule=interleaved", "parallel.pp=2", "parallel.vpp=2"]}
+           "interleaved": ["schedule=interleaved", "parallel.pp=2", "parallel.vpp=2"],
+           "1f1b-recompute": ["schedule=1f1b", "parallel.pp=2", "parallel.vpp=1", "recompute.granularity=full"]}
 
 
 @pytest.mark.slow
