@@ -14,7 +14,7 @@ from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_laye
 
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
-from .plugin_config import layer_count, plugin_target
+from .plugin_config import plugin_target
 from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
@@ -59,9 +59,13 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def _check_model(cfg: Any) -> int:
+def _check_model(cfg: Any) -> tuple[int, tuple]:
+    """The model's pipeline layers, and a plugin's tied parameter groups (the built-in models'
+    ties follow ``model.tie_embeddings``)."""
     if plugin_target(cfg.model) is not None:
-        return layer_count(cfg.model)   # imports, builds and checks the plugin
+        from .plugins import checked_model
+        model = checked_model(cfg.model).model   # imports, builds and checks the plugin
+        return model.num_layers, model.tied
     name = _get(cfg, "model.name")
     if name not in TRAINABLE_MODELS:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
@@ -69,14 +73,27 @@ def _check_model(cfg: Any) -> int:
     _positive(cfg, "model.num_layers")
     _positive(cfg, "model.hidden_size")
     if name == "mlp":
-        return pipeline_layer_count(cfg.model)
+        return pipeline_layer_count(cfg.model), ()
     for key in ("num_heads", "seq_len", "vocab_size"):
         _positive(cfg, f"model.{key}")
     hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
     if hidden % heads:
         raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
                           f"choose heads among the divisors of {hidden}")
-    return pipeline_layer_count(cfg.model)
+    return pipeline_layer_count(cfg.model), ()
+
+
+def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
+    """Asynchronous schedules update stages at different times: a parameter tied across two
+    pipeline stages would have two diverging copies."""
+    stage_of = [virtual % layout.pp for virtual, (start, end) in enumerate(bounds) for _ in range(start, end)]
+    for group in tied:
+        stages = sorted({stage_of[layer] for layer, _ in group})
+        if len(stages) > 1:
+            raise ConfigError(f"model._target_={plugin_target(cfg.model)} ties {group[0][1]} of layer {group[0][0]} "
+                              f"to layer {group[1][0]} across stages {stages}, which schedule={schedule} updates at "
+                              f"different times: use a flush schedule (1f1b, gpipe, interleaved) or a "
+                              f"parallel.layers_per_stage that keeps them on one stage")
 
 
 def _check_data(cfg: Any) -> int | None:
@@ -110,7 +127,7 @@ def _check_data(cfg: Any) -> int | None:
 
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
-    num_layers = _check_model(cfg)
+    num_layers, tied = _check_model(cfg)
     seq_len = _check_data(cfg)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
@@ -160,6 +177,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
     bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
+    if schedule in ASYNC_SCHEDULES:
+        _check_ties_in_one_stage(cfg, tied, layout, bounds, schedule)
     if world_size is not None:
         layout.check_world_size(world_size)
     return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,

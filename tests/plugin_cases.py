@@ -65,3 +65,13 @@ class ToDict(nn.Module):
 
 def layer_returns_a_dict() -> LayerModel:
     return from_modules([nn.Linear(4, 2), ToDict()], F.mse_loss, (torch.randn(2, 4), torch.randn(2, 2)))
+
+
+def tied_across_layers() -> LayerModel:
+    shared = nn.Linear(4, 4)
+    return from_modules([shared, nn.GELU(), nn.Linear(4, 4), shared], F.mse_loss, (torch.randn(2, 4), torch.randn(2, 4)))
+
+
+def tied_data(samples: int = 64) -> tuple[TensorDataset, TensorDataset]:
+    x = torch.randn(samples, 4)
+    return TensorDataset(x[:48], torch.sin(x[:48])), TensorDataset(x[48:], torch.sin(x[48:]))

@@ -32,3 +32,17 @@ def test_two_tensor_boundary_plugin_matches_single_process(tmp_path, monkeypatch
         assert_matches_reference({"params": result, "losses": per_rank[0][index]["losses"]}, reference)
         boundary_bytes = per_rank[0][index]["summary"]["ranks"][0]["bytes_sent"]
         assert boundary_bytes > 0, name
+
+
+@pytest.mark.slow
+def test_a_parameter_shared_by_two_stages_matches_single_process(tmp_path):
+    """``from_modules`` finds the Linear used as layer 0 and layer 3; on two stages its gradients
+    are summed across them, as the single-process model accumulates both uses into one."""
+    tied = ["model._target_=tests.plugin_cases.tied_across_layers", "data._target_=tests.plugin_cases.tied_data",
+            "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=3", "train.warmup_steps=1",
+            "train.eval_every=0", "train.log_every=1", "train.progress=false", "train.timeout_s=60", "optim=sgd",
+            "train.lr=0.05", "parallel.pp=2"]
+    per_rank = run_workers(train_rank, 2, [(tied, str(tmp_path / "tied"))])
+    result = merge_params([rank_results[0] for rank_results in per_rank])
+    assert {"0.weight", "3.weight"} <= set(result)
+    assert_matches_reference({"params": result, "losses": per_rank[0][0]["losses"]}, reference_training(tied))

@@ -105,3 +105,36 @@ def test_the_readme_example_is_a_valid_plugin(tmp_path, monkeypatch):
     overrides = [word for word in command if "=" in word and not word.startswith("PYTHONPATH")]
     spec = build_run_spec(compose_config(overrides), 2)
     assert spec.layout.pp == 2 and spec.num_layers == 3
+
+
+def test_the_planner_plans_a_plugin_only_from_a_measured_profile():
+    from planner.config import compose, inputs_from_config
+    from planner.errors import PlannerError
+
+    with pytest.raises(PlannerError, match="model._target_=tests.plugin_cases.good_model has no analytic sizes: "
+                                           "measure it first"):
+        inputs_from_config(compose(["model._target_=tests.plugin_cases.good_model"]))
+
+
+def test_a_measured_profile_counts_every_member_of_a_tuple(monkeypatch):
+    from pathlib import Path
+
+    from planner.measure import measure_profile
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "masked_sequences"))
+    width, length = 8, 6
+    profile = measure_profile({"_target_": "maskseq.model.build", "width": width, "max_len": length}, [1, 2], "cpu",
+                              warmup=0, repeats=1)
+    # embedding and blocks send (hidden float32, mask bool) per sample; the head ends in the loss
+    assert [layer.output_bytes for layer in profile.layers] == [length * (width * 4 + 1)] * 3 + [0.0]
+    assert profile.layers[1].activation_bytes_recompute == length * (width * 4 + 1)
+    assert all(t > 0 for layer in profile.layers for t in (*layer.forward_s, *layer.backward_s))
+    assert profile.model == "maskseq.model.build" and profile.num_parameters > 0
+
+
+def test_parameters_tied_across_stages_are_refused_by_the_asynchronous_schedules():
+    tied = ["model._target_=tests.plugin_cases.tied_across_layers", *GOOD_DATA]
+    assert spec_of(*tied).num_layers == 4   # 1F1B all-reduces the tied gradients
+    with pytest.raises(ConfigError, match=r"ties weight of layer 0 to layer 3 across stages \[0, 1\], which "
+                                          r"schedule=2bw updates at different times"):
+        spec_of(*tied, "schedule=2bw")
