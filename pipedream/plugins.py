@@ -6,6 +6,7 @@ target and what was wrong."""
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -87,30 +88,49 @@ def checked_model(model_cfg: Any, seed: int = 0) -> CheckedModel:
     return CheckedModel(model, _meta_forward_flops(model, label) / CHECK_BATCH)
 
 
-def _meta_forward_flops(model: LayerModel, label: str) -> float:
+def check_data_fits(model_cfg: Any, model: LayerModel, data_cfg: Any, train_set: Dataset) -> None:
+    """A batch of the data plugin's first samples runs through the model and its loss (meta device)."""
+    from .data import collate
+
+    batch = collate(train_set, list(range(min(CHECK_BATCH, len(train_set)))))
+    _meta_forward_flops(model, f"data.{TARGET}={plugin_target(data_cfg)}", batch,
+                        problem=f"its batches do not fit model.{TARGET}={plugin_target(model_cfg)}")
+
+
+def _meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | None = None,
+                        problem: str = "layers do not chain") -> float:
+    """Runs ``batch`` (default: the model's example batch) through the layers and the loss on the
+    meta device; returns the forward FLOPs."""
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
-        inputs, target = model.make_batch(CHECK_BATCH, torch.Generator().manual_seed(0))
+        inputs, target = batch if batch is not None else model.make_batch(CHECK_BATCH, torch.Generator().manual_seed(0))
         with torch.device("meta"):
             layers = model.build()
         value, target = _to_meta(inputs), _to_meta(target)
     except Exception as error:  # noqa: BLE001
         raise ConfigError(f"{label}: building the layers or the example batch failed ({_first_line(error)}): "
                           f"build_layer and make_batch must run under torch.device('meta')") from None
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
+    # warnings.catch_warnings: the check's own runs stay quiet (the training run warns again)
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         for index in range(model.num_layers):
             layer = layers[index]
             try:
                 value = boundary.call_layer(layer, value)
             except Exception as error:  # noqa: BLE001
-                raise ConfigError(f"{label}: layers do not chain: layer {index} ({type(layer).__name__}) fails on "
+                raise ConfigError(f"{label}: {problem}: layer {index} ({type(layer).__name__}) fails on "
                                   f"{_describe(value)} ({_first_line(error)}): make layer {index} accept what "
                                   f"{'the batch input' if index == 0 else f'layer {index - 1}'} gives") from None
             if not _is_boundary(value):
                 raise ConfigError(f"{label}: layer {index} ({type(layer).__name__}) returned {_describe(value)}: a "
                                   f"layer returns a tensor or a tuple of tensors")
-        loss = model.loss_fn(value, target)
+        try:
+            loss = model.loss_fn(value, target)
+        except Exception as error:  # noqa: BLE001
+            context = f"{problem}: " if batch is not None else ""
+            raise ConfigError(f"{label}: {context}the loss fails on output {_describe(value)} and target "
+                              f"{_describe(target)} ({_first_line(error)}): make loss_fn accept them") from None
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
         raise ConfigError(f"{label}: the loss returned {_describe(loss)}, not a scalar floating-point tensor: "
                           f"reduce it (e.g. .mean()) in loss_fn")

@@ -59,13 +59,12 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def _check_model(cfg: Any) -> tuple[int, tuple]:
-    """The model's pipeline layers, and a plugin's tied parameter groups (the built-in models'
-    ties follow ``model.tie_embeddings``)."""
+def _check_model(cfg: Any) -> tuple[int, Any]:
+    """The model's pipeline layers, and a plugin's ``LayerModel`` (None for a built-in model)."""
     if plugin_target(cfg.model) is not None:
         from .plugins import checked_model
         model = checked_model(cfg.model).model   # imports, builds and checks the plugin
-        return model.num_layers, model.tied
+        return model.num_layers, model
     name = _get(cfg, "model.name")
     if name not in TRAINABLE_MODELS:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
@@ -73,14 +72,14 @@ def _check_model(cfg: Any) -> tuple[int, tuple]:
     _positive(cfg, "model.num_layers")
     _positive(cfg, "model.hidden_size")
     if name == "mlp":
-        return pipeline_layer_count(cfg.model), ()
+        return pipeline_layer_count(cfg.model), None
     for key in ("num_heads", "seq_len", "vocab_size"):
         _positive(cfg, f"model.{key}")
     hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
     if hidden % heads:
         raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
                           f"choose heads among the divisors of {hidden}")
-    return pipeline_layer_count(cfg.model), ()
+    return pipeline_layer_count(cfg.model), None
 
 
 def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
@@ -96,11 +95,13 @@ def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, boun
                               f"parallel.layers_per_stage that keeps them on one stage")
 
 
-def _check_data(cfg: Any) -> int | None:
+def _check_data(cfg: Any, plugin_model: Any) -> int | None:
     model_plugin = plugin_target(cfg.model)
     if plugin_target(cfg.data) is not None:
-        from .plugins import plugin_datasets
-        plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
+        from .plugins import check_data_fits, plugin_datasets
+        train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
+        if plugin_model is not None:
+            check_data_fits(cfg.model, plugin_model, cfg.data, train_set)
         return None if model_plugin or cfg.model.name == "mlp" else int(cfg.model.seq_len)
     if model_plugin is not None:
         raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
@@ -127,8 +128,8 @@ def _check_data(cfg: Any) -> int | None:
 
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
-    num_layers, tied = _check_model(cfg)
-    seq_len = _check_data(cfg)
+    num_layers, plugin_model = _check_model(cfg)
+    seq_len = _check_data(cfg, plugin_model)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
     if schedule not in SCHEDULES:
@@ -177,8 +178,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
     bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
-    if schedule in ASYNC_SCHEDULES:
-        _check_ties_in_one_stage(cfg, tied, layout, bounds, schedule)
+    if schedule in ASYNC_SCHEDULES and plugin_model is not None:
+        _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:
         layout.check_world_size(world_size)
     return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,

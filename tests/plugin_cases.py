@@ -75,3 +75,7 @@ def tied_across_layers() -> LayerModel:
 def tied_data(samples: int = 64) -> tuple[TensorDataset, TensorDataset]:
     x = torch.randn(samples, 4)
     return TensorDataset(x[:48], torch.sin(x[:48])), TensorDataset(x[48:], torch.sin(x[48:]))
+
+
+def data_too_wide() -> tuple[TensorDataset, TensorDataset]:
+    return (TensorDataset(torch.randn(8, 5), torch.randn(8, 2)),) * 2

@@ -66,6 +66,11 @@ BAD_DATA = {
     "tests.plugin_cases.data_bad_samples": "returned (list, list), not (train, validation)",
     "tests.plugin_cases.data_unpaired_samples": "train samples are (a float32 tensor of shape [4]), not (input, "
                                                 "target) pairs",
+    "tests.plugin_cases.data_too_wide": "its batches do not fit model._target_=tests.plugin_cases.good_model: layer 0 "
+                                        "(Linear) fails on a float32 tensor of shape [2, 5]",
+    "tests.plugin_cases.tied_data": "its batches do not fit model._target_=tests.plugin_cases.good_model: the loss "
+                                    "fails on output a float32 tensor of shape [2, 2] and target a float32 tensor "
+                                    "of shape [2, 4]",
     "no_such_package.data": "cannot be imported",
 }
 
@@ -133,7 +138,7 @@ def test_a_measured_profile_counts_every_member_of_a_tuple(monkeypatch):
 
 
 def test_parameters_tied_across_stages_are_refused_by_the_asynchronous_schedules():
-    tied = ["model._target_=tests.plugin_cases.tied_across_layers", *GOOD_DATA]
+    tied = ["model._target_=tests.plugin_cases.tied_across_layers", "data._target_=tests.plugin_cases.tied_data"]
     assert spec_of(*tied).num_layers == 4   # 1F1B all-reduces the tied gradients
     with pytest.raises(ConfigError, match=r"ties weight of layer 0 to layer 3 across stages \[0, 1\], which "
                                           r"schedule=2bw updates at different times"):
