@@ -21,7 +21,7 @@ from .supervise import run_supervised
 def model_label(cfg: Any, argv: list[str]) -> str:
     """How the user named the model: the ``model=`` choice, else the preset or family."""
     chosen = [a.partition("=")[2] for a in argv if a.startswith("model=")]
-    return chosen[-1] if chosen else str(cfg.model.get("preset") or cfg.model.name)
+    return chosen[-1] if chosen else str(cfg.model.get("preset") or cfg.model.get("name") or cfg.model.get("_target_"))
 
 
 def check_buildable(cfg: Any, label: str) -> None:

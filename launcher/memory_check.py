@@ -93,6 +93,8 @@ def available_memory() -> tuple[float, str]:
 def check_memory(label: str, cfg: Any, spec: Any, processes: int, available: float | None = None) -> str | None:
     """Raises ConfigError when the run cannot fit; returns a note when the check does not apply."""
     device = str(cfg.cluster.device)
+    if cfg.model.get("_target_"):
+        return f"memory pre-check: skipped (model._target_={cfg.model._target_} has no analytic sizes)"
     if device != "cpu":
         return f"memory pre-check: skipped for cluster.device={device} (it checks host memory of CPU runs)"
     from omegaconf import OmegaConf

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
     from .spec import LayerModel
 
-_LAZY = {"bert_model": ".bert", "gpt_model": ".gpt", "mlp_model": ".mlp", "LayerModel": ".spec"}
+_LAZY = {"bert_model": ".bert", "gpt_model": ".gpt", "mlp_model": ".mlp", "LayerModel": ".spec",
+         "PipelineSequential": ".spec", "from_modules": ".contract"}
 
 
 def __getattr__(name: str) -> Any:
@@ -34,7 +35,7 @@ def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
     before creating any process group."""
     if tp == 1:
         return
-    name = model_cfg["name"]
+    name = model_cfg.get("name") or f"{model_cfg.get('_target_')} (a plugin)"
     if name not in ("gpt", "bert"):
         raise ConfigError(f"model={name} has no tensor-parallel form but parallel.tp={tp}: set parallel.tp=1 "
                           f"or train model=gpt_tiny / model=bert_tiny")
@@ -49,6 +50,10 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
     from .gpt import gpt_model
     from .mlp import mlp_model
 
+    if model_cfg.get("_target_") is not None:   # a plugin (docs/models.md)
+        from pipedream.plugins import plugin_model
+        check_tensor_parallel_config(model_cfg, 1 if tp is None else tp.size)
+        return plugin_model(model_cfg, seed)
     name = model_cfg["name"]
     if model_cfg.get("planner_only"):
         raise ConfigError(f"model={model_cfg.get('preset') or name} is planner-only (analytic sizes): "
@@ -70,5 +75,5 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
     raise ValueError(f"model.name={name!r} cannot be trained; trainable models are {list(TRAINABLE_MODELS)}")
 
 
-__all__ = ["LayerModel", "TRAINABLE_MODELS", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",
+__all__ = ["LayerModel", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",
            "mlp_model", "pipeline_layer_count"]

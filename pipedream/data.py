@@ -149,6 +149,9 @@ class TeacherRegression(torch.utils.data.Dataset):
 
 
 def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset]:
+    if data_cfg.get("_target_") is not None:   # a plugin (docs/models.md)
+        from .plugins import plugin_datasets
+        return plugin_datasets(data_cfg, seed)
     if model_cfg["name"] == "mlp":
         if data_cfg["name"] != "synthetic":
             raise ConfigError(f"model=mlp trains on synthetic regression data, not data={data_cfg['name']}: "
@@ -210,9 +213,17 @@ class GlobalBatchOrder:
         return indices[dp_rank * size:(dp_rank + 1) * size]
 
 
-def collate(dataset: torch.utils.data.Dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(dataset: torch.utils.data.Dataset, indices: list[int]) -> tuple[Any, Any]:
+    """Stacks samples into a batch; an input or target that is a tuple of tensors is stacked member
+    by member (a tuple of batches)."""
     inputs, targets = zip(*(dataset[i] for i in indices))
-    return torch.stack(inputs), torch.stack(targets)
+    return _stack(inputs), _stack(targets)
+
+
+def _stack(samples: tuple) -> Any:
+    if isinstance(samples[0], (tuple, list)):
+        return tuple(torch.stack(member) for member in zip(*samples))
+    return torch.stack(samples)
 
 
 def microbatches(dataset: torch.utils.data.Dataset, indices: list[int], micro_batch: int

@@ -62,4 +62,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from .plugin_config import plugin_overrides
+    sys.argv[1:] = plugin_overrides(sys.argv[1:])   # model._target_=...: see plugin_config
     main()
