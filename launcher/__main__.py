@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
             if note:
                 print(note, file=sys.stderr)
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
-            claim_run_dir(cfg, Path(run_dir))
+            claim_run_dir(spec, Path(run_dir))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
