@@ -162,3 +162,10 @@ def test_a_preempted_run_exits_with_the_requeue_code(tmp_path, capsys):
     assert job_exit_code(1, tmp_path, spec) == 1    # a failure stays a failure
     off = PreemptionSpec.from_config(compose_config(["preemption.signal=null"]))
     assert job_exit_code(0, tmp_path, off) == 0
+
+
+def test_several_tasks_per_node_draw_a_warning(tmp_path, capsys):
+    apply_allocation(compose_config(DEGREES), DEGREES, slurm_env(tmp_path, 2, 0, "n[1-2]", SLURM_NTASKS_PER_NODE="4"))
+    assert "SLURM_NTASKS_PER_NODE=4" in capsys.readouterr().err
+    apply_allocation(compose_config(DEGREES), DEGREES, slurm_env(tmp_path, 2, 0, "n[1-2]", SLURM_NTASKS_PER_NODE="1"))
+    assert capsys.readouterr().err == ""
