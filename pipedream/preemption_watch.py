@@ -22,7 +22,7 @@ from .preemption import PreemptionSpec, clear_marker, write_marker
 
 
 class PreemptionWatch:
-    """One rank's view; ``close()`` puts the previous signal handler back."""
+    """One rank's view of the preemption signal, from the start of the step loop to ``close()``."""
 
     def __init__(self, spec: PreemptionSpec, ctx: DistContext, run_dir: Path):
         self.spec, self.rank, self.run_dir = spec, ctx.rank, run_dir
@@ -59,6 +59,8 @@ class PreemptionWatch:
         return path
 
     def close(self) -> None:
+        """Puts the previous handler back, but a late signal (the launcher repeats it) must not end a
+        rank that is finishing: the default action becomes "ignore"."""
         if self._previous is not None:
-            signal.signal(self.spec.signal, self._previous)
+            signal.signal(self.spec.signal, signal.SIG_IGN if self._previous == signal.SIG_DFL else self._previous)
             self._previous = None
