@@ -163,3 +163,10 @@ def test_servers_join_one_rendezvous(tmp_path):
 def test_launch_scripts_are_valid_bash(script):
     done = subprocess.run(["bash", "-n", str(SCRIPTS / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_slurm_and_preemption_modules_import_no_torch():
+    script = ("import sys; sys.modules['torch'] = None\n"   # any 'import torch' now raises ImportError
+              "import pipedream.preemption, launcher.slurm, launcher.sbatch, launcher.preempt, launcher.supervise")
+    done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]

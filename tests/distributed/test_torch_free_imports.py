@@ -1,5 +1,5 @@
-"""The planner's dry run, the schedule tooling and the launcher's SLURM and preemption modules run
-without torch: a fresh interpreter in which any ``import torch`` fails imports them and plans."""
+"""The planner's dry run and the schedule tooling run without torch: a fresh interpreter in which
+any ``import torch`` fails imports them and plans."""
 from __future__ import annotations
 
 import subprocess
@@ -12,8 +12,7 @@ SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" 
                    if p.stem != "__init__")
 TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.simulate", "pipedream.stream_model",
               "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "planner",
-              "models.formulas", "models.facts", "pipedream.preemption", "launcher.slurm", "launcher.sbatch",
-              "launcher.preempt"]
+              "models.formulas", "models.facts"]
 # A preset with a device sheet: ``local_cpu`` would measure this machine with torch.
 DRY_RUN = ["model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]
 
