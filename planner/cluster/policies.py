@@ -7,9 +7,11 @@ job cannot run (T = 0). The LPs are solved by HiGHS through ``scipy.optimize.lin
 
 Heterogeneity-agnostic variants (Gavel's baselines) solve the same problem with T replaced by a
 row-constant matrix: each job's throughput averaged over the GPUs it can run on, so every type
-looks alike (Gavel's agnostic LAS sets every throughput to 1, which gives the same LP). Which type
-a job lands on is then the solver's choice, as in Gavel's baseline; the realised throughput still
-comes from the true T.
+looks alike (Gavel's agnostic LAS sets every throughput to 1, which gives the same objective). An
+agnostic scheduler runs a job on whichever GPU is free, so its time spreads over the types it can
+run on in proportion to their GPU counts: the agnostic LPs add X[m, j] / W_j = X[m, j'] / W_j'.
+(Left to the solver, the split would be an arbitrary vertex that may keep one job on K80s for
+good.) The realised throughput always comes from the true T.
 """
 from __future__ import annotations
 
@@ -41,14 +43,15 @@ class Problem:
     elapsed_s: np.ndarray | None = None
     isolated_s: np.ndarray | None = None
     deadline_s: np.ndarray | None = None
+    spread: bool = False  # agnostic: time on the runnable types in proportion to their GPUs
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.T.shape
 
-    def with_T(self, T: np.ndarray) -> "Problem":
-        return Problem(T, self.counts, self.scale, self.weights, self.steps, self.prices, self.elapsed_s,
-                       self.isolated_s, self.deadline_s)
+    def agnostic(self) -> "Problem":
+        return Problem(agnostic_T(self.T, self.counts), self.counts, self.scale, self.weights, self.steps,
+                       self.prices, self.elapsed_s, self.isolated_s, self.deadline_s, spread=True)
 
 
 @dataclass
@@ -101,6 +104,23 @@ class _LP:
         self.rhs = [np.ones(n), p.counts.astype(float)]
         upper = (p.T > 0).astype(float).ravel()
         self.bounds = [(0.0, u) for u in upper] + [(None, None)] * extras
+        self.eq = self._spread_rows() if p.spread else None
+
+    def _spread_rows(self):
+        """X[m, j] W_j' - X[m, j'] W_j = 0 for consecutive runnable types j, j' of each job."""
+        from scipy import sparse
+
+        data, rows, cols = [], [], []
+        for m in range(self.n):
+            runs = np.flatnonzero(self.p.T[m] > 0)
+            for j, jj in zip(runs[:-1], runs[1:]):
+                r = len(rows) // 2
+                rows += [r, r]
+                cols += [m * self.k + j, m * self.k + jj]
+                data += [float(self.p.counts[jj]), -float(self.p.counts[j])]
+        if not rows:
+            return None
+        return sparse.csr_matrix((data, (rows, cols)), shape=(len(rows) // 2, self.size))
 
     def per_job(self, coeff: np.ndarray, extra: np.ndarray | None = None):
         """Rows a_m . X[m] (+ extra[m] . extras): one constraint row per job, sparse."""
@@ -120,6 +140,7 @@ class _LP:
         from scipy.optimize import linprog
 
         res = linprog(c, A_ub=sparse.vstack(self.blocks).tocsr(), b_ub=np.concatenate(self.rhs),
+                      A_eq=self.eq, b_eq=None if self.eq is None else np.zeros(self.eq.shape[0]),
                       bounds=self.bounds, method="highs")
         if res.status != 0:
             raise PlannerError(f"the allocation LP did not solve: {res.message}")
@@ -279,7 +300,7 @@ def allocate(policy: str, p: Problem, heterogeneity: str = "aware") -> Allocatio
     if p.shape[0] == 0:
         X, lps = np.zeros(p.shape), 0
     else:
-        seen = p if heterogeneity == "aware" else p.with_T(agnostic_T(p.T, p.counts))
+        seen = p if heterogeneity == "aware" else p.agnostic()
         X, lps = SOLVERS[policy](seen)
     return Allocation(X, policy, heterogeneity, objective_value(policy, p, X) if p.shape[0] else 0.0,
                       time.perf_counter() - start, lps)
