@@ -5,7 +5,8 @@
 * Duration on the reference type (Gavel: a V100) is 10^x minutes, x ~ U[1.5, 3] with probability
   0.8 and U[3, 4] otherwise; steps = duration x the job's throughput there (from T, so the planner's).
 * GPUs per job: all 1 ("continuous-single"), or 70% 1, 25% 2-4, 5% 8 ("continuous-multiple",
-  Microsoft's published traces).
+  Microsoft's published traces). A mix entry's batch is per GPU, as for Gavel's data-parallel
+  workers: a job on k GPUs trains k x batch samples per step.
 * Arrivals: Poisson with ``rate_per_hour`` jobs per hour ("continuous"); rate 0: all at time 0
   ("static").
 * Optional SLOs (the cost experiment, ch. 5.7.3): a factor from ``slo_factors`` x the job's
@@ -53,7 +54,7 @@ def generate_trace(mix: Sequence[Mapping], n: int, rate_per_hour: float, seed: i
     jobs = []
     for i in range(n):
         kind = mix[int(kinds[i])]
-        job = Job(name=f"job{i}", model=str(kind["model"]), batch=int(kind["batch"]), steps=1.0,
+        job = Job(name=f"job{i}", model=str(kind["model"]), batch=int(kind["batch"]) * int(scales[i]), steps=1.0,
                   scale_factor=int(scales[i]), arrival_hours=float(arrivals[i]))
         steps = minutes[i] * 60.0 * reference_steps_per_s(job)
         hours = minutes[i] / 60.0
