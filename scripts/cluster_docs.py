@@ -7,6 +7,8 @@ Run: .venv/bin/python scripts/cluster_docs.py [--quick]   (--quick: fewer jobs, 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import re
 import sys
@@ -16,7 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.cluster.__main__ import load_setup, simulate_both  # noqa: E402
+from planner.cluster.__main__ import load_setup, main as cluster_main, simulate_both  # noqa: E402
+from planner.cluster.fleet import Job  # noqa: E402
 from planner.cluster.report import plot_results  # noqa: E402
 from planner.cluster.simulator import simulate  # noqa: E402
 from planner.config import compose  # noqa: E402
@@ -100,11 +103,51 @@ def markdown(experiments: list[dict]) -> str:
     return "\n".join(lines)
 
 
+# Table 6.1 of the dissertation: throughput speed-up over a K80 (P100, V100), measured
+TABLE_6_1 = [("Transformer", 3.3, 3.3), ("A3C", 1.2, 2.2), ("CycleGAN", 4.5, 9.3), ("ResNet-18", 4.0, 6.8),
+             ("ResNet-50", 3.7, 9.6)]
+EXAMPLE = ["jobs=docs/cluster_jobs.yaml", "fleet=gavel_physical", "policy=max_min_fairness"]
+
+
+def throughput_section() -> str:
+    """T for the trace mix on one GPU of each type, with the speed-ups Table 6.1 measured."""
+    cfg = compose([], config_name="gavel")
+    fleet, table, _ = load_setup(compose(["trace.jobs=1"], config_name="gavel"))
+    names = fleet.type_names
+    lines = ["| model, batch | " + " | ".join(f"{n} steps/s" for n in names) + " | P100 / K80 | V100 / K80 | plan on a V100 |",
+             "|---|" + "---|" * (len(names) + 3)]
+    for kind in cfg.trace.mix:
+        job = Job("t", str(kind.model), int(kind.batch), 1.0)
+        row = table.row(job)
+        lines.append(f"| {kind.model}, {kind.batch} | " + " | ".join(f"{v:.4g}" for v in row)
+                     + f" | {row[1] / row[2]:.1f}x | {row[0] / row[2]:.1f}x | {table.plan(job, fleet.types[0]).summary} |")
+    lines += ["", "Table 6.1 (measured): " + "; ".join(f"{m} {p}x / {v}x" for m, p, v in TABLE_6_1) + "."]
+    return "\n".join(lines)
+
+
+def example_section() -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        code = cluster_main(EXAMPLE)
+    assert code == 0
+    return f"```\n$ python -m planner.cluster {' '.join(EXAMPLE)}\n{buf.getvalue().rstrip()}\n```"
+
+
+def fill(text: str, marker: str, body: str) -> str:
+    return re.sub(rf"(<!-- {marker}:start -->\n).*?(\n<!-- {marker}:end -->)", lambda m: m.group(1) + body + m.group(2),
+                  text, flags=re.S)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="*", help="experiment names to run")
+    parser.add_argument("--sections-only", action="store_true", help="refresh T and the example, keep the simulations")
     args = parser.parse_args()
+    if args.sections_only:
+        text = fill(DOC.read_text(encoding="utf-8"), "throughput", throughput_section())
+        DOC.write_text(fill(text, "example", example_section()), encoding="utf-8")
+        return 0
     start = time.time()
     done = []
     for name, policy, overrides, paper in EXPERIMENTS:
@@ -119,11 +162,9 @@ def main() -> int:
         print(markdown(done))
         return 0
     (ROOT / "docs" / "cluster_sim.json").write_text(json.dumps(done, indent=1), encoding="utf-8")
-    text = DOC.read_text(encoding="utf-8")
     section = markdown(done)
-    text = re.sub(r"(<!-- sim:start -->\n).*?(\n<!-- sim:end -->)", lambda m: m.group(1) + section + m.group(2),
-                  text, flags=re.S)
-    DOC.write_text(text, encoding="utf-8")
+    text = fill(DOC.read_text(encoding="utf-8"), "sim", section)
+    DOC.write_text(fill(fill(text, "throughput", throughput_section()), "example", example_section()), encoding="utf-8")
     print(section)
     return 0
 

@@ -296,6 +296,8 @@ def allocate(policy: str, p: Problem, heterogeneity: str = "aware") -> Allocatio
     if heterogeneity not in ("aware", "agnostic"):
         raise PlannerError(f"heterogeneity={heterogeneity!r} is unknown: choose aware (Gavel) or agnostic "
                            f"(every type alike, the baseline)")
+    import scipy.optimize  # noqa: F401  (imported before the clock starts: solve_s times the LPs)
+
     start = time.perf_counter()
     if p.shape[0] == 0:
         X, lps = np.zeros(p.shape), 0
