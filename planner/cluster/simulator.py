@@ -94,7 +94,8 @@ def simulate(jobs: Sequence[Job], T: np.ndarray, fleet: Fleet, policy: str, hete
         rows = np.array(active)
         if changed or t - last_solve >= resolve_s:
             problem = Problem(T[rows], counts, scale[rows], weights[rows], remaining[rows], prices,
-                              elapsed_s=t - arrival[rows], isolated_s=isolated[rows], deadline_s=deadline[rows] - t)
+                              elapsed_s=t - arrival[rows], isolated_s=isolated[rows],
+                              deadline_s=deadline[rows] - t - round_s)  # whole rounds: aim one round early
             alloc = allocate(policy, problem, heterogeneity)
             X, solves, lps, solve_s = alloc.X, solves + 1, lps + alloc.lps, solve_s + alloc.solve_s
             iso_thr = np.maximum(effective_throughput(problem.T, isolated_share(problem)), 1e-300)
