@@ -30,6 +30,10 @@ EXPERIMENTS = [
     ("las_single", "max_min_fairness", ["trace.jobs=240", "trace.rate_per_hour=3"],
      "LAS, continuous-single: 3.5x lower average JCT at high load (Fig. 5.9); 3.7 h vs 5.4 h on the "
      "physical-size trace (Table 5.3)"),
+    ("las_single_high", "max_min_fairness", ["trace.jobs=240", "trace.rate_per_hour=6"],
+     "the same at twice the arrival rate (a shorter trace: 40 h of arrivals)"),
+    ("las_single_ideal", "max_min_fairness", ["trace.jobs=240", "trace.rate_per_hour=3", "mechanism=ideal"],
+     "the ideal mechanism (exactly X): Gavel's 6-minute rounds behave almost identically (Fig. 5.15b)"),
     ("las_multi", "max_min_fairness", ["trace.jobs=160", "trace.rate_per_hour=1", "trace.multi_gpu=true"],
      "LAS, continuous-multiple: 2.2x lower average JCT (Fig. 5.10)"),
     ("ftf_multi", "finish_time_fairness", ["trace.jobs=160", "trace.rate_per_hour=1", "trace.multi_gpu=true"],
