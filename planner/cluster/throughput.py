@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import PlannerError
+from ..errors import DoesNotFitError, PlannerError
 from .fleet import Fleet, GpuType, Job
 
 
@@ -81,9 +81,9 @@ class ThroughputTable:
             cfg.cluster.nodes, cfg.cluster.devices_per_node = servers, per_server
         try:
             outcome = make_plan(inputs_from_config(cfg), str(cfg.planner.algorithm), str(cfg.planner.semantics), False)
+        except DoesNotFitError as err:
+            return TypePlan(0.0, f"does not fit: {str(err)[:160]}")
         except PlannerError as err:
-            if "fits no configuration" in str(err) or "does not fit" in str(err):
-                return TypePlan(0.0, f"does not fit: {str(err)[:160]}")
             raise PlannerError(f"job {job.name} ({job.model}, batch {job.batch}) on {job.scale_factor} x "
                                f"{gpu.name}: {err}") from None
         plan = outcome.plan
