@@ -33,7 +33,8 @@ def instance(table: ThroughputTable, mix: list[dict], n: int, rng: np.random.Gen
     fleet = table.fleet
     kinds = rng.integers(0, len(mix), n)
     scales = scale_factors(rng, n, multi_gpu=True)
-    jobs = [Job(f"j{i}", mix[k]["model"], int(mix[k]["batch"]), 1.0, int(s)) for i, (k, s) in enumerate(zip(kinds, scales))]
+    jobs = [Job(f"j{i}", mix[k]["model"], int(mix[k]["batch"]) * int(s), 1.0, int(s))  # per-GPU batch, as traces
+            for i, (k, s) in enumerate(zip(kinds, scales))]
     T = table.matrix(jobs)
     steps = durations_minutes(rng, n) * 60 * T.max(axis=1)
     slo = np.where(rng.random(n) < 0.5, steps / T.max(axis=1) * rng.choice([1.2, 2, 10], n), np.inf)

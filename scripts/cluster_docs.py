@@ -25,6 +25,7 @@ from planner.cluster.simulator import simulate  # noqa: E402
 from planner.config import compose  # noqa: E402
 
 DOC = ROOT / "docs" / "cluster.md"
+SIM_JSON = ROOT / "docs" / "cluster_sim.json"
 # (name, policy, overrides, what the dissertation reports for the same comparison)
 EXPERIMENTS = [
     ("las_single", "max_min_fairness", ["trace.jobs=240", "trace.rate_per_hour=3"],
@@ -138,18 +139,20 @@ def example_section() -> str:
 
 
 def fill(text: str, marker: str, body: str) -> str:
-    return re.sub(rf"(<!-- {marker}:start -->\n).*?(\n<!-- {marker}:end -->)", lambda m: m.group(1) + body + m.group(2),
-                  text, flags=re.S)
+    return re.sub(rf"(<!-- {marker}:start -->\n).*?(<!-- {marker}:end -->)",
+                  lambda m: m.group(1) + body.rstrip() + "\n" + m.group(2), text, flags=re.S)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", nargs="*", help="experiment names to run")
-    parser.add_argument("--sections-only", action="store_true", help="refresh T and the example, keep the simulations")
+    parser.add_argument("--sections-only", action="store_true",
+                        help="refresh T and the example; the simulation table from docs/cluster_sim.json")
     args = parser.parse_args()
     if args.sections_only:
-        text = fill(DOC.read_text(encoding="utf-8"), "throughput", throughput_section())
+        text = fill(DOC.read_text(encoding="utf-8"), "sim", markdown(json.loads(SIM_JSON.read_text(encoding="utf-8"))))
+        text = fill(text, "throughput", throughput_section())
         DOC.write_text(fill(text, "example", example_section()), encoding="utf-8")
         return 0
     start = time.time()
@@ -165,7 +168,7 @@ def main() -> int:
     if args.quick:
         print(markdown(done))
         return 0
-    (ROOT / "docs" / "cluster_sim.json").write_text(json.dumps(done, indent=1), encoding="utf-8")
+    SIM_JSON.write_text(json.dumps(done, indent=1), encoding="utf-8")
     section = markdown(done)
     text = fill(DOC.read_text(encoding="utf-8"), "sim", section)
     DOC.write_text(fill(fill(text, "throughput", throughput_section()), "example", example_section()), encoding="utf-8")
