@@ -245,15 +245,22 @@ def min_cost_slo(p: Problem) -> tuple[np.ndarray, int]:
     """min_cost subject to throughput(m, X) >= steps_m / time to the SLO (ch. 6.4.3). An SLO that
     cannot be met is missed as little as possible (a slack u_m, penalised far above any saving)
     rather than dropping every SLO as Gavel does when the LP is infeasible."""
-    deadline = p.deadline_s if p.deadline_s is not None else np.full(p.shape[0], np.inf)
-    has = np.isfinite(deadline)
-    need = np.where(has, np.minimum(p.steps / np.maximum(deadline, 1e-9), p.T.max(axis=1)), 0.0)
+    need, penalty = _slo_terms(p)
     lp = _LP(p, extras=p.shape[0])
     lp.add(lp.per_job(-p.T, -np.eye(p.shape[0])), -need)  # T_m . X_m + u_m >= need_m
     lp.bounds[-p.shape[0]:] = [(0.0, None)] * p.shape[0]
     c = -lp.objective_x(_cost_coeff(p))
-    c[-p.shape[0]:] = SLO_PENALTY * _cost_coeff(p).max() * has / np.maximum(need, 1e-300)
+    c[-p.shape[0]:] = penalty
     return lp.X(lp.solve(c)), 1
+
+
+def _slo_terms(p: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """Each job's SLO throughput (steps left / time left, at most its fastest) and the price per
+    unit of it missed (0 without an SLO)."""
+    deadline = p.deadline_s if p.deadline_s is not None else np.full(p.shape[0], np.inf)
+    has = np.isfinite(deadline)
+    need = np.where(has, np.minimum(p.steps / np.maximum(deadline, 1e-9), p.T.max(axis=1)), 0.0)
+    return need, SLO_PENALTY * _cost_coeff(p).max() * has / np.maximum(need, 1e-300)
 
 
 def max_throughput(p: Problem) -> tuple[np.ndarray, int]:
@@ -270,7 +277,8 @@ SOLVERS: dict[str, Callable[[Problem], tuple[np.ndarray, int]]] = {
 
 def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
     """The policy's objective for X under p's T (higher is better for every policy: makespan and
-    finish-time fairness are negated, cost policies count progress per dollar)."""
+    finish-time fairness are negated, cost policies count progress per dollar, SLOs missed are
+    charged as in the LP)."""
     thr = effective_throughput(p.T, X)
     if policy == "max_min_fairness":
         equal = np.maximum(effective_throughput(p.T, equal_share(p)), 1e-300)
@@ -285,8 +293,11 @@ def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
         isolated = p.isolated_s if p.isolated_s is not None else np.zeros(p.shape[0])
         iso = np.maximum(effective_throughput(p.T, isolated_share(p)), 1e-300)
         return float(-np.max((elapsed + p.steps / np.maximum(thr, 1e-300)) / (isolated + p.steps / iso)))
-    if policy in ("min_cost", "min_cost_slo"):
+    if policy == "min_cost":
         return float(np.sum(_cost_coeff(p) * X))
+    if policy == "min_cost_slo":  # the LP's objective: progress per dollar less the missed SLO throughput
+        need, penalty = _slo_terms(p)
+        return float(np.sum(_cost_coeff(p) * X) - penalty @ np.maximum(need - thr, 0.0))
     return float(np.sum(thr / _best(p)))
 
 
