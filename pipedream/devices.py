@@ -53,4 +53,11 @@ DEVICES: Mapping[str, DeviceSheet] = MappingProxyType({
     "h200": _sheet("h200", 140, {"fp32": 67, "tf32": 495, "fp16": 989, "bf16": 989, "fp8": 1979},
                    4800, "bf16", 0.7, 1e10),
     "gtx_1080ti": _sheet("gtx_1080ti", 11, {"fp32": 11.3, "fp16": 0.177}, 484, "fp32", 0.8, 1e9),
+    # The older types of Gavel's clusters (dissertation ch. 5.7.1). Tesla P100 PCIe 16 GB data sheet
+    # (2016): 9.3 TFLOP/s fp32, 18.7 fp16, 732 GB/s HBM2. Tesla K80 data sheet (2014): one board is
+    # two GK210 GPUs with 8.73 TFLOP/s fp32 (boost), 24 GB and 480 GB/s together, so 4.37 TFLOP/s,
+    # 12 GB and 240 GB/s per GPU (the unit a scheduler hands out); Kepler has no faster fp16.
+    # GEMM efficiencies are the V100's (0.7, 2e9), not measured on these parts.
+    "p100_16gb": _sheet("p100_16gb", 16, {"fp32": 9.3, "fp16": 18.7}, 732, "fp16", 0.7, 2e9),
+    "k80": _sheet("k80", 12, {"fp32": 4.37}, 240, "fp32", 0.7, 2e9),
 })

@@ -8,3 +8,7 @@ class PlannerError(ValueError):
 
 class ProfileError(PlannerError):
     """A profile cannot be built, read or imported (e.g. a branchy PipeDream graph)."""
+
+
+class DoesNotFitError(PlannerError):
+    """No configuration fits in device memory (the cluster planner reads it as: cannot run there)."""

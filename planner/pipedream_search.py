@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from . import cost
-from .errors import PlannerError
+from .errors import DoesNotFitError
 from .inputs import Inputs
 from .pins import check_pins
 from .pipedream_dp import DPOptions, DPStage, MemoryModel, check_layers, minimum_memory, pipedream_dp, stage_memory
@@ -109,7 +109,7 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
         limit = inputs.capacity if inputs.memory_constraint else None
         need = min([c.memory_bytes for c in found] or
                    [minimum_memory(inputs.profile, n, micro, MemoryModel(limit, inputs.workspace, True))])
-        raise PlannerError(
+        raise DoesNotFitError(
             f"{inputs.model} fits no PipeDream partition on {n} x {inputs.cluster.device.name}: the smallest needs "
             f"{need / GIB:.1f} GiB per device but {(inputs.capacity - inputs.workspace) / GIB:.1f} GiB are usable "
             f"({inputs.workspace / GIB:.1f} GiB reserve); add devices, try planner.algorithm=ptdp (tensor "

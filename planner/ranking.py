@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import PlannerError
+from .errors import DoesNotFitError, PlannerError
 from .inputs import Inputs
 from .uniform_cost import Estimates, even_boundaries
 
@@ -149,7 +149,7 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
     if not fits.any():
         i = int(tab["memory"].argmin())
         frugal = _candidate(inputs, algorithm, tab, i)
-        raise PlannerError(
+        raise DoesNotFitError(
             f"{inputs.model} fits no configuration on {inputs.cluster.num_devices} x {inputs.cluster.device.name}: "
             f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()}, with the "
             f"{inputs.workspace / GIB:.1f} GiB reserve, but {inputs.capacity / GIB:.1f} GiB are available; add devices "

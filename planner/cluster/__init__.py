@@ -1,0 +1,12 @@
+"""Cluster planning across accelerator types: Gavel (dissertation ch. 5-6) fed by the planner.
+
+* ``fleet``: heterogeneous fleets (``conf/fleet/``: types = ``conf/cluster`` presets + counts + prices)
+  and jobs (a jobs file);
+* ``throughput``: the matrix T, each job's steps/s on each type from the planner's best plan;
+* ``policies``: max-min fairness (LAS), FIFO, makespan, finish-time fairness, minimum cost (with
+  SLOs) and maximum throughput as linear programs over the allocation X (HiGHS), each with a
+  heterogeneity-agnostic variant;
+* ``mechanism``: the round-based mechanism that realises X with priorities;
+* ``simulator`` / ``trace``: a discrete-event simulator of a job trace and a synthetic trace generator;
+* ``report`` / ``__main__``: ``python -m planner.cluster`` (conf/gavel.yaml). See docs/cluster.md.
+"""
