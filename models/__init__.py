@@ -87,7 +87,7 @@ def vision_model(model_cfg: Any, seed: int) -> LayerModel:
                  width_multiplier=float(model_cfg["width_multiplier"]), seed=seed)
     if model_cfg["name"] == "vgg16":
         return vgg16_model(**sizes, dropout=float(model_cfg["dropout"]))
-    return resnet50_model(**sizes)
+    return resnet50_model(**sizes, zero_init_residual=bool(model_cfg["zero_init_residual"]))
 
 
 __all__ = ["LayerModel", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",

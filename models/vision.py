@@ -31,7 +31,7 @@ def _init_conv_and_norm(module: nn.Module) -> None:
 
 
 class Bottleneck(nn.Module):
-    def __init__(self, layer: VisionLayer):
+    def __init__(self, layer: VisionLayer, zero_init_residual: bool = False):
         super().__init__()
         cin, width, cout = layer.cin, layer.width, layer.cout
         self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
@@ -43,6 +43,8 @@ class Bottleneck(nn.Module):
         self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride=layer.stride, bias=False), nn.BatchNorm2d(cout))
                            if layer.downsample else None)
         _init_conv_and_norm(self)
+        if zero_init_residual:   # torchvision's option (Goyal et al. 2017): each block starts as identity
+            nn.init.zeros_(self.bn3.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = F.relu(self.bn1(self.conv1(x)))
@@ -52,7 +54,7 @@ class Bottleneck(nn.Module):
         return F.relu(out + identity)
 
 
-def build_vision_layer(layer: VisionLayer, dropout: float) -> nn.Module:
+def build_vision_layer(layer: VisionLayer, dropout: float, zero_init_residual: bool = False) -> nn.Module:
     """The module for one layer description."""
     if layer.kind == "vgg_conv":
         parts: list[nn.Module] = [nn.Conv2d(layer.cin, layer.cout, 3, padding=1), nn.ReLU()]
@@ -76,16 +78,16 @@ def build_vision_layer(layer: VisionLayer, dropout: float) -> nn.Module:
         _init_conv_and_norm(module)
         return module
     if layer.kind == "bottleneck":
-        return Bottleneck(layer)
+        return Bottleneck(layer, zero_init_residual)
     if layer.kind == "head":   # torchvision keeps nn.Linear's default initialisation here
         return nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(layer.cin, layer.cout))
     raise ValueError(f"unknown vision layer kind {layer.kind!r}")
 
 
 def _vision_model(name: str, layers: list[VisionLayer], image_size: int, num_classes: int, dropout: float,
-                  seed: int) -> LayerModel:
+                  seed: int, zero_init_residual: bool = False) -> LayerModel:
     def build_layer(i: int) -> nn.Module:
-        return seeded(seed + i, partial(build_vision_layer, layers[i], dropout))
+        return seeded(seed + i, partial(build_vision_layer, layers[i], dropout, zero_init_residual))
 
     def make_batch(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         images = torch.randn(batch_size, IMAGE_CHANNELS, image_size, image_size, generator=generator)
@@ -102,6 +104,6 @@ def vgg16_model(image_size: int = 224, num_classes: int = 1000, width_multiplier
 
 
 def resnet50_model(image_size: int = 224, num_classes: int = 1000, width_multiplier: float = 1.0,
-                   seed: int = 0) -> LayerModel:
+                   zero_init_residual: bool = False, seed: int = 0) -> LayerModel:
     return _vision_model("resnet50", resnet50_layers(image_size, num_classes, width_multiplier), image_size,
-                         num_classes, 0.0, seed)
+                         num_classes, 0.0, seed, zero_init_residual)
