@@ -160,6 +160,13 @@ def vision_layers(model_cfg: Mapping[str, Any]) -> list[VisionLayer]:
     return build(int(model_cfg["image_size"]), int(model_cfg["num_classes"]), float(model_cfg["width_multiplier"]))
 
 
+def fewest_normalised_values(model_cfg: Mapping[str, Any], micro_batch: int) -> int | None:
+    """Values per channel in the smallest BatchNorm of a training forward over ``micro_batch``
+    images (None without BatchNorm): under 2, torch refuses to normalise."""
+    sides = [layer.out_hw for layer in vision_layers(model_cfg) if layer.kind in ("stem", "bottleneck")]
+    return micro_batch * min(sides) ** 2 if sides else None
+
+
 def vision_parameters(model_cfg: Mapping[str, Any]) -> int:
     return sum(layer.parameters for layer in vision_layers(model_cfg))
 

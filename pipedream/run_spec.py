@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_layer_count
-from models.vision_facts import VISION_MODELS
+from models.vision_facts import VISION_MODELS, fewest_normalised_values
 
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
@@ -95,6 +95,11 @@ def _check_vision_model(cfg: Any) -> int:
     if cfg.model.image_size < 32:   # both halve the image five times
         raise ConfigError(f"model.image_size = {cfg.model.image_size} is too small for {cfg.model.name}, which "
                           f"halves it five times: use at least 32")
+    micro = _get(cfg, "train.micro_batch_size")
+    if isinstance(micro, int) and (fewest_normalised_values(cfg.model, micro) or 2) < 2:
+        raise ConfigError(f"train.micro_batch_size = {micro} gives BatchNorm one value per channel in "
+                          f"{cfg.model.name}'s last blocks (1 x 1 pixels): use micro-batches of at least 2 images "
+                          f"or a larger model.image_size")
     return pipeline_layer_count(cfg.model)
 
 

@@ -31,6 +31,8 @@ CASES = [
     (["model=vgg16"], "model=vgg16 trains on images, not data=pydoc: use data=synthetic_images"),
     (["model=resnet50_small", "data=image_folder"], "data=image_folder needs data.path"),
     (["model=resnet50_small", "data=synthetic_images", "model.image_size=16"], "too small for resnet50"),
+    (["model=resnet50_small", "data=synthetic_images", "train.micro_batch_size=1"], "one value per channel"),
+    (["model=vgg16_small", "data=image_folder", "data.path=/no/such/folder"], "is not a folder"),
     (["parallel.tp=3", "parallel.pp=1"], "model.num_heads=4 is not divisible by parallel.tp=3"),
     (["recompute.granularity=selective"], "recompute.granularity='selective' is not supported"),
     (["train.weight_grads_delay=-1"], "train.weight_grads_delay = -1 must be an integer >= 0"),
