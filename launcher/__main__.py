@@ -2,6 +2,7 @@
 number of processes (one node), or prints / runs the command of each node (``launcher.nnodes > 1``)."""
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -15,6 +16,9 @@ from pipedream.errors import ConfigError
 
 from .commands import build_launch
 from .memory_check import check_memory
+from .preempt import agent_options, job_exit_code, relayed_signals
+from .sbatch import emit_script
+from .slurm import apply_allocation
 from .supervise import run_supervised
 
 
@@ -34,8 +38,9 @@ def check_buildable(cfg: Any, label: str) -> None:
 def main(argv: list[str]) -> int:
     overrides = [a for a in argv if not a.startswith("launcher.")]
     try:
-        cfg = compose_config(argv)
+        cfg, slurm_notes = apply_allocation(compose_config(argv), argv, os.environ)
         from pipedream.plan_config import apply_plan
+        from pipedream.preemption import PreemptionSpec
         from pipedream.run_outputs import claim_run_dir
         from pipedream.run_spec import build_run_spec
         label = model_label(cfg, argv)
@@ -43,13 +48,17 @@ def main(argv: list[str]) -> int:
         plan = build_launch(cfg, overrides, run_dir)
         spec = build_run_spec(apply_plan(cfg), plan.world_size)
         check_buildable(cfg, label)
+        preemption = PreemptionSpec.from_config(cfg)
+        if cfg.launcher.emit:
+            print(emit_script(cfg, argv, plan.world_size), end="")
+            return 0
         launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
         if launching and bool(cfg.launcher.check_memory):
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:
                 print(note, file=sys.stderr)
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
-            claim_run_dir(cfg, Path(run_dir))
+            claim_run_dir(spec, Path(run_dir))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -61,14 +70,16 @@ def main(argv: list[str]) -> int:
         return 2
     node_rank = cfg.launcher.get("node_rank")
     if cfg.launcher.dry_run or (plan.nnodes > 1 and node_rank is None):
+        print("".join(f"# {note}\n" for note in slurm_notes), end="")
         for node, command in enumerate(plan.commands):
             prefix = f"# node {node}\n" if plan.nnodes > 1 else ""
             print(prefix + shlex.join(command))
         return 0
     command = plan.commands[int(node_rank or 0)]
     print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}", flush=True)
-    runnable = [sys.executable, "-m", "launcher.agent", *command[1:]]
-    return run_supervised(runnable, float(cfg.launcher.grace_s))
+    runnable = [sys.executable, "-m", "launcher.agent", *agent_options(preemption), *command[1:]]
+    code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
+    return job_exit_code(code, Path(run_dir), preemption)
 
 
 if __name__ == "__main__":

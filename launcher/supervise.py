@@ -6,6 +6,9 @@ SIGTERM: torchrun relays it to the ranks, which end at once even inside a blocki
 (SIGINT would raise KeyboardInterrupt only when that call returns). Whatever is still alive after
 ``grace_s`` seconds, torchrun and ranks alike, is killed. The launcher then exits with 128 + the
 signal's number (130 for SIGINT, 143 for SIGTERM). A second signal kills at once.
+
+A ``relayed`` signal (the preemption signal) stops nothing: it is passed on to the ranks, again
+every second until the job ends (a rank still starting ignores it), and the job goes on.
 """
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from .preempt import Relay
 
 TAG = "PIPEDREAM_LAUNCH_ID"   # environment variable every process of one launch inherits
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
@@ -58,14 +63,17 @@ def _wait_gone(child: subprocess.Popen, tag: str, deadline: float) -> bool:
     return False
 
 
-def run_supervised(command: list[str], grace_s: float) -> int:
+def run_supervised(command: list[str], grace_s: float, relayed: tuple[int, ...] = ()) -> int:
     """Runs ``command`` to its end and returns its exit code, or stops it on SIGINT/SIGTERM (see module doc)."""
     received: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _frame: received.append(signum)) for sig in FORWARDED}
+    relay = Relay()
+    previous.update({sig: signal.signal(sig, relay.receive) for sig in relayed})
     tag = uuid.uuid4().hex
     try:
         child = subprocess.Popen(command, start_new_session=True, env={**os.environ, TAG: tag})
         while child.poll() is None and not received:
+            relay.pass_on(child.pid)
             time.sleep(POLL_S)
         if not received:
             return child.returncode

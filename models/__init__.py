@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipedream.errors import ConfigError
 
-from .facts import pipeline_layer_count
+from .facts import option, pipeline_layer_count
 from .vision_facts import VISION_MODELS
 
 if TYPE_CHECKING:
@@ -63,13 +63,13 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
     if name in ("gpt", "bert"):
         common = dict(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),
                       num_heads=int(model_cfg["num_heads"]), seq_len=int(model_cfg["seq_len"]),
-                      vocab_size=int(model_cfg.get("vocab_size", 256)),
-                      tie_embeddings=bool(model_cfg.get("tie_embeddings", True)),
-                      dropout=float(model_cfg.get("dropout", 0.0)), seed=seed, tp=tp)
+                      vocab_size=int(option(model_cfg, "vocab_size")),
+                      tie_embeddings=bool(option(model_cfg, "tie_embeddings")),
+                      dropout=float(option(model_cfg, "dropout")), seed=seed, tp=tp)
         if name == "gpt":
             return gpt_model(**common)
-        return bert_model(**common, pre_ln=bool(model_cfg.get("pre_ln", False)),
-                          mask_fraction=float(model_cfg.get("mask_fraction", 0.15)))
+        return bert_model(**common, pre_ln=bool(option(model_cfg, "pre_ln")),
+                          mask_fraction=float(option(model_cfg, "mask_fraction")))
     if name == "mlp":
         check_tensor_parallel_config(model_cfg, 1 if tp is None else tp.size)
         return mlp_model(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),

@@ -287,7 +287,7 @@ class RunCheckpoints:
     def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Any, rank: int, run_dir: Path):
         """``record`` (the resolved config, the plan) is stored beside every checkpoint."""
         self.every, self.keep = spec.every, spec.keep
-        self.root = Path(spec.dir) if spec.dir else run_dir / "checkpoints"
+        self.root = spec.root(run_dir)
         self.resume_from = spec.resume
         self.engine, self.rank = engine, rank
         spec = engine.spec
@@ -295,6 +295,7 @@ class RunCheckpoints:
                            f"{spec.schedule}-{list(spec.bounds)}")
         self.module = layers_module(_global_layers(engine))
         self.extra = {**record, "layout": self.layout_key}
+        self.saved: tuple[int, Path] | None = None   # the latest (step, folder) this run wrote
 
     def resume(self) -> int:
         """Steps already done (0 for a fresh run)."""
@@ -322,11 +323,19 @@ class RunCheckpoints:
 
     def after_step(self, steps_done: int) -> None:
         if self.every > 0 and steps_done % self.every == 0:
-            self.engine.drain()  # asynchronous schedules: nothing in flight, weights well defined
-            path = save_checkpoint(self.root, steps_done, self.module, self.engine.optimizer, self.layout_key,
-                                   {**self.extra, "step": steps_done}, self.rank, self.keep, self.engine.tp)
-            if self.rank == 0:
-                print(f"checkpoint: saved {path}", flush=True)
+            self.save(steps_done)
+
+    def save(self, steps_done: int) -> Path:
+        """Collective: the checkpoint after ``steps_done`` steps (written once, however often asked)."""
+        if self.saved is not None and self.saved[0] == steps_done:
+            return self.saved[1]
+        self.engine.drain()  # asynchronous schedules: nothing in flight, weights well defined
+        path = save_checkpoint(self.root, steps_done, self.module, self.engine.optimizer, self.layout_key,
+                               {**self.extra, "step": steps_done}, self.rank, self.keep, self.engine.tp)
+        if self.rank == 0:
+            print(f"checkpoint: saved {path}", flush=True)
+        self.saved = (steps_done, path)
+        return path
 
 
 def _global_layers(engine: Any) -> dict[int, nn.Module]:

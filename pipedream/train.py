@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 from .distributed import init_distributed, shutdown, world_size_from_env
 from .errors import ConfigError
 from .plan_config import apply_plan, check_plan_world_size
+from .preemption import PreemptionSpec
 from .run_outputs import claim_run_dir
 from .run_spec import build_run_spec
 
@@ -33,8 +34,9 @@ def run(cfg: Any) -> int:
         check_plan_world_size(cfg, world_size_from_env())
         cfg = apply_plan(cfg)
         spec = build_run_spec(cfg, world_size_from_env())
+        PreemptionSpec.from_config(cfg)
         if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
-            claim_run_dir(cfg, Path(str(cfg.train.run_dir)))
+            claim_run_dir(spec, Path(spec.loop.run_dir))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2

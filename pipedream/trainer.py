@@ -23,6 +23,8 @@ from .groups import build_groups
 from .metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                       peak_memory_bytes, warmup_steps)
 from .peak_flops import PeakFlops, peak_flops
+from .preemption import PreemptionSpec
+from .preemption_watch import PreemptionWatch
 from .run_spec import RunSpec
 from .tensor_parallel import TensorParallel
 from .trace import TraceRecorder, gather_traces, traced_steps
@@ -144,7 +146,8 @@ class Loop:
 
 
 def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, writer: RunWriter | None,
-               throughput: Throughput) -> None:
+               throughput: Throughput, preemption: PreemptionWatch) -> int | None:
+    """Runs the remaining steps; returns the step after which a preemption stopped the run, else None."""
     steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
     to_trace = traced_steps(spec.trace, steps, warmup_steps(steps))
     progress = tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not spec.loop.progress, dynamic_ncols=True)
@@ -165,7 +168,12 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                                  **({"val": f"{loop.val_loss:.3f}"} if "val_loss" in record else {}))
             progress.write(_format_record(record, steps))
         checkpoints.after_step(step)
+        if step < steps and preemption.requested():
+            preemption.stop(step, checkpoints)
+            progress.close()
+            return step
     progress.close()
+    return None
 
 
 def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
@@ -182,7 +190,15 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         writer.write_config(OmegaConf.to_yaml(OmegaConf.create(config)))
     throughput, peak = _throughput(cfg, spec, ctx)
     checkpoints = RunCheckpoints(spec.checkpoint, _checkpoint_record(spec, config), engine, ctx.rank, run_dir)
-    _run_steps(loop, spec, ctx, checkpoints, writer, throughput)
+    preemption = PreemptionWatch(PreemptionSpec.from_config(cfg), ctx, run_dir)
+    try:
+        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption)
+    finally:
+        preemption.close()
+    if stopped_after is not None:   # no evaluation or summary: the requeued run finishes them
+        if writer:
+            writer.close()
+        return TrainOutcome({"preempted_after_step": stopped_after}, engine)
     engine.drain()  # asynchronous schedules: final weights well defined (the last step has already drained)
     if math.isnan(loop.val_loss):
         loop.evaluate()

@@ -84,7 +84,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
         schedules=tuple(str(s) for s in p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
-        fewer_devices=bool(p.get("fewer_devices", True)), pipedream_costs=_costs(p.get("pipedream_costs", "paper")))
+        fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs))
 
 
 def _costs(value: Any) -> str:

@@ -128,7 +128,7 @@ def test_planner_only_preset_is_refused_before_torchrun():
 def no_torchrun(monkeypatch):
     """Records the commands the launcher would run instead of running them."""
     ran: list[list[str]] = []
-    monkeypatch.setattr("launcher.__main__.run_supervised", lambda command, grace_s: ran.append(command) or 0)
+    monkeypatch.setattr("launcher.__main__.run_supervised", lambda command, grace_s, *_: ran.append(command) or 0)
     return ran
 
 
