@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from pipedream.errors import ConfigError
 
 from .facts import option, pipeline_layer_count
+from .vision_facts import VISION_MODELS
 
 if TYPE_CHECKING:
     from pipedream.tensor_parallel import TensorParallel
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from .spec import LayerModel
 
 _LAZY = {"bert_model": ".bert", "gpt_model": ".gpt", "mlp_model": ".mlp", "LayerModel": ".spec",
+         "vgg16_model": ".vision", "resnet50_model": ".vision",
          "PipelineSequential": ".spec", "from_modules": ".contract"}
 
 
@@ -27,7 +29,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-TRAINABLE_MODELS = ("gpt", "bert", "mlp")
+TRAINABLE_MODELS = ("gpt", "bert", "mlp", *VISION_MODELS)
 
 
 def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
@@ -72,8 +74,21 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
         check_tensor_parallel_config(model_cfg, 1 if tp is None else tp.size)
         return mlp_model(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),
                          seed=seed)
+    if name in VISION_MODELS:
+        check_tensor_parallel_config(model_cfg, 1 if tp is None else tp.size)
+        return vision_model(model_cfg, seed)
     raise ValueError(f"model.name={name!r} cannot be trained; trainable models are {list(TRAINABLE_MODELS)}")
 
 
+def vision_model(model_cfg: Any, seed: int) -> LayerModel:
+    """``model=vgg16`` / ``model=resnet50`` (and their small presets)."""
+    from .vision import resnet50_model, vgg16_model
+    sizes = dict(image_size=int(model_cfg["image_size"]), num_classes=int(model_cfg["num_classes"]),
+                 width_multiplier=float(model_cfg["width_multiplier"]), seed=seed)
+    if model_cfg["name"] == "vgg16":
+        return vgg16_model(**sizes, dropout=float(model_cfg["dropout"]))
+    return resnet50_model(**sizes, zero_init_residual=bool(model_cfg["zero_init_residual"]))
+
+
 __all__ = ["LayerModel", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",
-           "mlp_model", "pipeline_layer_count"]
+           "mlp_model", "pipeline_layer_count", "resnet50_model", "vgg16_model"]

@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from .formulas import gpt_flops_per_iteration, gpt_parameters, mlp_flops_per_iteration
+from .vision_facts import VISION_MODELS, vision_forward_flops_per_sample, vision_layers, vision_parameters
 
 TRANSFORMERS = ("gpt", "bert")
 EMBEDDING_AND_HEAD = 2  # a transformer's pipeline layers beyond its blocks
@@ -30,8 +31,10 @@ def transformer_pipeline_layers(num_blocks: int) -> int:
 
 
 def pipeline_layer_count(model_cfg: Mapping[str, Any]) -> int:
-    """Layers a pipeline splits: blocks plus embedding and head for GPT and BERT; any other model
-    (MLP, the planner's CNN chains) is its chain of ``num_layers`` layers."""
+    """Layers a pipeline splits: blocks plus embedding and head for GPT and BERT; VGG-16 and
+    ResNet-50 their fixed layer lists (``vision_facts``); the MLP its ``num_layers`` blocks."""
+    if model_cfg["name"] in VISION_MODELS:
+        return len(vision_layers(model_cfg))
     blocks = int(model_cfg["num_layers"])
     return transformer_pipeline_layers(blocks) if model_cfg["name"] in TRANSFORMERS else blocks
 
@@ -69,7 +72,9 @@ def parameter_count(model_cfg: Mapping[str, Any]) -> int:
                                       bool(option(model_cfg, "tie_embeddings")), bool(option(model_cfg, "pre_ln")))
     if name == "mlp":
         return mlp_parameters(int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]))
-    raise ValueError(f"model.name={name!r} has no parameter formula; known: {[*TRANSFORMERS, 'mlp']}")
+    if name in VISION_MODELS:
+        return vision_parameters(model_cfg)
+    raise ValueError(f"model.name={name!r} has no parameter formula; known: {[*TRANSFORMERS, 'mlp', *VISION_MODELS]}")
 
 
 def flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: bool, seq_len: int | None = None) -> float:
@@ -82,11 +87,13 @@ def flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: boo
     name = model_cfg["name"]
     if name == "mlp":
         return mlp_flops_per_iteration(batch, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]), recompute)
+    if name in VISION_MODELS:   # forward, a backward of twice its FLOPs, the recomputed forward
+        return (4 if recompute else 3) * batch * vision_forward_flops_per_sample(model_cfg)
     if name in TRANSFORMERS:
         return gpt_flops_per_iteration(batch, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]),
                                        int(option(model_cfg, "vocab_size")), int(seq_len or model_cfg["seq_len"]),
                                        recompute=recompute)
-    raise ValueError(f"model.name={name!r} has no FLOP formula; known: {[*TRANSFORMERS, 'mlp']}")
+    raise ValueError(f"model.name={name!r} has no FLOP formula; known: {[*TRANSFORMERS, 'mlp', *VISION_MODELS]}")
 
 
 def flops_per_sample(model_cfg: Mapping[str, Any], recompute: bool, seq_len: int | None = None) -> float:

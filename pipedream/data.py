@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from models.facts import OPTIONAL_KEYS, mlm_mask_id, option
+from models.vision_facts import VISION_MODELS
 
 from .errors import ConfigError
 
@@ -153,6 +154,9 @@ def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.util
     if data_cfg.get("_target_") is not None:   # a plugin (docs/models.md)
         from .plugins import plugin_datasets
         return plugin_datasets(data_cfg, seed)
+    if model_cfg["name"] in VISION_MODELS:
+        from .vision_data import vision_datasets
+        return vision_datasets(model_cfg, data_cfg, seed)
     if model_cfg["name"] == "mlp":
         if data_cfg["name"] != "synthetic":
             raise ConfigError(f"model=mlp trains on synthetic regression data, not data={data_cfg['name']}: "

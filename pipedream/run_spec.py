@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_layer_count
+from models.vision_facts import VISION_MODELS, fewest_normalised_values
 
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
@@ -20,6 +21,7 @@ from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, Trai
 
 OPTIMIZERS = ("adamw", "sgd")
 DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
+VISION_DATASETS = ("synthetic_images", "image_folder")   # for model=vgg16 / resnet50
 RECOMPUTE = ("none", "full")
 
 
@@ -69,6 +71,8 @@ def _check_model(cfg: Any) -> tuple[int, Any]:
     if name not in TRAINABLE_MODELS:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
                           f"trainable: {', '.join(TRAINABLE_MODELS)} (e.g. model=gpt_tiny)")
+    if name in VISION_MODELS:
+        return _check_vision_model(cfg), None
     _positive(cfg, "model.num_layers")
     _positive(cfg, "model.hidden_size")
     if name == "mlp":
@@ -80,6 +84,23 @@ def _check_model(cfg: Any) -> tuple[int, Any]:
         raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
                           f"choose heads among the divisors of {hidden}")
     return pipeline_layer_count(cfg.model), None
+
+
+def _check_vision_model(cfg: Any) -> int:
+    for key in ("image_size", "num_classes"):
+        _positive(cfg, f"model.{key}")
+    width = _get(cfg, "model.width_multiplier")
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or width <= 0:
+        raise ConfigError(f"model.width_multiplier = {width!r} must be a positive number (1.0: torchvision's widths)")
+    if cfg.model.image_size < 32:   # both halve the image five times
+        raise ConfigError(f"model.image_size = {cfg.model.image_size} is too small for {cfg.model.name}, which "
+                          f"halves it five times: use at least 32")
+    micro = _get(cfg, "train.micro_batch_size")
+    if isinstance(micro, int) and (fewest_normalised_values(cfg.model, micro) or 2) < 2:
+        raise ConfigError(f"train.micro_batch_size = {micro} gives BatchNorm one value per channel in "
+                          f"{cfg.model.name}'s last blocks (1 x 1 pixels): use micro-batches of at least 2 images "
+                          f"or a larger model.image_size")
+    return pipeline_layer_count(cfg.model)
 
 
 def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
@@ -102,7 +123,9 @@ def _check_data(cfg: Any, plugin_model: Any) -> int | None:
         train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
         if plugin_model is not None:
             check_data_fits(cfg.model, plugin_model, cfg.data, train_set)
-        return None if model_plugin or cfg.model.name == "mlp" else int(cfg.model.seq_len)
+        return None if model_plugin or cfg.model.name in ("mlp", *VISION_MODELS) else int(cfg.model.seq_len)
+    if model_plugin is None and cfg.model.name in VISION_MODELS:
+        return _check_image_data(cfg)
     if model_plugin is not None:
         raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
                           f"data._target_=my_pkg.my_module.build_datasets (docs/models.md)")
@@ -124,6 +147,20 @@ def _check_data(cfg: Any, plugin_model: Any) -> int | None:
         raise ConfigError(f"data.seq_len={seq_len} exceeds the model's context model.seq_len={cfg.model.seq_len}: "
                           f"lower data.seq_len or raise model.seq_len")
     return int(seq_len)
+
+
+def _check_image_data(cfg: Any) -> None:
+    name = _get(cfg, "data.name")
+    if name not in VISION_DATASETS:
+        raise ConfigError(f"model={cfg.model.get('preset') or cfg.model.name} trains on images, not data={name}: "
+                          f"use data=synthetic_images or data=image_folder data.path=/path/to/class/folders")
+    if name == "image_folder":
+        path = _get(cfg, "data.path")
+        if path in (None, "", "???"):
+            raise ConfigError("data=image_folder needs data.path=/path/to/class/folders")
+        if not Path(str(path)).expanduser().is_dir():
+            raise ConfigError(f"data.path={str(path)!r} is not a folder: give a folder of class sub-folders of images")
+    return None
 
 
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:

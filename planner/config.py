@@ -45,7 +45,9 @@ def build_profile(cfg: Any, spec, cluster) -> Profile:
     if p.get("graph"):
         from .graph_txt import import_graph
 
-        return import_graph(str(p.graph), int(p.graph_micro_batch), name=f"graph:{Path(str(p.graph)).name}")
+        path = Path(str(p.graph))   # PipeDream's layout names the model by the folder: profiles/<model>/graph.txt
+        label = path.parent.name if path.name == "graph.txt" and path.parent.name else path.name
+        return import_graph(path, int(p.graph_micro_batch), name=f"graph:{label}")
     if p.get("profile"):
         return load_profile(str(p.profile))
     return analytic_profile(spec, cluster.device, 1)

@@ -1,25 +1,45 @@
-"""Import a profile from PipeDream's profiler output (``graph.txt``), for linear chains.
+"""Import a profile from PipeDream's profiler output (``graph.txt``): chains and DAGs.
 
 Format (msr-fiddle/pipedream, graph/graph.py): one line per node,
 ``nodeN -- <description> -- forward_compute_time=<ms>, backward_compute_time=<ms>,
 activation_size=<bytes>, parameter_size=<bytes>[ -- stage_id=<k>]``, then one tab-indented line
-per edge, ``\\tnodeA -- nodeB``. Sizes are for the profiled mini-batch. ``Input`` sources are
-dropped (their output is the model's input), as PipeDream's optimizer does. A graph where some
-node has several producers or consumers needs PipeDream's antichain DAG, which this importer does
-not build: it says so and names the node.
+per edge, ``\\tnodeA -- nodeB``. Sizes are for the profiled mini-batch; a node returning several
+tensors (an LSTM's output and state) lists them, ``activation_size=[a; b; c]``, and counts their
+sum. As PipeDream's optimizer does, ``Input`` sources are dropped (their output is the model's
+input) and so are ``__getitem__`` sinks (tuple members nobody reads).
+
+A branchy graph (ResNet's residual adds, GNMT's several inputs) is linearised the way PipeDream's
+antichain DAG is: the nodes are put in one topological order (ties broken by node number, the
+order the profiler traced them), so every prefix is a set closed under predecessors, i.e. one of
+PipeDream's antichain states; the pipeline cuts between nodes of that order. The bytes sent across
+a cut are the sum over every tensor live across it: each node before the cut with a consumer after
+it, as PipeDream's augmented antichain sums them (docs/planner.md).
 """
 from __future__ import annotations
 
+import heapq
 import re
 from pathlib import Path
 
 from .errors import ProfileError
 from .profile import LayerProfile, Profile
 
+_SIZE = r"(\[[^\]]*\]|[\d.eE+-]+)"
 _NODE = re.compile(r"^(\w+) -- (.*) -- forward_compute_time=([\d.eE+-]+), backward_compute_time=([\d.eE+-]+), "
-                   r"activation_size=([\d.eE+-]+), parameter_size=([\d.eE+-]+)")
+                   rf"activation_size={_SIZE}, parameter_size={_SIZE}")
 _EDGE = re.compile(r"^\s+(\w+) -- (\w+)\s*$")
 ADAM_STATE_PER_WEIGHT = 2.0  # Adam's m and v, each the size of the weights (fp32, as PipeDream trained)
+
+
+def parse_size(text: str, line: int) -> float:
+    """``123.0`` or a list ``[a; b; c]`` (a node returning several tensors): their sum."""
+    try:
+        if text.startswith("["):
+            return sum(float(part) for part in text[1:-1].split(";") if part.strip())
+        return float(text)
+    except ValueError:
+        raise ProfileError(f"graph.txt line {line} has a size {text[:40]!r} that is neither a number nor "
+                           f"a [a; b] list of numbers") from None
 
 
 def parse_graph(text: str) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
@@ -36,7 +56,7 @@ def parse_graph(text: str) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
         if not node:
             raise ProfileError(f"graph.txt line {number} is neither a node nor an edge: {line[:60]!r}")
         name, desc, fwd, bwd, act, params = node.groups()
-        nodes[name] = (desc, float(fwd), float(bwd), float(act), float(params))
+        nodes[name] = (desc, float(fwd), float(bwd), parse_size(act, number), parse_size(params, number))
     for src, dst in edges:
         for end in (src, dst):
             if end not in nodes:
@@ -44,32 +64,62 @@ def parse_graph(text: str) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
     return nodes, edges
 
 
-def chain_order(nodes: dict[str, tuple], edges: list[tuple[str, str]]) -> list[str]:
-    """The nodes in order if the graph is a linear chain; ProfileError naming the first branch otherwise."""
+def _node_number(name: str) -> tuple[int, str]:
+    digits = re.sub(r"\D", "", name)
+    return (int(digits) if digits else -1, name)
+
+
+def topological_order(nodes: dict[str, tuple], edges: list[tuple[str, str]]) -> list[str]:
+    """Kahn's algorithm taking the lowest-numbered ready node first; ProfileError on a cycle."""
     succ: dict[str, list[str]] = {n: [] for n in nodes}
-    pred: dict[str, list[str]] = {n: [] for n in nodes}
-    for src, dst in edges:
+    waiting = {n: 0 for n in nodes}
+    for src, dst in set(edges):
         succ[src].append(dst)
-        pred[dst].append(src)
-    hint = ("PipeDream's antichain DAG for branchy graphs is not supported; profile a chain of layers "
-            "(python -m planner.profile) or use an analytic preset (e.g. model=resnet50)")
-    for name in nodes:
-        if len(succ[name]) > 1:
-            raise ProfileError(f"graph.txt is not a linear chain: {name} ({nodes[name][0][:30]}) feeds "
-                               f"{len(succ[name])} nodes ({', '.join(succ[name][:3])}); {hint}")
-        if len(pred[name]) > 1:
-            raise ProfileError(f"graph.txt is not a linear chain: {name} ({nodes[name][0][:30]}) joins "
-                               f"{len(pred[name])} inputs ({', '.join(pred[name][:3])}); {hint}")
-    sources = [n for n in nodes if not pred[n]]
-    if len(sources) != 1:
-        raise ProfileError(f"graph.txt is not a linear chain: {len(sources)} source nodes "
-                           f"({', '.join(sources[:3])}); {hint}")
-    order = [sources[0]]
-    while succ[order[-1]]:
-        order.append(succ[order[-1]][0])
+        waiting[dst] += 1
+    ready = [_node_number(n) for n, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        name = heapq.heappop(ready)[1]
+        order.append(name)
+        for dst in succ[name]:
+            waiting[dst] -= 1
+            if waiting[dst] == 0:
+                heapq.heappush(ready, _node_number(dst))
     if len(order) != len(nodes):
-        raise ProfileError(f"graph.txt is not one connected chain: {len(order)} of {len(nodes)} nodes reachable")
+        stuck = sorted((n for n in nodes if waiting[n] > 0), key=_node_number)
+        raise ProfileError(f"graph.txt has a cycle through {', '.join(stuck[:3])}: a profile is a DAG of layers")
     return order
+
+
+def cut_bytes(order: list[str], nodes: dict[str, tuple], edges: list[tuple[str, str]]) -> list[float]:
+    """Bytes crossing the cut after each position of ``order``: the outputs of every node at or
+    before it that a node after it consumes."""
+    position = {name: i for i, name in enumerate(order)}
+    last_use = {name: position[name] for name in order}
+    for src, dst in edges:
+        last_use[src] = max(last_use[src], position[dst])
+    change = [0.0] * (len(order) + 1)
+    for name in order:   # live across the cuts position[name] .. last_use[name] - 1
+        if last_use[name] > position[name]:
+            change[position[name]] += nodes[name][3]
+            change[last_use[name]] -= nodes[name][3]
+    crossing, running = [], 0.0
+    for delta in change[:-1]:
+        running += delta
+        crossing.append(running)
+    return crossing
+
+
+def pipedream_pruned(nodes: dict[str, tuple], edges: list[tuple[str, str]]
+                     ) -> tuple[dict[str, tuple], list[tuple[str, str]]]:
+    """Without ``Input`` sources and ``__getitem__`` sinks, as PipeDream's optimizer prunes them."""
+    has_pred = {dst for _, dst in edges}
+    has_succ = {src for src, _ in edges}
+    dropped = {n for n, v in nodes.items() if v[0].startswith("Input") and n not in has_pred}
+    dropped |= {n for n, v in nodes.items() if v[0].startswith("__getitem__") and n not in has_succ}
+    return ({n: v for n, v in nodes.items() if n not in dropped},
+            [(s, d) for s, d in edges if s not in dropped and d not in dropped])
 
 
 def import_graph(path: str | Path, micro_batch: int, name: str = "graph") -> Profile:
@@ -82,20 +132,19 @@ def import_graph(path: str | Path, micro_batch: int, name: str = "graph") -> Pro
 
 
 def profile_from_graph(text: str, micro_batch: int, name: str = "graph") -> Profile:
-    nodes, edges = parse_graph(text)
-    inputs = [n for n, v in nodes.items() if v[0].startswith("Input") and not any(dst == n for _, dst in edges)]
-    edges = [(s, d) for s, d in edges if s not in inputs]
-    for n in inputs:
-        del nodes[n]
+    nodes, edges = pipedream_pruned(*parse_graph(text))
     if not nodes:
         raise ProfileError("graph.txt has no layers besides its inputs")
+    order = topological_order(nodes, edges)
+    crossing = cut_bytes(order, nodes, edges)
     layers = []
-    for node in chain_order(nodes, edges):
+    for position, node in enumerate(order):
         desc, fwd, bwd, act, params = nodes[node]
-        per_sample = act / micro_batch
+        own = act / micro_batch
+        sent = own if position == len(order) - 1 else crossing[position] / micro_batch
         layers.append(LayerProfile(
             name=f"{node}:{desc.split('(')[0]}", kind="layer", forward_s=(fwd / 1000.0,), backward_s=(bwd / 1000.0,),
-            output_bytes=per_sample, parameter_bytes=params, optimizer_bytes=ADAM_STATE_PER_WEIGHT * params,
-            activation_bytes=per_sample, activation_bytes_recompute=per_sample))
+            output_bytes=sent, parameter_bytes=params, optimizer_bytes=ADAM_STATE_PER_WEIGHT * params,
+            activation_bytes=own, activation_bytes_recompute=own))
     params = sum(layer.parameter_bytes for layer in layers) / 4  # fp32 weights
     return Profile(name, "graph.txt", "graph.txt", "fp32", 1, (micro_batch,), tuple(layers), int(params))

@@ -153,6 +153,17 @@ def _device_label(device: Any) -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
+def check_batch_norm_batches(model_cfg: Any, micro_batches: list[int]) -> None:
+    from models.vision_facts import VISION_MODELS, fewest_normalised_values
+
+    if model_cfg.get("name") in VISION_MODELS:
+        too_small = [b for b in micro_batches if (fewest_normalised_values(model_cfg, int(b)) or 2) < 2]
+        if too_small:
+            raise PlannerError(f"planner.profile_micro_batches={list(micro_batches)}: micro-batches of {too_small} "
+                               f"give {model_cfg['name']}'s BatchNorm one value per channel at its last blocks; "
+                               f"profile larger ones, e.g. planner.profile_micro_batches=[2,4,8]")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from pipedream.errors import ConfigError
 
@@ -167,6 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from pipedream.plugins import checked_model
             checked_model(cfg.model)
         p = cfg.planner
+        check_batch_norm_batches(cfg.model, list(p.profile_micro_batches))
         profile = measure_profile(cfg.model, list(p.profile_micro_batches), p.get("profile_device"),
                                   int(p.profile_warmup), int(p.profile_repeats))
     except (PlannerError, ValueError, ConfigError) as err:

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from models.facts import flops_per_sample, mlp_parameters, option, parameter_count
 from models.formulas import mlp_block_forward_flops
+from models.vision_facts import VISION_MODELS, VisionLayer, vision_layers
 
 from .errors import PlannerError
 
@@ -139,57 +140,29 @@ class ChainSpec:
 ModelSpec = TransformerSpec | ChainSpec
 
 
-def _conv(name: str, cin: int, cout: int, k: int, hw_out: int, hw_in: int, e: int, bias: bool,
-          extra_out: float = 1.0) -> LayerSpec:
-    """A convolution (+ BN/ReLU/pool folded in): 2 K^2 Cin Cout Ho Wo FLOPs per sample."""
-    flops = 2 * k * k * cin * cout * hw_out * hw_out
-    out = cout * hw_out * hw_out
-    inp = cin * hw_in * hw_in
-    return LayerSpec(name, "layer", flops, flops, (inp + 2 * out) * e, k * k * cin * cout + (cout if bias else 0),
-                     out * e / extra_out, (inp + 2 * out) * e, inp * e)
+def vision_layer_spec(layer: VisionLayer, e: int) -> LayerSpec:
+    """A layer of ``models.vision_facts`` (the trainable model's own description) as planner costs."""
+    inp, out, inner = layer.input_elements, layer.output_elements, layer.inner_elements
+    gemms = 4 if layer.kind == "bottleneck" and layer.downsample else 3 if layer.kind == "bottleneck" else 1
+    return LayerSpec(layer.name, "layer", layer.forward_flops, layer.forward_flops / gemms, (inp + inner) * e,
+                     layer.parameters, out * e, (inp + inner) * e, inp * e)
 
 
-def vgg16(precision: str = "fp32", image: int = 224, classes: int = 1000) -> ChainSpec:
+def vision_chain(cfg: Mapping[str, Any], precision: str) -> ChainSpec:
+    e = PRECISION_BYTES[precision]
+    return ChainSpec(str(cfg["name"]), tuple(vision_layer_spec(layer, e) for layer in vision_layers(cfg)), precision)
+
+
+def vgg16(precision: str = "fp32", image: int = 224, classes: int = 1000, width_multiplier: float = 1.0) -> ChainSpec:
     """VGG-16 (Simonyan & Zisserman 2015): 13 convs (pools folded into the conv before) and 3 FCs."""
-    e = PRECISION_BYTES[precision]
-    plan = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
-    layers, cin, hw, i = [], 3, image, 0
-    while i < len(plan):
-        cout = plan[i]
-        pool = i + 1 < len(plan) and plan[i + 1] == "M"
-        spec = _conv(f"conv{len(layers) + 1}", cin, cout, 3, hw, hw, e, True, extra_out=4.0 if pool else 1.0)
-        layers.append(spec)
-        cin, hw, i = cout, hw // 2 if pool else hw, i + (2 if pool else 1)
-    for j, (fin, fout) in enumerate([(cin * hw * hw, 4096), (4096, 4096), (4096, classes)]):
-        flops = 2 * fin * fout
-        layers.append(LayerSpec(f"fc{j + 1}", "layer", flops, flops, (fin + fout) * e, fin * fout + fout,
-                                fout * e, (fin + 2 * fout) * e, fin * e))
-    return ChainSpec("vgg16", tuple(layers), precision)
+    return vision_chain({"name": "vgg16", "image_size": image, "num_classes": classes,
+                         "width_multiplier": width_multiplier}, precision)
 
 
-def resnet50(precision: str = "fp32", image: int = 224, classes: int = 1000) -> ChainSpec:
+def resnet50(precision: str = "fp32", image: int = 224, classes: int = 1000, width_multiplier: float = 1.0) -> ChainSpec:
     """ResNet-50 v1.5 (He et al. 2016): stem, 16 bottleneck blocks, pooled classifier."""
-    e = PRECISION_BYTES[precision]
-    stem = _conv("stem", 3, 64, 7, image // 2, image, e, False, extra_out=4.0)
-    layers, cin, hw = [stem], 64, image // 4
-    for stage, (width, blocks) in enumerate([(64, 3), (128, 4), (256, 6), (512, 3)]):
-        for blk in range(blocks):
-            stride = 2 if stage > 0 and blk == 0 else 1
-            out_hw = hw // stride
-            parts = [_conv("", cin, width, 1, hw, hw, e, False), _conv("", width, width, 3, out_hw, hw, e, False),
-                     _conv("", width, 4 * width, 1, out_hw, out_hw, e, False)]
-            if blk == 0:
-                parts.append(_conv("", cin, 4 * width, 1, out_hw, hw, e, False))
-            flops = sum(p.forward_flops for p in parts)
-            layers.append(LayerSpec(
-                f"bottleneck{stage + 1}.{blk}", "layer", flops, flops / len(parts),
-                sum(p.memory_traffic_bytes for p in parts), sum(p.parameters for p in parts) + 2 * 6 * width,
-                4 * width * out_hw * out_hw * e, sum(p.activation_bytes for p in parts), cin * hw * hw * e))
-            cin, hw = 4 * width, out_hw
-    flops = 2 * cin * classes
-    layers.append(LayerSpec("fc", "layer", flops, flops, cin * hw * hw * e, cin * classes + classes,
-                            classes * e, (cin * hw * hw + cin) * e, cin * hw * hw * e))
-    return ChainSpec("resnet50", tuple(layers), precision)
+    return vision_chain({"name": "resnet50", "image_size": image, "num_classes": classes,
+                         "width_multiplier": width_multiplier}, precision)
 
 
 def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
@@ -218,10 +191,9 @@ def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") ->
             raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
     if family == "mlp":
         return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
-    if family in ("vgg16", "resnet50"):
-        build = vgg16 if family == "vgg16" else resnet50
+    if family in VISION_MODELS:
         try:
-            return build(precision, int(cfg["image_size"]), int(cfg["num_classes"]))
+            return ChainSpec(label, vision_chain(cfg, precision).layers, precision)
         except KeyError as missing:
             raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
     raise PlannerError(f"model.name={family!r} is not known to the planner; choose gpt, bert, mlp, vgg16 or resnet50")

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.__main__ import main
+from planner.graph_txt import import_graph
 from pipedream.plan_file import load_plan
 from tests.planner_helpers import BRANCHY, CHAIN
 
@@ -68,11 +69,28 @@ def test_bad_input_is_one_line(capsys, args, message):
     assert re.search(message, err), err
 
 
-def test_branchy_graph_txt(capsys, tmp_path):
+def test_branchy_graph_txt_plans(capsys, tmp_path):
     graph = tmp_path / "graph.txt"
     graph.write_text(BRANCHY)
-    code, _, err = run(capsys, f"planner.graph={graph}")
-    assert code == 2 and "not a linear chain" in err and err.count("\n") == 1
+    code, out, err = run(capsys, f"planner.graph={graph}", "cluster=pipedream_cluster_a", "cluster.nodes=1",
+                         "train.global_batch_size=64")
+    assert code == 0, err
+    assert "3 layers" in out
+
+
+@pytest.mark.parametrize("model", ["vgg16", "alexnet", "resnet50", "gnmt"])
+def test_pipedream_dag_profiles_plan(capsys, tmp_path, model):
+    from tests.graph_txt_profiles import write_profiles
+
+    graph = write_profiles(tmp_path)[model]
+    out_path = tmp_path / "plan.json"
+    code, out, err = run(capsys, f"planner.graph={graph}", "planner.graph_micro_batch=32", "cluster=pipedream_cluster_a",
+                         "cluster.nodes=1", "train.global_batch_size=256", f"planner.out={out_path}")
+    assert code == 0, err
+    assert f"Plan for graph:{model} " in out
+    plan = load_plan(out_path)   # every node a layer (tests/unit/test_planner_profile.py counts them)
+    assert plan.model.num_layers == import_graph(graph, 32).num_layers
+    assert plan.world_size <= 4 and plan.stages[-1].layers[1] == plan.model.num_layers
 
 
 def test_plan_world_size_mismatch(capsys, tmp_path):

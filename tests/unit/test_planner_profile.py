@@ -8,7 +8,7 @@ import pytest
 
 from pipedream.devices import DEVICES
 from planner.errors import ProfileError
-from planner.graph_txt import profile_from_graph
+from planner.graph_txt import import_graph, profile_from_graph
 from planner.model_specs import TransformerSpec, vgg16
 from planner.profile import LayerProfile, Profile, analytic_profile, load_profile
 from tests.planner_helpers import BRANCHY, CHAIN
@@ -74,12 +74,77 @@ def test_graph_txt_chain_import():
     assert prof.layers[2].parameter_bytes == 72.0
 
 
-def test_graph_txt_branchy_graph_is_refused_clearly():
-    with pytest.raises(ProfileError) as err:
-        profile_from_graph(BRANCHY, micro_batch=1)
-    message = str(err.value)
-    assert "\n" not in message
-    assert "not a linear chain" in message and "node2" in message and "antichain" in message
+# A hand-checkable DAG: A feeds B, C and D; C returns two tensors ([20; 5]: 25 bytes) read by
+# __getitem__ nodes, of which only the first is used (the other, a sink, is pruned); D joins.
+DAG = """node1 -- Input -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=64.0, parameter_size=0.000
+node2 -- A -- forward_compute_time=1.000, backward_compute_time=2.000, activation_size=100.0, parameter_size=40.000
+node4 -- C -- forward_compute_time=1.000, backward_compute_time=2.000, activation_size=[20.0; 5.0], parameter_size=[8.0; 4.0]
+node3 -- B -- forward_compute_time=1.000, backward_compute_time=2.000, activation_size=10.0, parameter_size=0.000
+node5 -- __getitem__(0) -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=20.0, parameter_size=0.000
+node6 -- __getitem__(1) -- forward_compute_time=0.000, backward_compute_time=0.000, activation_size=5.0, parameter_size=0.000
+node7 -- D -- forward_compute_time=1.000, backward_compute_time=2.000, activation_size=7.0, parameter_size=0.000
+\tnode1 -- node2
+\tnode2 -- node3
+\tnode2 -- node4
+\tnode4 -- node5
+\tnode4 -- node6
+\tnode3 -- node7
+\tnode5 -- node7
+\tnode2 -- node7
+"""
+
+
+def test_graph_txt_dag_cuts_count_every_live_tensor():
+    prof = profile_from_graph(DAG, micro_batch=1)
+    assert [layer.name for layer in prof.layers] == ["node2:A", "node3:B", "node4:C", "node5:__getitem__", "node7:D"]
+    # after A: A; after B: A + B; after C: A + B + C's two tensors; after C[0]: A + B + C[0] (C is
+    # read only by node5 and the pruned node6); the last layer: its own output
+    assert [layer.output_bytes for layer in prof.layers] == [100.0, 110.0, 135.0, 130.0, 7.0]
+    assert [layer.activation_bytes for layer in prof.layers] == [100.0, 10.0, 25.0, 20.0, 7.0]
+    assert prof.layers[2].parameter_bytes == 12.0 and prof.num_parameters == (40 + 12) // 4
+
+
+def test_graph_txt_branchy_graph_cuts_around_the_residual():
+    prof = profile_from_graph(BRANCHY, micro_batch=2)
+    assert [layer.output_bytes for layer in prof.layers] == [400.0, 800.0, 400.0]  # node2 stays live until the add
+
+
+def test_graph_txt_cycle_is_one_line():
+    cyclic = BRANCHY + "\tnode4 -- node2\n"
+    with pytest.raises(ProfileError, match="cycle through node2") as err:
+        profile_from_graph(cyclic, micro_batch=1)
+    assert "\n" not in str(err.value)
+
+
+# nodes without Input and pruned __getitem__ sinks. VGG-16: 13 convs + 13 ReLUs + 5 pools, Size,
+# View, 3 Linear + 2 ReLU + 2 Dropout; AlexNet: 5 + 5 + 3, then the same 9; ResNet-50: stem 4,
+# 16 blocks x 10 (3 convs, 3 BNs, 3 ReLUs, Add), 4 projections x 2, pool, Size, View, Linear;
+# GNMT: encoder 2 + 3 x 3 + 2 Adds, decoder 6 + 3 x 5 + 2 Adds, classifier.
+LAYERS = {"vgg16": 40, "alexnet": 22, "resnet50": 176, "gnmt": 37}
+
+
+@pytest.mark.parametrize("model,layers", LAYERS.items())
+def test_pipedream_layout_profiles_load(tmp_path, model, layers):
+    from tests.graph_txt_profiles import write_profiles
+
+    path = write_profiles(tmp_path)[model]
+    assert path.relative_to(tmp_path).parts[0] == "profiler"
+    prof = import_graph(path, micro_batch=32, name=model)
+    assert prof.num_layers == layers
+    assert all(layer.output_bytes > 0 for layer in prof.layers)
+    assert not any(layer.name.split(":")[1].startswith("Input") for layer in prof.layers)
+
+
+def test_resnet50_graph_counts_the_shortcut_inside_a_block(tmp_path):
+    from tests.graph_txt_profiles import write_profiles
+
+    prof = import_graph(write_profiles(tmp_path)["resnet50"], micro_batch=32)
+    names = [layer.name.split(":")[1] for layer in prof.layers]
+    pool = names.index("MaxPool2d")   # the stem's output feeds the first block's two branches
+    stem_out = prof.layers[pool].output_bytes
+    first_conv = prof.layers[pool + 1]
+    assert first_conv.output_bytes == stem_out + first_conv.activation_bytes
+    assert prof.num_parameters == 25_557_032   # the generator uses models.vision_facts' shapes
 
 
 def test_graph_txt_garbage_line():
