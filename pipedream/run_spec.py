@@ -15,7 +15,8 @@ from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_laye
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
 from .plugin_config import plugin_target
-from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
+from .schedules import (ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
+                        schedule_placement)
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -155,8 +156,15 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                           f"equal replicas")
     layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
                             stage_replicas=replicas)
-    if layout.vpp > 1 and schedule != "interleaved":
-        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved (got schedule={schedule})")
+    if schedule == "zbv":   # two chunks per rank in a V: parallel.vpp = 1 (the default) or 2 mean that
+        if layout.vpp not in (1, 2):
+            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule=zbv holds exactly 2 chunks per rank (a V); "
+                              f"set parallel.vpp=2 or leave it at 1")
+        placement = schedule_placement(schedule, layout.pp)
+        layout = ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp,
+                                placement=placement.kind)
+    elif layout.vpp > 1 and schedule != "interleaved":
+        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved or zbv (got schedule={schedule})")
     vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
     if vertical_sync and schedule != "pipedream":
         raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "
