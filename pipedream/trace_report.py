@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schedules import ASYNC_SCHEDULES, Kind, ScheduleError, build_schedule
+from .schedules import ASYNC_SCHEDULES, Kind, ScheduleError, build_schedule, schedule_placement
 from .simulate import Costs, DeadlockError, SimResult, simulate
 from .timeline_plot import Span, plot_timeline, spans_from_sim
 from .trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
@@ -143,8 +143,9 @@ def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: Measured
     if schedule in ASYNC_SCHEDULES:
         return None
     try:
+        placement = schedule_placement(schedule, pp, vpp)   # zbv's V: peers differ from round-robin
         return simulate(build_schedule(schedule, pp, microbatches, vpp), costs.costs(MS), vpp=vpp,
-                        weight_grads_delay=weight_grads_delay)
+                        peer=placement.peer, needs=placement.needs, weight_grads_delay=weight_grads_delay)
     except (KeyError, ScheduleError, DeadlockError):
         return None
 
