@@ -156,15 +156,15 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                           f"equal replicas")
     layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
                             stage_replicas=replicas)
-    if schedule == "zbv":   # two chunks per rank in a V: parallel.vpp = 1 (the default) or 2 mean that
+    placement = schedule_placement(schedule, layout.pp)
+    if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
         if layout.vpp not in (1, 2):
-            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule=zbv holds exactly 2 chunks per rank (a V); "
-                              f"set parallel.vpp=2 or leave it at 1")
-        placement = schedule_placement(schedule, layout.pp)
+            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={schedule} holds exactly 2 chunks per rank "
+                              f"(a V); set parallel.vpp=2 or leave it at 1")
         layout = ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp,
                                 placement=placement.kind)
     elif layout.vpp > 1 and schedule != "interleaved":
-        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved or zbv (got schedule={schedule})")
+        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev (got schedule={schedule})")
     vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
     if vertical_sync and schedule != "pipedream":
         raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "

@@ -42,12 +42,12 @@ from bench_runtime_report import analyse, machine, markdown, replace_section, ta
 PP = 2
 SECTION = "bench_runtime"
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-# zero-bubble schedules: ours (zb_h2, zbv) and torch's (zbv, interleaved zero bubble, DualPipe-V), on
-# the same blocks and batch; torch has no ZB-H2 with one chunk per rank
-ZERO_BUBBLE = {"pipedream": ("zb_h2", "zbv"), "torch": ("zbv", "interleaved_zb", "dualpipev")}
+# zero-bubble schedules: ours (zb_h2, zbv, dualpipev) and torch's (zbv, interleaved zero bubble,
+# DualPipe-V), on the same blocks and batch; torch has no ZB-H2 with one chunk per rank
+ZERO_BUBBLE = {"pipedream": ("zb_h2", "zbv", "dualpipev"), "torch": ("zbv", "interleaved_zb", "dualpipev")}
 V_PLACED = ("zbv", "dualpipev")          # rank r holds stages r and 2p-1-r
 TWO_CHUNKS = ("interleaved", "interleaved_zb", *V_PLACED)
-OURS_FOR = {"interleaved_zb": "interleaved", "dualpipev": "zbv"}   # torch-only names: our config of the same shape
+OURS_FOR = {"interleaved_zb": "interleaved"}   # torch only: our config of the same shape
 ASYNC_SCHEDULES = ("2bw", "pipedream")   # ours only: torch.distributed.pipelining has no asynchronous schedule
 BOTH_CORES = "both cores"
 

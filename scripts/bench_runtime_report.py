@@ -13,7 +13,7 @@ TARGET_VS_TORCH = 1.10
 TARGET_OF_IDEAL = 0.95
 TARGET_ZERO_BUBBLE_VS_TORCH = 1.10
 TARGET_ZERO_BUBBLE_OF_IDEAL = 0.97
-OUR_ZERO_BUBBLE = ("pipedream zb_h2", "pipedream zbv")
+OUR_ZERO_BUBBLE = ("pipedream zb_h2", "pipedream zbv", "pipedream dualpipev")
 TORCH_ZERO_BUBBLE = ("torch zbv", "torch interleaved_zb", "torch dualpipev")
 
 
@@ -264,9 +264,9 @@ def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
            f"their ideal assumes no bubble. A *pipedream* step is m optimizer updates (one per micro-batch), "
            f"a *2bw* step one. Zero-bubble rows: ours *zb_h2* and *zbv* (W actions), torch's "
            f"`ScheduleZBVZeroBubble` (*torch zbv*), `ScheduleInterleavedZeroBubble` (*torch interleaved_zb*, "
-           f"two chunks per rank) and `ScheduleDualPipeV` (*torch dualpipev*), on the same blocks and batch; "
-           f"their ideal bubble is the zero-bubble order's flushed iteration at F = B = W per chunk "
-           f"(planner/zero_bubble.py; torch's two-chunk schedules counted as zbv).", ""]
+           f"two chunks per rank) and `ScheduleDualPipeV` (*dualpipev*, ours and torch's), on the same blocks "
+           f"and batch; their ideal bubble is the zero-bubble order's flushed iteration at F = B = W per chunk "
+           f"(planner/zero_bubble.py; the two-chunk schedules counted as zbv).", ""]
     for name, w in data["workloads"].items():
         loads = [v for values in w.get("other_load_per_run", {}).values() for v in values]
         load_line = (f" Other processes' share of the CPU during the timed runs: median "

@@ -4,8 +4,8 @@ asynchronous schedules (``ASYNC_SCHEDULES``), in a whole run of ``steps`` steps 
 micro-batches each. No torch imports here.
 
 ``SPLIT_BACKWARD_SCHEDULES`` (the zero-bubble orders) list explicit WEIGHT actions: their
-backwards are split into input and weight gradients. zbv places its two chunks per rank in a V
-(``schedule_placement``)."""
+backwards are split into input and weight gradients. zbv and dualpipev place their two chunks per
+rank in a V (``schedule_placement``)."""
 from __future__ import annotations
 
 from types import MappingProxyType
@@ -13,6 +13,7 @@ from typing import Callable
 
 from .actions import Action, Kind, format_actions, parse_action, parse_actions
 from .common import ScheduleError, peer_stage, virtual_stage
+from .dualpipev import dualpipev
 from .gpipe import gpipe
 from .interleaved import interleaved
 from .one_f_one_b import one_f_one_b
@@ -33,17 +34,18 @@ SCHEDULES: MappingProxyType[str, ScheduleFn] = MappingProxyType({
     "2bw": two_bw,
     "zb_h2": zb_h2,
     "zbv": zbv,
+    "dualpipev": dualpipev,
 })
 ASYNC_SCHEDULES = frozenset({"pipedream", "2bw"})
 """No flush: the action lists span the whole run; weights have several versions."""
-SPLIT_BACKWARD_SCHEDULES = frozenset({"zb_h2", "zbv"})
+SPLIT_BACKWARD_SCHEDULES = frozenset({"zb_h2", "zbv", "dualpipev"})
 """Their lists hold WEIGHT actions: every BWD is the input gradient only."""
-_PLACEMENTS = MappingProxyType({"zbv": ("vshape", 2)})   # name -> (placement, chunks per rank)
+_PLACEMENTS = MappingProxyType({"zbv": ("vshape", 2), "dualpipev": ("vshape", 2)})   # name -> (placement, chunks per rank)
 
 
 def schedule_placement(name: str, pp: int, vpp: int = 1) -> Placement:
     """Where the chunks of ``name`` sit: pass its ``peer`` and ``needs`` to the simulator and the
-    stream model (round-robin for every schedule but zbv)."""
+    stream model (round-robin for every schedule but zbv and dualpipev)."""
     kind, chunks = _PLACEMENTS.get(name, ("round-robin", vpp))
     return Placement(pp, chunks, kind)
 

@@ -22,7 +22,8 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     assert set(cases) == {"single-process", "single-process [both cores]", "pipedream gpipe", "torch gpipe",
                           "pipedream 1f1b", "torch 1f1b", "pipedream interleaved", "torch interleaved", "pipedream 2bw", "pipedream pipedream",
                           "pipedream 1f1b [plain autograd]", "pipedream 1f1b [no send-first]", "pipedream 1f1b [no delay]",
-                          "pipedream zb_h2", "pipedream zbv", "torch zbv", "torch interleaved_zb", "torch dualpipev"}
+                          "pipedream zb_h2", "pipedream zbv", "pipedream dualpipev", "torch zbv", "torch interleaved_zb",
+                          "torch dualpipev"}
     assert cases["pipedream zbv"]["vs_torch"]["median"] > 0 and 0 < cases["pipedream zbv"]["ideal_bubble"] < 0.2
     assert any(t["name"].startswith("our best zero-bubble") for t in data["targets"])
     assert cases["pipedream 1f1b [plain autograd]"]["vs_torch"]["median"] > 0
