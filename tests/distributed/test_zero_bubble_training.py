@@ -1,6 +1,6 @@
 """The zero-bubble schedules train for real: zb_h2 and zbv (W actions, zbv's V placement) give the
 same losses and parameters as single-process training (fp32), with recomputation and tied
-weights, on (pp, dp) in {(2, 1), (4, 1), (2, 2)}; and each rank's measured peak in-flight
+weights, on (pp, dp) in {(2, 1), (4, 1), (2, 2)} (dualpipev, which needs m >= 2p, on pp 2 and 4); and each rank's measured peak in-flight
 micro-batches and stash bytes equal the simulator's prediction for the same action lists."""
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from tests.training_harness import TINY_GPT, assert_matches_reference, merge_par
 from tests.workers import run_workers
 
 LAYOUTS = [(schedule, pp, dp) for schedule in ("zb_h2", "zbv") for pp, dp in ((2, 1), (4, 1), (2, 2))]
+LAYOUTS += [("dualpipev", 2, 1), ("dualpipev", 4, 1)]
+BATCH = {("dualpipev", 4, 1): ["train.global_batch_size=16"]}   # dualpipev needs m >= 2p
 SGD = ["optim=sgd", "train.lr=0.05"]
 VARIANTS = {
     "untied": SGD + ["model.tie_embeddings=false"],
@@ -28,7 +30,8 @@ RUNS = [("zb_h2", []), ("zbv", []), ("zb_h2", ["recompute.granularity=full"])]  
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule,pp,dp", LAYOUTS, ids=[f"{s}-pp{p}-dp{d}" for s, p, d in LAYOUTS])
 def test_zero_bubble_matches_single_process(tmp_path, schedule, pp, dp):
-    base = TINY_GPT + [f"train.steps={STEPS}", f"schedule={schedule}", f"parallel.pp={pp}", f"parallel.dp={dp}"]
+    base = TINY_GPT + [f"train.steps={STEPS}", f"schedule={schedule}", f"parallel.pp={pp}", f"parallel.dp={dp}",
+                       *BATCH.get((schedule, pp, dp), [])]
     runs = [(base + extra, str(tmp_path / name)) for name, extra in VARIANTS.items()]
     per_rank = run_workers(train_rank, pp * dp, runs)
     for index, (name, extra) in enumerate(VARIANTS.items()):
