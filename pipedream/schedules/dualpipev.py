@@ -52,7 +52,7 @@ def _rank_order(rank: int, pp: int, microbatches: int) -> list[Action]:
         backward(1, split=True)
         weight()
         forward(1)
-    for i in range(microbatches - 2 * pp + rank + 1):   # 4: F0 B1, F1 B0 (DualPipe's overlapped pairs)
+    for _ in range(microbatches - 2 * pp + rank + 1):   # 4: F0 B1, F1 B0 (DualPipe's overlapped pairs)
         forward(0)
         backward(1)
         forward(1)

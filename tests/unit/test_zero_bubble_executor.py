@@ -17,13 +17,13 @@ from pipedream.schedules import Action, Kind, build_schedule, schedule_placement
 from pipedream.simulate import simulate
 from pipedream.stage import Stage
 from tests.loopback import LoopbackNetwork, run_ranks
-from tests.unit.test_executor import LOSS, blocks, reference
+from tests.unit.test_executor import LOSS, blocks, rank_stage, reference
 
 MICROBATCHES = 6
 
 
 class WeightEvents:
-    """A recorder that keeps which W ran, and when the weight gradient first appeared."""
+    """A recorder that keeps which W actions ran, in order."""
 
     def __init__(self) -> None:
         self.weight_grads: list[tuple[int, int]] = []
@@ -47,14 +47,7 @@ def layout_of(schedule: str, pp: int) -> ParallelLayout:
 
 
 def zero_bubble_rank(rank: int, layout: ParallelLayout, schedule: str, layers, network, batches, fused: bool):
-    per_stage = len(layers) // layout.num_virtual_stages
-    virtual_stages = [layout.virtual_stage(rank, c) for c in range(layout.vpp)]
-    chunks = [nn.Sequential(*copy.deepcopy(layers[vs * per_stage:(vs + 1) * per_stage])) for vs in virtual_stages]
-    last = layout.num_virtual_stages - 1
-    stage = Stage(chunks, [vs == 0 for vs in virtual_stages], [vs == last for vs in virtual_stages], LOSS)
-    if fused:
-        for chunk in chunks:
-            fuse_grad_accumulation(chunk, stage.weight_grads)
+    stage, chunks, virtual_stages = rank_stage(rank, layout, layers, fused)
     recorder = WeightEvents()
     executor = Executor(stage, network.comm(rank), sync_grads=lambda: None, step=lambda: None,
                         sends_before_sync=True, weight_grads_after_send=True, weight_grads_delay=1,
