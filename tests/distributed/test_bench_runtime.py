@@ -15,7 +15,7 @@ from bench_runtime_report import analyse, ideal_bubble, replace_section  # noqa:
 
 def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_runtime.py"), "--quick",
-                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=120)
+                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "bench_runtime.json").read_text())
     cases = data["workloads"]["mlp"]["cases"]
