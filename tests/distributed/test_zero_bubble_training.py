@@ -115,5 +115,7 @@ def test_trace_shows_every_w_in_schedule_order(tmp_path):
             mine = sorted((e for e in executed if e["pid"] == rank and e["args"]["step"] == step), key=lambda e: e["ts"])
             assert [e["name"] for e in mine] == expected
     assert summary["trace"]["predicted_iteration_time_s"] > 0
+    # ideal: zbv's order at F = B = W per chunk, 6m + p - 1 = 25 steps of which 24 compute (m = 4)
+    assert summary["trace"]["ideal_bubble_fraction"] == pytest.approx(1 / 25)
     for png in ("timeline.png", "timeline_predicted.png"):
         assert (tmp_path / "zbv" / "trace" / png).stat().st_size > 0
