@@ -41,16 +41,7 @@ def describe_missing_option(error: Exception) -> str:
     """A Hydra ``MissingConfigException`` as one line: 'model=nope is unknown: choose one of ...'."""
     group, _, name = str(getattr(error, "missing_cfg_file", None) or "").partition("/")
     options = config_options(group) if group else []
-    if group == "schedule" and name in _simulated_schedules():
-        return (f"schedule={name} runs in the simulator only so far (python -m pipedream.schedules --schedule "
-                f"{name} --pp 4 --microbatches 8): the executor does not run its W actions yet; train with one of "
-                f"{', '.join(options)}")
     if options:
         return f"{group}={name} is unknown: choose one of {', '.join(options)} (files in conf/{group}/)"
     return str(error).splitlines()[0]
 
-
-def _simulated_schedules() -> frozenset[str]:
-    from .schedules import SIMULATED_SCHEDULES  # lazy: loading configs needs no schedules otherwise
-
-    return frozenset(SIMULATED_SCHEDULES)

@@ -66,7 +66,8 @@ class PipelineEngine:
         self.gradients = GradientSync(self.params, groups.dp, layout.stage_replica_count(self.coords.pp),
                                       self._tied_copies(built, groups), norm_group,
                                       tp_group=groups.tp if layout.tp > 1 else None)
-        self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp)[self.coords.pp])
+        self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
+                                                      layout.chunk_placement)[self.coords.pp])
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
         self.boundaries = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
         self.comm = None

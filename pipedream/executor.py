@@ -2,7 +2,12 @@
 compute ahead, so a transfer overlaps the compute before it): compute on the Stage, transfers
 through PipeComm, gradient sync and the optimizer step through callbacks. A run given a
 WeightStore (asynchronous schedules) runs every forward and backward on the weight version the
-store assigns to it; without one, on the parameters."""
+store assigns to it; without one, on the parameters.
+
+A list with WEIGHT actions (the zero-bubble schedules) splits every backward: BWD computes the
+input gradient only and leaves the Linear weight-gradient GEMMs of that (micro-batch, chunk) in
+the stage's ``WeightGradQueue``; its WEIGHT runs them. Such a list holds nothing back by itself
+(``weight_grads_delay`` does not apply)."""
 from __future__ import annotations
 
 import time
@@ -54,10 +59,14 @@ class Executor:
     weight_grads_delay: int
     recorder: Recorder | None = None
     clock: Callable[[], float] = field(default=time.perf_counter)
+    # chunk -> the chunk of this rank whose output is its input (the bottom of a V placement):
+    # the tensor and its gradient change chunk here without a message
+    handover: dict[int, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
+        self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
 
     def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
             train: bool = True, weights: WeightStore | None = None) -> IterationResult:
@@ -66,6 +75,7 @@ class Executor:
         With ``train=False`` forwards run without a graph (evaluation); ``weights`` gives every
         forward and backward its weight version."""
         result = IterationResult()
+        split = any(a.kind is Kind.WEIGHT for a in actions)
         for action in issue_order(actions):
             kind = action.kind
             if kind is Kind.RECV_ACT:
@@ -79,7 +89,12 @@ class Executor:
             if kind is Kind.FWD:
                 wait = self._forward(action, batches, loss_scale, result, train, weights)
             elif kind is Kind.BWD:
-                wait = self._backward(action, weights)
+                wait = self._backward(action, weights, split)
+            elif kind is Kind.WEIGHT:
+                self.stage.weight_grad(action.microbatch, action.chunk)
+                if self.recorder is not None:
+                    self.recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
+                continue
             elif kind is Kind.SEND_ACT:
                 self.comm.send_activation(action.microbatch, action.chunk,
                                           self._outputs.pop((action.microbatch, action.chunk)))
@@ -88,7 +103,8 @@ class Executor:
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
                 if self.recorder is not None:
                     self.recorder.record(action, start, self.clock(), wait)
-                self._run_weight_grads(keep=self.weight_grads_delay)
+                if not split:
+                    self._run_weight_grads(keep=self.weight_grads_delay)
                 continue
             elif kind is Kind.SYNC_GRADS:
                 self._run_weight_grads(keep=0)
@@ -120,6 +136,8 @@ class Executor:
         wait = 0.0
         if self.stage.is_first[chunk]:
             inputs = batches[mb][0]
+        elif chunk in self.handover:
+            inputs = self._outputs.pop((mb, self.handover[chunk]))
         else:
             before = self.clock()
             inputs = self.comm.wait_activation(mb, chunk)
@@ -140,16 +158,19 @@ class Executor:
             self._outputs[(mb, chunk)] = out
         return wait
 
-    def _backward(self, action: Action, weights: WeightStore | None) -> float:
+    def _backward(self, action: Action, weights: WeightStore | None, split: bool) -> float:
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         grad_output = None
-        if not self.stage.is_last[chunk]:
+        if chunk in self._handed_to:
+            grad_output = self._last_input_grads.pop((mb, self._handed_to[chunk]))
+        elif not self.stage.is_last[chunk]:
             before = self.clock()
             grad_output = self.comm.wait_gradient(mb, chunk)
             wait = self.clock() - before
         defer = self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk]
-        grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer)
+        grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer and not split,
+                                         split=split and weights is None)
         if weights is not None:
             weights.after_backward(action)
         if grad_input is not None:

@@ -67,6 +67,17 @@ class WeightGradQueue:
         """Groups waiting to run."""
         return len(self._groups)
 
+    def run(self, key: Hashable) -> bool:
+        """Runs the group of ``key`` (a WEIGHT action of a zero-bubble schedule); False when that
+        backward left none (no fused Linear in the chunk)."""
+        for index, (held, gemms) in enumerate(self._groups):
+            if held == key:
+                del self._groups[index]
+                for weight, grad_output, inputs in gemms:
+                    accumulate_weight_grad(weight, grad_output, inputs)
+                return True
+        return False
+
     def run_oldest(self) -> Hashable:
         """Runs the oldest group's GEMMs; returns its key."""
         key, gemms = self._groups.popleft()

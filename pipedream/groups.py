@@ -50,7 +50,7 @@ def layer_owner(layout: ParallelLayout, bounds: list[tuple[int, int]], layer: in
     """The pipeline rank that holds ``layer``."""
     for virtual_stage, (start, end) in enumerate(bounds):
         if start <= layer < end:
-            return virtual_stage % layout.pp
+            return layout.stage_of(virtual_stage)[0]
     raise ValueError(f"layer {layer} is in no stage")
 
 

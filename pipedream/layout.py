@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .errors import ConfigError
+from .schedules.placement import PLACEMENTS, Placement
 from .schedules.replicated import ReplicatedPipeline
 
 
@@ -31,8 +32,11 @@ class ParallelLayout:
     tp: int = 1
     vpp: int = 1
     stage_replicas: tuple[int, ...] = ()
+    placement: str = "round-robin"   # how chunks map to virtual stages (``schedules.placement``; zbv: "vshape")
 
     def __post_init__(self) -> None:
+        if self.placement not in PLACEMENTS:
+            raise ConfigError(f"placement {self.placement!r} is unknown: choose one of {', '.join(PLACEMENTS)}")
         for name in ("pp", "dp", "tp", "vpp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -83,19 +87,26 @@ class ParallelLayout:
                               f"WORLD_SIZE = {world_size}: launch {self.world_size} processes "
                               f"(python -m launcher does) or change the degrees")
 
+    @property
+    def chunk_placement(self) -> Placement:
+        """Which virtual stage each (pipeline rank, chunk) holds: round-robin, or a V (zbv)."""
+        return Placement(self.pp, self.vpp, self.placement)
+
     def next_virtual_stage(self, pp_rank: int, chunk: int) -> tuple[int, int]:
-        """(pp_rank, chunk) that consumes this chunk's output; chunks are dealt round-robin."""
-        if pp_rank < self.pp - 1:
-            return pp_rank + 1, chunk
-        return 0, chunk + 1
+        """(pp_rank, chunk) that consumes this chunk's output."""
+        placement = self.chunk_placement
+        return placement.stage_of(placement.virtual_stage(pp_rank, chunk) + 1)
 
     def prev_virtual_stage(self, pp_rank: int, chunk: int) -> tuple[int, int]:
-        if pp_rank > 0:
-            return pp_rank - 1, chunk
-        return self.pp - 1, chunk - 1
+        placement = self.chunk_placement
+        return placement.stage_of(placement.virtual_stage(pp_rank, chunk) - 1)
 
     def virtual_stage(self, pp_rank: int, chunk: int) -> int:
-        return chunk * self.pp + pp_rank
+        return self.chunk_placement.virtual_stage(pp_rank, chunk)
+
+    def stage_of(self, virtual_stage: int) -> tuple[int, int]:
+        """Inverse of ``virtual_stage``: (pp_rank, chunk)."""
+        return self.chunk_placement.stage_of(virtual_stage)
 
     def peer_rank(self, rank: int, microbatch: int, chunk: int, forward: bool) -> int:
         """The rank that receives this rank's output of ``chunk`` (forward) or sends its input
@@ -123,7 +134,9 @@ class ParallelLayout:
                 continue
             for chunk in range(self.vpp):
                 if self.virtual_stage(stage, chunk) + 1 < self.num_virtual_stages:
-                    pairs.add((rank, self.peer_rank(rank, 0, chunk, True)))
+                    peer = self.peer_rank(rank, 0, chunk, True)
+                    if peer != rank:   # the bottom of a V hands over without a message
+                        pairs.add((rank, peer))
         return sorted(pairs | {(dst, src) for src, dst in pairs})
 
     def replicated(self) -> ReplicatedPipeline:

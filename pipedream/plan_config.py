@@ -20,6 +20,10 @@ def apply_plan(cfg: Any) -> Any:
         plan = load_plan(str(path))
     except PlanError as error:
         raise ConfigError(str(error)) from None
+    if plan.schedule == "zbv" and plan.parallel.vpp != 2:
+        raise ConfigError(f"plan {path} prices schedule=zbv as one stage per rank and does not split each rank's "
+                          f"layers into the V's two chunks: train it with schedule=zbv parallel.pp="
+                          f"{plan.parallel.pp} without parallel.plan")
     expected_layers = layer_count(cfg.model)
     if plan.model.num_layers != expected_layers:
         label = cfg.model.get("name") or cfg.model.get("_target_")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PLAN_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", "zb_h2", "zbv")
 RECOMPUTE = ("none", "full", "selective")
 
 

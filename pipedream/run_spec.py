@@ -16,7 +16,8 @@ from models.vision_facts import VISION_MODELS, fewest_normalised_values
 from .errors import ConfigError
 from .layout import ParallelLayout, split_layers
 from .plugin_config import plugin_target
-from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
+from .schedules import (ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
+                        schedule_placement)
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -192,8 +193,15 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                           f"equal replicas")
     layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
                             stage_replicas=replicas)
-    if layout.vpp > 1 and schedule != "interleaved":
-        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved (got schedule={schedule})")
+    placement = schedule_placement(schedule, layout.pp)
+    if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
+        if layout.vpp not in (1, 2):
+            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={schedule} holds exactly 2 chunks per rank "
+                              f"(a V); set parallel.vpp=2 or leave it at 1")
+        layout = ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp,
+                                placement=placement.kind)
+    elif layout.vpp > 1 and schedule != "interleaved":
+        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev (got schedule={schedule})")
     vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
     if vertical_sync and schedule != "pipedream":
         raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "

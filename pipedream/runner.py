@@ -18,6 +18,7 @@ from torch import nn
 from .boundary import to_device
 from .comm import PipeComm
 from .executor import Batch, Executor, Recorder
+from .layout import ParallelLayout
 from .optim import GradientSync, NonFiniteError
 from .run_spec import RunSpec
 from .schedules import build_schedule
@@ -57,7 +58,8 @@ class RankParts:
         """The runner's executor; ``update`` is called at every STEP action."""
         return Executor(self.stage, self.comm, self.gradients.sync, update, sends_before_sync=sends_before_sync,
                         weight_grads_after_send=self.train.weight_grads_after_send,
-                        weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder)
+                        weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder,
+                        handover=local_handovers(self.spec.layout, self.pp_rank))
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -72,6 +74,17 @@ class RankParts:
         totals = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(totals)
         return totals.tolist()
+
+
+def local_handovers(layout: ParallelLayout, pp_rank: int) -> dict[int, int]:
+    """chunk -> the chunk of the same rank that feeds it (the bottom of a V placement)."""
+    handovers = {}
+    for chunk in range(layout.vpp):
+        if layout.virtual_stage(pp_rank, chunk) > 0:
+            source_rank, source_chunk = layout.prev_virtual_stage(pp_rank, chunk)
+            if source_rank == pp_rank:
+                handovers[chunk] = source_chunk
+    return handovers
 
 
 class Runner(Protocol):

@@ -84,6 +84,7 @@ class Stage:
         self.stash: dict[tuple[int, int], _Stashed] = {}
         self.stats = StashStats()
         self.weight_grads = WeightGradQueue()
+        self._awaiting_weight: dict[tuple[int, int], int] = {}   # split backwards -> bytes held until W
         self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
 
     def parameters(self) -> list[nn.Parameter]:
@@ -126,20 +127,30 @@ class Stage:
         return functional_call(self.chunks[chunk], weights, (inputs,))
 
     def backward(self, microbatch: int, chunk: int, grad_output: Boundary | None = None,
-                 defer_weight_grads: bool = False) -> Boundary | None:
+                 defer_weight_grads: bool = False, split: bool = False) -> Boundary | None:
         """Backpropagates through the chunk; returns the gradient of its input (None on the first).
         ``defer_weight_grads`` leaves the Linear weight gradients in ``weight_grads``, as the group
-        (microbatch, chunk), for the caller to run."""
+        (microbatch, chunk), for the caller to run. ``split`` (a zero-bubble schedule's B) defers
+        them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
-        with self.weight_grads.deferred((microbatch, chunk)) if defer_weight_grads else nullcontext():
+        with self.weight_grads.deferred((microbatch, chunk)) if defer_weight_grads or split else nullcontext():
             if self.is_last[chunk]:
                 stashed.outputs.backward()
             else:
                 outputs, grads = boundary.backward_pairs(stashed.outputs, grad_output)
                 if outputs:
                     torch.autograd.backward(outputs, grads)
-        self.stats.remove(stashed.saved_bytes)
+        if split:
+            self._awaiting_weight[(microbatch, chunk)] = stashed.saved_bytes
+        else:
+            self.stats.remove(stashed.saved_bytes)
         return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
+
+    def weight_grad(self, microbatch: int, chunk: int) -> None:
+        """A zero-bubble schedule's W: the weight-gradient GEMMs that the split backward of
+        (microbatch, chunk) left, then its activations count as freed."""
+        self.weight_grads.run((microbatch, chunk))
+        self.stats.remove(self._awaiting_weight.pop((microbatch, chunk)))
 
     def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:
         """Evaluation: no graph, nothing stashed."""

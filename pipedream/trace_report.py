@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schedules import ASYNC_SCHEDULES, Kind, ScheduleError, build_schedule
+from .schedules import (ASYNC_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Kind, ScheduleError, build_schedule,
+                        schedule_placement)
 from .simulate import Costs, DeadlockError, SimResult, simulate
 from .timeline_plot import Span, plot_timeline, spans_from_sim
 from .trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
@@ -30,9 +31,15 @@ def bubble_fraction(step: StepTrace) -> float:
     return 1.0 - compute_seconds(step) / step.end if step.end > 0 else float("nan")
 
 
-def ideal_bubble_fraction(pp: int, microbatches: int, vpp: int = 1) -> float:
-    """(p-1) / (v*m + p-1): idle share of an iteration of a flush schedule with equal stages."""
-    return (pp - 1) / (vpp * microbatches + pp - 1)
+def ideal_bubble_fraction(pp: int, microbatches: int, vpp: int = 1, schedule: str = "1f1b") -> float:
+    """(p-1) / (v*m + p-1): idle share of an iteration of a flush schedule with equal stages; for
+    a schedule with W actions, its simulated iteration at F = B = W per chunk and free messages."""
+    if schedule not in SPLIT_BACKWARD_SCHEDULES:
+        return (pp - 1) / (vpp * microbatches + pp - 1)
+    placement = schedule_placement(schedule, pp, vpp)
+    unit = simulate(build_schedule(schedule, pp, microbatches, vpp), Costs(forward=1.0, backward=2.0, weight_grad=1.0),
+                    vpp=placement.vpp, peer=placement.peer, needs=placement.needs)
+    return 1.0 - max(unit.busy) / unit.iteration_time
 
 
 @dataclass(frozen=True)
@@ -143,8 +150,9 @@ def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: Measured
     if schedule in ASYNC_SCHEDULES:
         return None
     try:
+        placement = schedule_placement(schedule, pp, vpp)   # zbv's V: peers differ from round-robin
         return simulate(build_schedule(schedule, pp, microbatches, vpp), costs.costs(MS), vpp=vpp,
-                        weight_grads_delay=weight_grads_delay)
+                        peer=placement.peer, needs=placement.needs, weight_grads_delay=weight_grads_delay)
     except (KeyError, ScheduleError, DeadlockError):
         return None
 
@@ -183,7 +191,7 @@ def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, p
         predicted_iteration_time_s=sim.iteration_time / MS if sim else None,
         predicted_bubble_fraction_per_pp_rank=[1.0 - b / sim.iteration_time if sim.iteration_time else 0.0
                                                for b in sim.busy] if sim else None,
-        ideal_bubble_fraction=ideal_bubble_fraction(pp, microbatches, vpp),
+        ideal_bubble_fraction=ideal_bubble_fraction(pp, microbatches, vpp, schedule),
         forward_s={f"{r}.{c}": v for (r, c), v in sorted(costs.forward.items())},
         backward_s={f"{r}.{c}": v for (r, c), v in sorted(costs.backward.items())},
         weight_grad_s={f"{r}.{c}": v for (r, c), v in sorted(costs.weight_grad.items())},

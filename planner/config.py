@@ -7,11 +7,14 @@ from typing import Any, Sequence
 
 from pipedream.config_loading import compose_config, describe_missing_option
 
+from . import zero_bubble
 from .errors import PlannerError
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
 from .profile import Profile, analytic_profile, load_profile
+
+PLANNED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", *zero_bubble.SCHEDULES)
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
@@ -81,10 +84,20 @@ def inputs_from_config(cfg: Any) -> Inputs:
         global_batch=batch, spec=spec if analytic else None, reserve_gib=float(p.reserve_gib),
         reserve_fraction=float(p.reserve_fraction),
         max_micro_batch=int(p.max_micro_batch), micro_batch=micro,
-        schedules=tuple(str(s) for s in p.schedules), recompute=tuple(bool(r) for r in p.recompute),
+        schedules=_schedules(p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
         fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs))
+
+
+def _schedules(values: Any) -> tuple[str, ...]:
+    names = tuple(str(s) for s in values)
+    unknown = [s for s in names if s not in PLANNED_SCHEDULES]
+    if unknown:
+        raise PlannerError(f"planner.schedules={list(names)}: the planner has no cost model for {', '.join(unknown)}; "
+                           f"choose among {', '.join(PLANNED_SCHEDULES)} (for dualpipev plan zbv: the same "
+                           f"iteration at unit costs)")
+    return names
 
 
 def _costs(value: Any) -> str:

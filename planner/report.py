@@ -17,7 +17,7 @@ def _split(c: Candidate, limit: int = 6) -> str:
 
 def _bubble_rule(schedule: str) -> str:
     return {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v m)",
-            "zb_h2": "(p-1)/(3m) with t_w = t_b/2, simulation only", "zbv": "(p-1)/(6m) with t_w = t_b/2, simulation only",
+            "zb_h2": "(p-1)/(3m) with t_w = t_b/2", "zbv": "(p-1)/(6m) with t_w = t_b/2",
             }.get(schedule, "none in steady state")
 
 

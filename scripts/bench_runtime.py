@@ -42,6 +42,12 @@ from bench_runtime_report import analyse, machine, markdown, replace_section, ta
 PP = 2
 SECTION = "bench_runtime"
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
+# zero-bubble schedules: ours (zb_h2, zbv, dualpipev) and torch's (zbv, interleaved zero bubble,
+# DualPipe-V), on the same blocks and batch; torch has no ZB-H2 with one chunk per rank
+ZERO_BUBBLE = {"pipedream": ("zb_h2", "zbv", "dualpipev"), "torch": ("zbv", "interleaved_zb", "dualpipev")}
+V_PLACED = ("zbv", "dualpipev")          # rank r holds stages r and 2p-1-r
+TWO_CHUNKS = ("interleaved", "interleaved_zb", *V_PLACED)
+OURS_FOR = {"interleaved_zb": "interleaved"}   # torch only: our config of the same shape
 ASYNC_SCHEDULES = ("2bw", "pipedream")   # ours only: torch.distributed.pipelining has no asynchronous schedule
 BOTH_CORES = "both cores"
 
@@ -83,7 +89,7 @@ class Case:
 
     @property
     def vpp(self) -> int:
-        return 2 if self.schedule == "interleaved" else 1
+        return 2 if self.schedule in TWO_CHUNKS else 1
 
 
 def workloads(quick: bool) -> list[Workload]:
@@ -107,7 +113,8 @@ def cases() -> list[Case]:
     # how fast one core computes while both work, which the ideal assumes to be as fast as alone
     return ([Case("single", "-"), Case("single", "-", BOTH_CORES)] + flush
             + [Case("pipedream", "1f1b", v) for v in VARIANTS]
-            + [Case("pipedream", s) for s in ASYNC_SCHEDULES])
+            + [Case("pipedream", s) for s in ASYNC_SCHEDULES]
+            + [Case(runtime, s) for runtime, names in ZERO_BUBBLE.items() for s in names])
 
 
 # The cases the targets compare run back to back, so each round's ratios see the same machine speed.
@@ -126,7 +133,8 @@ def _compose(workload: Workload, case: Case) -> Any:
 
     overrides = list(workload.overrides) + list(VARIANTS.get(case.variant, ())) + [
         f"train.micro_batch_size={workload.micro_batch}", f"train.global_batch_size={workload.global_batch}",
-        f"schedule={case.schedule if case.schedule != '-' else '1f1b'}", f"parallel.pp={PP}",
+        f"schedule={OURS_FOR.get(case.schedule, case.schedule) if case.schedule != '-' else '1f1b'}",
+        f"parallel.pp={PP}",
         f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
         # asynchronous schedules build the whole run's action list up front: keep the run short
         f"train.steps={200 if case.schedule in ASYNC_SCHEDULES else 1000}"]
@@ -158,7 +166,9 @@ def _ours(workload: Workload, case: Case, rank: int, groups_cache: dict, recorde
 
 def _torch(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     from torch import nn
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
+                                              ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
+                                              ScheduleZBVZeroBubble)
 
     from models import build_model
     from pipedream.layout import split_layers
@@ -171,11 +181,15 @@ def _torch(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     stages_total = PP * case.vpp
     bounds = split_layers(spec.num_layers, stages_total)
     mine = [chunk * PP + rank for chunk in range(case.vpp)]   # round-robin, as ours
+    if case.schedule in V_PLACED:
+        mine = [rank, 2 * PP - 1 - rank]
     built = model.build([i for vs in mine for i in range(*bounds[vs])])
     modules = [nn.Sequential(*(built[i] for i in range(*bounds[vs]))) for vs in mine]
     stages = [PipelineStage(m, vs, stages_total, torch.device("cpu")) for m, vs in zip(modules, mine)]
-    if case.schedule == "interleaved":
-        schedule = ScheduleInterleaved1F1B(stages, n_microbatches=workload.microbatches, loss_fn=model.loss_fn)
+    multi = {"interleaved": ScheduleInterleaved1F1B, "interleaved_zb": ScheduleInterleavedZeroBubble,
+             "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
+    if case.schedule in multi:
+        schedule = multi[case.schedule](stages, n_microbatches=workload.microbatches, loss_fn=model.loss_fn)
     else:
         cls = Schedule1F1B if case.schedule == "1f1b" else ScheduleGPipe
         schedule = cls(stages[0], n_microbatches=workload.microbatches, loss_fn=model.loss_fn)

@@ -3,9 +3,9 @@ pipeline rank, the list of actions it executes in one iteration (flush schedules
 asynchronous schedules (``ASYNC_SCHEDULES``), in a whole run of ``steps`` steps of ``microbatches``
 micro-batches each. No torch imports here.
 
-``SIMULATED_SCHEDULES`` (zero-bubble orders with explicit WEIGHT actions) are built, printed,
-drawn, simulated and planned like the others, but are not in ``SCHEDULES``, the set a training
-run may choose: the executor does not run WEIGHT actions or V-shaped placements yet."""
+``SPLIT_BACKWARD_SCHEDULES`` (the zero-bubble orders) list explicit WEIGHT actions: their
+backwards are split into input and weight gradients. zbv and dualpipev place their two chunks per
+rank in a V (``schedule_placement``)."""
 from __future__ import annotations
 
 from types import MappingProxyType
@@ -13,6 +13,7 @@ from typing import Callable
 
 from .actions import Action, Kind, format_actions, parse_action, parse_actions
 from .common import ScheduleError, peer_stage, virtual_stage
+from .dualpipev import dualpipev
 from .gpipe import gpipe
 from .interleaved import interleaved
 from .one_f_one_b import one_f_one_b
@@ -31,27 +32,27 @@ SCHEDULES: MappingProxyType[str, ScheduleFn] = MappingProxyType({
     "interleaved": interleaved,
     "pipedream": pipedream,
     "2bw": two_bw,
+    "zb_h2": zb_h2,
+    "zbv": zbv,
+    "dualpipev": dualpipev,
 })
 ASYNC_SCHEDULES = frozenset({"pipedream", "2bw"})
 """No flush: the action lists span the whole run; weights have several versions."""
-SIMULATED_SCHEDULES: MappingProxyType[str, ScheduleFn] = MappingProxyType({
-    "zb_h2": zb_h2,
-    "zbv": zbv,
-})
-"""Simulator, plots and planner only, until the executor runs WEIGHT actions (not trainable)."""
-_PLACEMENTS = MappingProxyType({"zbv": ("vshape", 2)})   # name -> (placement, chunks per rank)
+SPLIT_BACKWARD_SCHEDULES = frozenset({"zb_h2", "zbv", "dualpipev"})
+"""Their lists hold WEIGHT actions: every BWD is the input gradient only."""
+_PLACEMENTS = MappingProxyType({"zbv": ("vshape", 2), "dualpipev": ("vshape", 2)})   # name -> (placement, chunks per rank)
 
 
 def schedule_placement(name: str, pp: int, vpp: int = 1) -> Placement:
     """Where the chunks of ``name`` sit: pass its ``peer`` and ``needs`` to the simulator and the
-    stream model (round-robin for every schedule but zbv)."""
+    stream model (round-robin for every schedule but zbv and dualpipev)."""
     kind, chunks = _PLACEMENTS.get(name, ("round-robin", vpp))
     return Placement(pp, chunks, kind)
 
 
 def all_schedules() -> dict[str, ScheduleFn]:
-    """Every schedule ``build_schedule`` knows: trainable and simulation-only."""
-    return {**SCHEDULES, **SIMULATED_SCHEDULES}
+    """Every schedule ``build_schedule`` knows."""
+    return dict(SCHEDULES)
 
 
 def build_schedule(name: str, pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[list[Action]]:
@@ -66,6 +67,6 @@ def build_schedule(name: str, pp: int, microbatches: int, vpp: int = 1, steps: i
 
 
 __all__ = ["ASYNC_SCHEDULES", "Action", "Kind", "Placement", "ReplicatedPipeline", "SCHEDULES",
-           "SIMULATED_SCHEDULES", "ScheduleError", "all_schedules", "build_schedule", "format_actions",
+           "SPLIT_BACKWARD_SCHEDULES", "ScheduleError", "all_schedules", "build_schedule", "format_actions",
            "parse_action", "parse_actions", "peer_stage", "pipedream_replicated", "schedule_placement",
            "virtual_stage"]

@@ -13,7 +13,7 @@ import math
 import string
 import sys
 
-from pipedream.schedules import (ASYNC_SCHEDULES, SIMULATED_SCHEDULES, ScheduleError, all_schedules,
+from pipedream.schedules import (ASYNC_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ScheduleError, all_schedules,
                                  build_schedule, schedule_placement)
 from pipedream.schedules.actions import Action, Kind
 from pipedream.simulate import Costs, SimResult, simulate
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         if not args.backward_cost > 0:
             raise ScheduleError(f"--backward-cost = {args.backward_cost} must be > 0")
-        explicit_w = args.schedule in SIMULATED_SCHEDULES
+        explicit_w = args.schedule in SPLIT_BACKWARD_SCHEDULES
         weight = args.weight_grad_cost if args.weight_grad_cost is not None else float(explicit_w)
         if weight < 0:
             raise ScheduleError(f"--weight-grad-cost = {weight} must be >= 0")

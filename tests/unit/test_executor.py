@@ -42,9 +42,9 @@ def reference(layers: list[nn.Module], batches) -> tuple[float, list[torch.Tenso
     return sum(float(loss.detach()) for loss in losses), [p.grad for p in model.parameters()]
 
 
-def pipeline_rank(rank: int, layout: ParallelLayout, schedule: str, layers: list[nn.Module], network: LoopbackNetwork,
-                  batches, fused: bool):
-    """What one rank does: its chunks (copies of the shared layers), its stage and its executor."""
+def rank_stage(rank: int, layout: ParallelLayout, layers: list[nn.Module], fused: bool
+               ) -> tuple[Stage, list[nn.Module], list[int]]:
+    """One rank's chunks (copies of the shared layers, placed by ``layout``) and its stage."""
     per_stage = len(layers) // layout.num_virtual_stages
     virtual_stages = [layout.virtual_stage(rank, c) for c in range(layout.vpp)]
     chunks = [nn.Sequential(*copy.deepcopy(layers[vs * per_stage:(vs + 1) * per_stage])) for vs in virtual_stages]
@@ -53,6 +53,13 @@ def pipeline_rank(rank: int, layout: ParallelLayout, schedule: str, layers: list
     if fused:
         for chunk in chunks:
             fuse_grad_accumulation(chunk, stage.weight_grads)
+    return stage, chunks, virtual_stages
+
+
+def pipeline_rank(rank: int, layout: ParallelLayout, schedule: str, layers: list[nn.Module], network: LoopbackNetwork,
+                  batches, fused: bool):
+    """What one rank does: its chunks (copies of the shared layers), its stage and its executor."""
+    stage, chunks, virtual_stages = rank_stage(rank, layout, layers, fused)
     calls: list[str] = []
     executor = Executor(stage, network.comm(rank), sync_grads=lambda: calls.append("sync"),
                         step=lambda: calls.append("step"), sends_before_sync=True, weight_grads_after_send=True, weight_grads_delay=1)

@@ -52,3 +52,14 @@ def test_a_planner_plan_for_bert_applies(tmp_path, capsys):
     spec = build_run_spec(apply_plan(cfg), world_size=2)
     assert spec.num_layers == 4 and spec.layout.pp == 2
     assert spec.bounds[0][0] == 0 and spec.bounds[-1][1] == 4 and spec.global_batch == 8
+
+
+def test_zero_bubble_plans(tmp_path):
+    """A zb_h2 plan trains as planned; a zbv plan (priced per rank, no V split) is one line."""
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'zb.json', schedule='zb_h2')}"])
+    spec = build_run_spec(apply_plan(cfg), world_size=2)
+    assert spec.schedule == "zb_h2" and spec.bounds == ((0, 2), (2, 6))
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'zbv.json', schedule='zbv')}"])
+    with pytest.raises(ConfigError, match="train it with schedule=zbv parallel.pp=2 without parallel.plan") as error:
+        apply_plan(cfg)
+    assert "\n" not in str(error.value)

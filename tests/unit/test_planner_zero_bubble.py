@@ -76,3 +76,11 @@ def test_zbv_needs_two_blocks_per_rank() -> None:
     spec = TransformerSpec("t", "gpt", 4, 64, 4, 16, 64, "fp32")
     inputs = replace(small_inputs(("1f1b", "zbv")), profile=analytic_profile(spec, DEVICES["v100_16gb"], 1))
     assert ptdp_search(inputs).best.schedule == "1f1b"     # 4 blocks cannot make 8 chunks on 4 ranks
+
+
+def test_a_schedule_without_a_cost_model_is_one_line(capsys) -> None:
+    from planner.__main__ import main as planner_main
+
+    assert planner_main(["model=gpt_tiny", "cluster=local_cpu", "planner.schedules=[1f1b,dualpipev]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("error: planner.schedules=") and "plan zbv" in err

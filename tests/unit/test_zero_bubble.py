@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.config_loading import compose_config, describe_missing_option
-from pipedream.schedules import (SCHEDULES, SIMULATED_SCHEDULES, Action, Kind, Placement, ScheduleError,
+from pipedream.config_loading import compose_config
+from pipedream.errors import ConfigError
+from pipedream.run_spec import build_run_spec
+from pipedream.schedules import (SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Action, Kind, Placement, ScheduleError,
                                  build_schedule, parse_action, parse_actions, schedule_placement)
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.issue_order import issue_order
@@ -138,12 +140,15 @@ def test_bad_sizes_are_one_line() -> None:
         build_schedule("zb_h2", 4, 8, 2)
 
 
-def test_training_refuses_them_with_one_line() -> None:
-    assert not set(SIMULATED_SCHEDULES) & set(SCHEDULES)
-    with pytest.raises(Exception) as error:
-        compose_config(["schedule=zbv"])
-    message = describe_missing_option(error.value)
-    assert "\n" not in message and "simulator only" in message and "W actions" in message
+def test_training_accepts_them_with_the_v_placement() -> None:
+    assert SPLIT_BACKWARD_SCHEDULES <= set(SCHEDULES)
+    spec = build_run_spec(compose_config(["schedule=zbv", "parallel.pp=2"]), 2)
+    assert (spec.layout.vpp, spec.layout.placement) == (2, "vshape")
+    assert [spec.layout.virtual_stage(1, c) for c in (0, 1)] == [1, 2]
+    assert build_run_spec(compose_config(["schedule=zb_h2", "parallel.pp=2"]), 2).layout.vpp == 1
+    with pytest.raises(ConfigError, match="exactly 2 chunks per rank") as error:
+        build_run_spec(compose_config(["schedule=zbv", "parallel.pp=2", "parallel.vpp=3"]), 2)
+    assert "\n" not in str(error.value)
 
 
 def test_cli_prints_w_and_the_v(capsys) -> None:

@@ -1,0 +1,89 @@
+"""DualPipe-V (DeepSeek-V3's DualPipe folded onto a V of p ranks; as DeepSeek's open-source
+``dualpipev`` and torch's ``ScheduleDualPipeV``), in this IR.
+
+The placement is zbv's: rank r holds virtual stages r and 2p-1-r. Every rank walks eight phases
+(m >= 2p micro-batches): forwards of chunk 0, pairs of chunk-0/chunk-1 forwards, zero-bubble
+B1 W F1 steps, the main phase of F0 B1 F1 B0 pairs, then backwards whose second half is split into
+B and W so the Ws fill the drain. DualPipe runs each F+B pair of the main phase at the same time on
+two streams so each one's communication (expert-parallel all-to-all in DeepSeek-V3) hides behind
+the other's compute; this IR runs one compute at a time per rank, so a pair is its forward then its
+backward (torch's runtime does the same without an overlap hook). A whole backward is BWD followed
+at once by its WEIGHT, since a list with WEIGHT actions splits every backward.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from .actions import Action, Kind
+from .common import ScheduleError, add_communication, check_sizes, flush_update
+from .placement import Placement
+
+CHUNKS = 2
+
+
+def _rank_order(rank: int, pp: int, microbatches: int) -> list[Action]:
+    order: list[Action] = []
+    next_mb = {(Kind.FWD, 0): 0, (Kind.FWD, 1): 0, (Kind.BWD, 0): 0, (Kind.BWD, 1): 0}
+    held: deque[Action] = deque()      # split backwards whose W is still to run, oldest first
+
+    def forward(chunk: int) -> None:
+        order.append(Action(Kind.FWD, next_mb[(Kind.FWD, chunk)], chunk))
+        next_mb[(Kind.FWD, chunk)] += 1
+
+    def backward(chunk: int, split: bool = False) -> None:
+        mb = next_mb[(Kind.BWD, chunk)]
+        next_mb[(Kind.BWD, chunk)] += 1
+        order.append(Action(Kind.BWD, mb, chunk))
+        if split:
+            held.append(Action(Kind.WEIGHT, mb, chunk))
+        else:
+            order.append(Action(Kind.WEIGHT, mb, chunk))
+
+    def weight() -> None:
+        if held:
+            order.append(held.popleft())
+
+    for _ in range((pp - rank - 1) * 2):           # 1: chunk-0 forwards
+        forward(0)
+    for _ in range(rank + 1):                       # 2: F0 F1
+        forward(0)
+        forward(1)
+    for _ in range(pp - rank - 1):                  # 3: B1 W1 F1 (zero bubble)
+        backward(1, split=True)
+        weight()
+        forward(1)
+    for _ in range(microbatches - 2 * pp + rank + 1):   # 4: F0 B1, F1 B0 (DualPipe's overlapped pairs)
+        forward(0)
+        backward(1)
+        forward(1)
+        backward(0)
+    for _ in range(pp - rank - 1):                  # 5: B1, F1 B0
+        backward(1)
+        forward(1)
+        backward(0)
+    split = False
+    for i in range(rank + 1):                       # 6: B1 B0, the second half split
+        if i == (rank + 1) // 2 and rank % 2 == 1:
+            split = True
+        backward(1, split)
+        if i == (rank + 1) // 2 and rank % 2 == 0:
+            split = True
+        backward(0, split)
+    for _ in range(pp - rank - 1):                  # 7: W B0
+        weight()
+        backward(0, split=True)
+    while held:                                     # 8: the remaining Ws
+        weight()
+    return order
+
+
+def dualpipev(pp: int, microbatches: int, vpp: int = CHUNKS) -> list[list[Action]]:
+    check_sizes(pp, microbatches, vpp)
+    if vpp not in (1, CHUNKS):  # vpp = 1 means "the default" for callers that always pass one
+        raise ScheduleError(f"schedule dualpipev has exactly {CHUNKS} chunks per rank (a V), got vpp = {vpp}")
+    if microbatches < 2 * pp:
+        raise ScheduleError(f"schedule dualpipev needs microbatches >= 2 * pp = {2 * pp} (got {microbatches}): "
+                            f"raise the micro-batches per step or use schedule=zbv")
+    placement = Placement(pp, CHUNKS, "vshape")
+    compute = [_rank_order(rank, pp, microbatches) for rank in range(pp)]
+    return [actions + flush_update() for actions in add_communication(compute, pp, CHUNKS, placement)]
