@@ -5,8 +5,8 @@
   config, bad data, NaN, no usable checkpoint) is not restarted ``--max-restarts`` times, since the
   same input fails the same way;
 - a failure the ranks already reported in one line is not reported again as torchrun's
-  ``ChildFailedError`` traceback; a rank killed by a signal (which printed nothing) gets one line,
-  SIGKILL named as the likely out-of-memory kill;
+  ``ChildFailedError`` traceback, nor are the ranks torchrun then stopped; a rank killed by a signal
+  (which printed nothing) gets one line, SIGKILL named as the likely out-of-memory kill;
 - a rendezvous that fails (a node that never joins within ``launcher.rendezvous_timeout_s``) is one line.
 """
 from __future__ import annotations
@@ -49,11 +49,24 @@ def report_child_failure(failures: dict) -> int:
     """One line per rank that could not report itself; returns the job's exit code: a final code if a
     rank gave one, else the lowest rank's (128 + the signal for a killed one)."""
     codes = []
+    reported = any(failure.exitcode > 0 for failure in failures.values())
     for rank, failure in sorted(failures.items()):
-        if failure.exitcode < 0:
+        stopped_by_torchrun = reported and -failure.exitcode in (signal.SIGTERM, signal.SIGINT)
+        if failure.exitcode < 0 and not stopped_by_torchrun:
             print(killed_line(rank, failure.exitcode), file=sys.stderr, flush=True)
         codes.append(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
     return next((code for code in codes if code in FINAL_CODES), codes[0])
+
+
+def rendezvous_line(error: Exception, argv: list[str]) -> str:
+    options = dict(arg[2:].split("=", 1) for arg in argv if arg.startswith("--") and "=" in arg)
+    waited = options.get("rdzv-conf", "").removeprefix("join_timeout=")
+    first = (str(error).strip().splitlines() or [""])[0]
+    return (f"error: the {options.get('nnodes', '?')} nodes did not all join the rendezvous at "
+            f"{options.get('rdzv-endpoint', '?')} within launcher.rendezvous_timeout_s={waited} "
+            f"({type(error).__name__}{': ' + first if first and first != type(error).__name__ else ''}): start "
+            f"every node's command (the same launcher.master_addr and master_port, its own launcher.node_rank), "
+            f"or raise launcher.rendezvous_timeout_s")
 
 
 def main(argv: list[str]) -> int:
@@ -72,10 +85,7 @@ def main(argv: list[str]) -> int:
     except ChildFailedError as failed:
         return report_child_failure(failed.failures)
     except RendezvousError as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        print(f"error: the nodes did not meet ({type(error).__name__}: {first}): check that every node runs its "
-              f"command with the same launcher.master_addr and master_port, within launcher.rendezvous_timeout_s",
-              file=sys.stderr, flush=True)
+        print(rendezvous_line(error, argv), file=sys.stderr, flush=True)
         return 1
     return 0
 

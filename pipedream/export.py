@@ -52,9 +52,8 @@ def consolidate(checkpoint: Path) -> dict[str, Any]:
 
 
 def export(run_dir: Path, out: Path | None = None, step: int | None = None) -> list[Path]:
-    import torch
-
     checkpoint = choose_checkpoint(run_dir / "checkpoints", step)
+    import torch   # after the choice: a bad request fails at once
     state = consolidate(checkpoint)
     out = out or run_dir / "model.pt"
     torch.save(state, out)
