@@ -43,7 +43,7 @@ def run(cfg: Any) -> int:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return REFUSED_EXIT
     torch.set_num_threads(spec.train.threads)
-    from .failures import USER_ERRORS, debug_requested, failure_report  # late: validation errors stay fast
+    from .failures import USER_ERRORS, debug_requested, failure_report, wait_for_peer_report  # late: fast errors
     from .optim import NonFiniteError
     from .trainer import train
     try:
@@ -51,6 +51,7 @@ def run(cfg: Any) -> int:
         train(cfg, spec, ctx)
     except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
         rank = int(os.environ.get("RANK", "0"))
+        wait_for_peer_report(error)
         if rank == 0 or not isinstance(error, NonFiniteError):   # every rank sees a NaN: one line says it
             print(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)),
                   file=sys.stderr, flush=True)
