@@ -46,13 +46,14 @@ def killed_line(rank: int, exitcode: int) -> str:
 
 
 def report_child_failure(failures: dict) -> int:
-    """One line per rank that could not report itself; returns the job's exit code: a final code if a
-    rank gave one, else the lowest rank's (128 + the signal for a killed one)."""
+    """One line per rank that failed by itself without a word (killed by a signal); the ranks torchrun
+    then stopped with SIGTERM are not causes. Returns the job's exit code: a final code if a rank gave
+    one, else the first cause's (128 + the signal for a killed rank)."""
+    causes = {rank: failure for rank, failure in failures.items()
+              if failure.exitcode > 0 or -failure.exitcode not in (signal.SIGTERM, signal.SIGINT)} or failures
     codes = []
-    reported = any(failure.exitcode > 0 for failure in failures.values())
-    for rank, failure in sorted(failures.items()):
-        stopped_by_torchrun = reported and -failure.exitcode in (signal.SIGTERM, signal.SIGINT)
-        if failure.exitcode < 0 and not stopped_by_torchrun:
+    for rank, failure in sorted(causes.items()):
+        if failure.exitcode < 0:
             print(killed_line(rank, failure.exitcode), file=sys.stderr, flush=True)
         codes.append(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
     return next((code for code in codes if code in FINAL_CODES), codes[0])

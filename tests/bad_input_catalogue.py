@@ -82,7 +82,7 @@ CATALOGUE = [
          ".metadata does not match its checksum"),
     case("resume-other-model", "train.resume={tmp}/ckpt_other_model/step_00000001",
          "parameter layers.0.wte.weight has shape [256, 64] there but [256, 128] in this model"),
-    case("resume-run-folder", "train.resume={tmp}/ckpt_other_model", "is a run or checkpoint folder, not one checkpoint"),
+    case("resume-run-folder", "train.resume={tmp}/ckpt_bit_flip_run", "is a run or checkpoint folder, not one checkpoint"),
     case("run-dir-is-a-file", "train.run_dir={tmp}/a_file", "is a file, not a folder"),
     case("run-dir-under-a-file", "train.run_dir={tmp}/a_file/run", "sits under"),
     case("checkpoint-dir-under-a-file", "checkpoint.dir={tmp}/a_file/checkpoints", "sits under"),
