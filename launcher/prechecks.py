@@ -59,13 +59,21 @@ def check_outputs(cfg: Any, run_dir: str) -> None:
             raise ConfigError(f"{key}={value} {problem}: choose a folder path you can write to")
 
 
-def check_resume(cfg: Any, spec: Any) -> None:
+def check_resume(cfg: Any, spec: Any, run_dir: str) -> None:
     """An explicit ``train.resume`` folder: exists, is a step folder, complete and intact (sizes and
-    checksums), and holds this model's parameters with these shapes."""
+    checksums), and holds this model's parameters with these shapes; with ``auto``, the newest intact
+    checkpoint holds them."""
     resume = spec.checkpoint.resume
-    if not resume or resume == "auto":
+    if not resume:
         return
     from pipedream.checkpoint_integrity import MARKER, checkpoint_problem
+    if resume == "auto":   # the ranks fall back past damaged ones; another model's is refused here
+        from pipedream.run_outputs import checkpoint_root
+        root = checkpoint_root(cfg, Path(run_dir))
+        intact = [p for p in sorted(root.glob("step_*")) if checkpoint_problem(p) is None] if root.is_dir() else []
+        if intact:
+            _check_shapes(cfg, intact[-1], f"train.resume=auto found {intact[-1]}, which")
+        return
     path = Path(resume).expanduser()
     if not path.exists():
         raise ConfigError(f"train.resume={resume} does not exist: give a checkpoint's step_XXXXXXXX folder, or "
@@ -80,11 +88,15 @@ def check_resume(cfg: Any, spec: Any) -> None:
     if problem is not None:
         raise ConfigError(f"train.resume={resume} is not a usable checkpoint ({problem}): use train.resume=auto "
                           f"or another step_XXXXXXXX folder")
+    _check_shapes(cfg, path, f"train.resume={resume}")
+
+
+def _check_shapes(cfg: Any, path: Path, named: str) -> None:
     from pipedream.checkpoint_shapes import shape_mismatch
     mismatch = shape_mismatch(path, cfg.model)
     if mismatch:
-        raise ConfigError(f"train.resume={resume} was saved by another model: {mismatch}: resume with the "
-                          f"model settings it was trained with (its config.yaml), or start a new run")
+        raise ConfigError(f"{named} was saved by another model: {mismatch}: resume with the model settings it "
+                          f"was trained with (its config.yaml), or start a new run")
 
 
 def check_rendezvous_port(cfg: Any) -> None:
@@ -107,7 +119,7 @@ def check_before_launch(cfg: Any, spec: Any, run_dir: str, hosts_rendezvous: boo
 
     check_device_and_packages(cfg)
     check_outputs(cfg, run_dir)
-    check_resume(cfg, spec)
+    check_resume(cfg, spec, run_dir)
     if hosts_rendezvous:
         check_rendezvous_port(cfg)
     return [f"warning: {note}" for note in check_data(cfg.data, int(cfg.model.get("vocab_size") or 256), spec.seq_len)]

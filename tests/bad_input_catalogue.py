@@ -82,6 +82,8 @@ CATALOGUE = [
          ".metadata does not match its checksum"),
     case("resume-other-model", "train.resume={tmp}/ckpt_other_model/step_00000001",
          "parameter layers.0.wte.weight has shape [256, 64] there but [256, 128] in this model"),
+    case("resume-auto-other-model", "train.resume=auto train.run_dir={tmp}/other_model_run",
+         "train.resume=auto found"),
     case("resume-run-folder", "train.resume={tmp}/ckpt_bit_flip_run", "is a run or checkpoint folder, not one checkpoint"),
     case("run-dir-is-a-file", "train.run_dir={tmp}/a_file", "is a file, not a folder"),
     case("run-dir-under-a-file", "train.run_dir={tmp}/a_file/run", "sits under"),
@@ -151,6 +153,8 @@ def make_fixtures(tmp: Path, other_model_checkpoint: bool = True) -> Path:
     (tmp / "ckpt_bit_flip").symlink_to(tmp / "ckpt_bit_flip_run" / "checkpoints")
     if other_model_checkpoint:
         save_other_model_checkpoint(tmp / "ckpt_other_model")
+        (tmp / "other_model_run").mkdir()
+        (tmp / "other_model_run" / "checkpoints").symlink_to(tmp / "ckpt_other_model")
     return tmp
 
 
