@@ -30,7 +30,9 @@ def check_launch_keys(cfg: Any) -> None:
                                   or not 0 <= node_rank < nnodes):
         raise ConfigError(f"launcher.node_rank = {node_rank!r} must be a node number in 0..{nnodes - 1} "
                           f"(launcher.nnodes = {nnodes}), or null to print every node's command")
-    launcher.number("grace_s")
+    if launcher.number("grace_s") < 0:
+        raise ConfigError(f"launcher.grace_s = {launcher.raw('grace_s')} must be >= 0 (seconds a stopped job gets "
+                          f"before it is killed; 0 kills at once)")
     launcher.positive_number("rendezvous_timeout_s")
     launcher.flag("dry_run")
     launcher.flag("check_memory")

@@ -44,6 +44,7 @@ CATALOGUE = [
     case("grad-clip-not-a-number", "train.grad_clip=yes", "train.grad_clip = 'yes' must be a finite number"),
     case("max-restarts-negative", "launcher.max_restarts=-1", "launcher.max_restarts = -1 must be an integer >= 0"),
     case("node-rank-out-of-range", "launcher.nnodes=2 launcher.node_rank=2", "launcher.node_rank = 2 must be a node"),
+    case("grace-negative", "launcher.grace_s=-1", "launcher.grace_s = -1 must be >= 0"),
     case("port-out-of-range", "launcher.master_port=70000", "launcher.master_port = 70000 is not a TCP port"),
     # bounds
     case("pp-huge", "parallel.pp=1000000000000", "fewer than pp*vpp = 1000000000000"),
