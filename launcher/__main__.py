@@ -16,6 +16,7 @@ from pipedream.errors import ConfigError
 
 from .commands import build_launch
 from .memory_check import check_memory
+from .prechecks import check_before_launch, check_launch_keys
 from .preempt import agent_options, job_exit_code, relayed_signals
 from .sbatch import emit_script
 from .slurm import apply_allocation
@@ -45,6 +46,7 @@ def main(argv: list[str]) -> int:
         from pipedream.run_spec import build_run_spec
         label = model_label(cfg, argv)
         run_dir = str(cfg.train.run_dir)
+        check_launch_keys(cfg)
         plan = build_launch(cfg, overrides, run_dir)
         spec = build_run_spec(apply_plan(cfg), plan.world_size)
         check_buildable(cfg, label)
@@ -53,6 +55,9 @@ def main(argv: list[str]) -> int:
             print(emit_script(cfg, argv, plan.world_size), end="")
             return 0
         launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
+        hosts_rendezvous = launching and plan.nnodes > 1 and int(cfg.launcher.node_rank) == 0
+        for warning in check_before_launch(cfg, spec, run_dir, hosts_rendezvous):
+            print(warning, file=sys.stderr)
         if launching and bool(cfg.launcher.check_memory):
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:

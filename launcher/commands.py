@@ -50,6 +50,7 @@ def build_launch(cfg: Any, overrides: list[str], run_dir: str) -> LaunchPlan:
     else:
         endpoint = f"{cfg.launcher.master_addr}:{int(cfg.launcher.master_port)}"
         commands = [["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", f"--node-rank={node}",
-                     "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=pipedream", *restarts,
+                     "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=pipedream",
+                     f"--rdzv-conf=join_timeout={float(cfg.launcher.rendezvous_timeout_s):g}", *restarts,
                      *train_args] for node in range(nnodes)]
     return LaunchPlan(world, nnodes, per_node, commands)

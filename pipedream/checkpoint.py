@@ -16,7 +16,6 @@ and goes at the next prune.
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import sys
 import warnings
@@ -32,11 +31,9 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-from .checkpoint_integrity import content_problem, has_checksums, manifest
+from .checkpoint_integrity import MARKER, checkpoint_problem, completeness_problem, has_checksums, manifest
 from .specs import CheckpointSpec
 
-MARKER = "COMMITTED"
-STEP_DIR = re.compile(r"^step_(\d{8})$")
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
@@ -63,41 +60,12 @@ def complete_checkpoints(root: Path) -> list[Path]:
     for path in sorted(root.iterdir()):
         if not path.name.startswith("step_"):
             continue
-        problem = _problem(path)
+        problem = completeness_problem(path)
         if problem is None:
             found.append(path)
         else:
             warnings.warn(f"checkpoint {path} is unusable ({problem}): skipped", stacklevel=2)
     return found
-
-
-def _problem(path: Path) -> str | None:
-    """Why a checkpoint folder cannot be used, or None. The marker lists every file's size, so a
-    truncated or missing file is caught before any rank starts reading."""
-    if not STEP_DIR.match(path.name):
-        return "not committed: written by a run that stopped while saving"
-    marker = path / MARKER
-    if not marker.exists():
-        return f"no {MARKER} marker"
-    try:
-        recorded = json.loads(marker.read_text())
-        sizes = dict(recorded["files"])
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError):
-        return f"unreadable {MARKER} marker"
-    for name, size in sizes.items():
-        file = path / name
-        if not file.exists() or file.stat().st_size != size:
-            return f"{name} is missing or truncated"
-    return None
-
-
-def verify_checkpoint(path: Path) -> str | None:
-    """Why a checkpoint folder cannot be used, or None: complete (sizes) and, where the marker holds
-    checksums, every file's content as written."""
-    problem = _problem(path) if path.exists() else "no such folder"
-    if problem is not None:
-        return problem
-    return content_problem(path, json.loads((path / MARKER).read_text()))
 
 
 def _warn(rank: int, message: str) -> None:
@@ -133,7 +101,7 @@ def load_verified(candidates: list[Path], module: nn.Module, optimizer: torch.op
     for index in range(len(candidates) - 1, -1, -1):
         path = candidates[index]
         fallback = f"falling back to {candidates[index - 1].name}" if index else "no older checkpoint left"
-        problem = _agreed(rank, lambda: verify_checkpoint(path))
+        problem = _agreed(rank, lambda: checkpoint_problem(path))
         if problem is None:
             try:
                 step, error = load_checkpoint(path, module, optimizer, scheduler, layout_key, rank, tp), None
@@ -309,7 +277,7 @@ class RunCheckpoints:
                 return 0
         else:
             path = Path(str(self.resume_from))
-            problem = _agreed(self.rank, lambda: verify_checkpoint(path))
+            problem = _agreed(self.rank, lambda: checkpoint_problem(path))
             if problem is not None:
                 raise CheckpointError(f"train.resume={path} is not a usable checkpoint ({problem}): "
                                       f"use train.resume=auto or another step_XXXXXXXX folder")

@@ -13,3 +13,7 @@ class DataError(ValueError):
 class InvariantError(RuntimeError):
     """A rule of the runtime itself was broken (a schedule, a version plan and the executor
     disagree): a defect in this project, not in the user's input."""
+
+
+REFUSED_EXIT = 2   # a configuration refused before any process group exists
+FINAL_EXIT = 3     # a deterministic failure after start (data, NaN, checkpoint): restarting cannot help

@@ -7,16 +7,43 @@ from __future__ import annotations
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
-import torch
-from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-from .checkpoint import complete_checkpoints, step_dir
+from .checkpoint_integrity import checkpoint_problem
 from .specs import default_checkpoint_root
 
 
-def consolidate(checkpoint: Path) -> dict[str, torch.Tensor]:
+class ExportError(ValueError):
+    """Nothing to export where asked: the message names the folder and why."""
+
+
+def checkpoint_folders(root: Path) -> list[Path]:
+    return sorted(p for p in root.iterdir() if p.name.startswith("step_")) if root.is_dir() else []
+
+
+def choose_checkpoint(root: Path, step: int | None) -> Path:
+    """The step's checkpoint, or the newest intact one (size and checksum of every file), warning about
+    newer ones passed over; torch-free, so a bad request fails at once."""
+    if step is not None:
+        checkpoint = root / f"step_{step:08d}"
+        problem = checkpoint_problem(checkpoint)
+        if problem:
+            raise ExportError(f"step={step}: {checkpoint} is not a usable checkpoint ({problem}): choose another step "
+                              f"(present: {', '.join(p.name for p in checkpoint_folders(root)) or 'none'})")
+        return checkpoint
+    for checkpoint in reversed(checkpoint_folders(root)):
+        problem = checkpoint_problem(checkpoint)
+        if problem is None:
+            return checkpoint
+        print(f"warning: checkpoint {checkpoint} is unusable ({problem}): skipped", file=sys.stderr)
+    raise ExportError(f"no complete, intact checkpoint in {root}: train with checkpoint.every=N first")
+
+
+def consolidate(checkpoint: Path) -> dict[str, Any]:
     """Global names ``layers.<i>.<param>`` become the single-process model's ``<i>.<param>``."""
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "merged.pt"
         dcp_to_torch_save(str(checkpoint), str(merged))
@@ -26,16 +53,8 @@ def consolidate(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def export(run_dir: Path, out: Path | None = None, step: int | None = None) -> list[Path]:
-    root = default_checkpoint_root(run_dir)
-    if step is not None:
-        checkpoint = step_dir(root, step)
-        if checkpoint not in complete_checkpoints(root):
-            raise FileNotFoundError(f"no complete checkpoint for step {step} in {root}")
-    else:
-        found = complete_checkpoints(root)
-        if not found:
-            raise FileNotFoundError(f"no complete checkpoint in {root}: train with checkpoint.every=N first")
-        checkpoint = found[-1]
+    checkpoint = choose_checkpoint(default_checkpoint_root(run_dir), step)
+    import torch   # after the choice: a bad request fails at once
     state = consolidate(checkpoint)
     out = out or run_dir / "model.pt"
     torch.save(state, out)
@@ -55,12 +74,17 @@ def main(argv: list[str]) -> int:
     if unknown or "run_dir" not in args:
         print("usage: python -m pipedream.export run_dir=RUN_DIR [out=FILE] [step=N]", file=sys.stderr)
         return 2
+    step = args.get("step")
+    if step is not None and not step.isdigit():
+        print(f"error: step={step} is not a step number: give the N of a step_0000000N folder, or leave step out "
+              f"for the newest", file=sys.stderr)
+        return 2
     try:
         written = export(Path(args["run_dir"]), Path(args["out"]) if "out" in args else None,
-                         int(args["step"]) if "step" in args else None)
-    except FileNotFoundError as error:
+                         None if step is None else int(step))
+    except ExportError as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 

@@ -11,6 +11,7 @@ full traceback is printed with ``PIPEDREAM_DEBUG=1`` or ``train.debug=true``.
 from __future__ import annotations
 
 import os
+import time
 import traceback
 
 import torch
@@ -21,6 +22,7 @@ from .errors import ConfigError, DataError, InvariantError
 from .optim import NonFiniteError
 
 USER_ERRORS = (ConfigError, DataError, NonFiniteError, CheckpointError)   # the message says it all
+PEER_REPORT_WAIT_S = 5.0   # torchrun checks its ranks every 0.1 s (--monitor-interval) and stops the rest
 GLOO_FAILURES = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting",
                  "Application timeout caused pair closure")
 
@@ -63,3 +65,11 @@ def failure_report(error: BaseException, rank: int, timeout_s: float, debug: boo
 def _first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
+
+
+def wait_for_peer_report(error: BaseException) -> None:
+    """Under torchrun, a rank whose peer died sees only "communication failed"; the peer has reported
+    its own cause (or torchrun will: a killed rank), and torchrun stops this rank within moments. So
+    wait a little before reporting: the user sees the cause, and this line only if nothing stops us."""
+    if is_communication_failure(error) and os.environ.get("TORCHELASTIC_RUN_ID"):
+        time.sleep(PEER_REPORT_WAIT_S)

@@ -160,7 +160,12 @@ def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] |
     """[start, end) layer ranges of each (virtual) stage: even by default (earlier stages take the
     remainder), or exactly ``layers_per_stage``."""
     if layers_per_stage is not None:
-        counts = [int(c) for c in layers_per_stage]
+        if isinstance(layers_per_stage, (str, int, float, bool)) or not all(
+                isinstance(c, int) and not isinstance(c, bool) for c in layers_per_stage):
+            shown = layers_per_stage if isinstance(layers_per_stage, (str, int, float, bool)) else list(layers_per_stage)
+            raise ConfigError(f"parallel.layers_per_stage={shown} must be a list of whole layer counts, one per "
+                              f"(virtual) stage: e.g. [3,3], or null for an even split")
+        counts = list(layers_per_stage)
         if len(counts) != num_stages:
             raise ConfigError(f"parallel.layers_per_stage has {len(counts)} entries but there are {num_stages} "
                               f"(virtual) stages: give one count per stage")

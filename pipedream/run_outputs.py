@@ -2,6 +2,7 @@
 run's outputs unless it continues that run (``train.resume``) or replaces it (``train.overwrite``)."""
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -48,3 +49,22 @@ def claim_run_dir(spec: RunSpec, run_dir: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink()
+
+
+def output_path_problem(value: str, is_file: bool = False) -> str | None:
+    """Why ``value`` cannot become an output folder (or, with ``is_file``, a file in an existing
+    folder), or None: checked before any work, so a typo fails at once rather than at the end."""
+    path = Path(value).expanduser().absolute()
+    if path.exists() and path.is_dir() == is_file:
+        return "is a folder, not a file" if is_file else "is a file, not a folder"
+    folder = path.parent if is_file else path
+    existing = folder
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        return f"sits under {existing}, which is a file"
+    if is_file and existing != folder:
+        return f"cannot be written: its folder {folder} does not exist"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be written ({existing} is not writable)"
+    return None

@@ -215,6 +215,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         raise ConfigError(f"train.global_batch_size={global_batch} is not divisible by parallel.dp*train.micro_batch_size "
                           f"= {layout.dp}*{micro} = {layout.dp * micro}: use a multiple of {layout.dp * micro}")
     microbatches = global_batch // (layout.dp * micro)
+    # before any schedule is built: pp = 10**12 must not build 10**12 action lists
+    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
     try:
         if replicas:
             pipedream_replicated(replicas, microbatches)
@@ -222,7 +224,6 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
             build_schedule(schedule, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
-    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
     if schedule in ASYNC_SCHEDULES and plugin_model is not None:
         _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:

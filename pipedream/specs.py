@@ -7,6 +7,7 @@ names are the YAML keys, so ``train.lr`` is ``TrainSpec.lr``.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,14 +36,22 @@ class Section:
     def integer(self, key: str, minimum: int, rule: str = "") -> int:
         value = self.raw(key)
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise ConfigError(f"{self.name}.{key} = {value!r} must be an integer >= {minimum}{rule}")
+            raise ConfigError(f"{self.name}.{key} = {value!r} must be an integer >= {minimum}{rule or f' (e.g. {self.name}.{key}={max(minimum, 1)})'}")
         return value
 
     def number(self, key: str) -> float:
         value = self.raw(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{self.name}.{key} = {value!r} must be a number")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(f"{self.name}.{key} = {value!r} must be a finite number: give one such as "
+                              f"the default in conf/")
         return float(value)
+
+    def positive_number(self, key: str) -> float:
+        value = self.number(key)
+        if not value > 0:
+            raise ConfigError(f"{self.name}.{key} = {value:g} must be > 0: give a positive number such as "
+                              f"the default in conf/")
+        return value
 
     def flag(self, key: str) -> bool:
         value = self.raw(key)
@@ -76,14 +85,12 @@ class TrainSpec:
     @classmethod
     def from_config(cls, cfg: Any) -> TrainSpec:
         train = Section(cfg, "train")
-        lr = train.number("lr")
-        if not lr > 0:
-            raise ConfigError(f"train.lr = {lr} must be > 0")
+        lr = train.positive_number("lr")
         grad_clip = 0.0 if train.raw("grad_clip") is None else train.number("grad_clip")
         return cls(steps=train.integer("steps", 1), lr=lr, min_lr_ratio=train.number("min_lr_ratio"),
                    warmup_steps=train.integer("warmup_steps", 0), grad_clip=grad_clip,
                    seed=train.integer("seed", 0), threads=max(1, train.integer("threads", 0)),
-                   timeout_s=train.number("timeout_s"),
+                   timeout_s=train.positive_number("timeout_s"),
                    fuse_grad_accumulation=train.flag("fuse_grad_accumulation"),
                    weight_grads_after_send=train.flag("weight_grads_after_send"),
                    weight_grads_delay=train.integer("weight_grads_delay", 0, " (0 runs a backward's weight-gradient "

@@ -2,8 +2,9 @@
 (``python -m launcher`` computes N and runs this for you).
 
 Errors end the run with one line on stderr (``failures.failure_line``) and a non-zero exit: 2 for
-a configuration refused before any process group exists, 1 for anything later. ``train.debug=true``
-or ``PIPEDREAM_DEBUG=1`` adds the traceback of an unexpected error.
+a configuration refused before any process group exists, 3 for a deterministic failure later (bad
+data, NaN, no usable checkpoint: restarting cannot help, so the launcher does not), 1 for anything
+else. ``train.debug=true`` or ``PIPEDREAM_DEBUG=1`` adds the traceback of an unexpected error.
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from .distributed import init_distributed, shutdown, world_size_from_env
-from .errors import ConfigError
+from .errors import FINAL_EXIT, REFUSED_EXIT, ConfigError
 from .plan_config import apply_plan, check_plan_world_size
 from .preemption import PreemptionSpec
 from .run_outputs import claim_run_dir
@@ -37,20 +38,26 @@ def run(cfg: Any) -> int:
         PreemptionSpec.from_config(cfg)
         if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
             claim_run_dir(spec, Path(spec.loop.run_dir))
+            from .data_checks import check_data   # what the launcher checks, for runs started by torchrun
+            for note in check_data(cfg.data, cfg.model, spec.seq_len):
+                print(f"warning: {note}", file=sys.stderr, flush=True)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
-        return 2
+        return REFUSED_EXIT
     torch.set_num_threads(spec.train.threads)
-    from .failures import debug_requested, failure_report  # imported late: validation errors stay fast
+    from .failures import USER_ERRORS, debug_requested, failure_report, wait_for_peer_report  # late: fast errors
+    from .optim import NonFiniteError
     from .trainer import train
     try:
         ctx = init_distributed(spec.device, spec.train.timeout_s)
         train(cfg, spec, ctx)
     except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
         rank = int(os.environ.get("RANK", "0"))
-        print(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)),
-              file=sys.stderr, flush=True)
-        return 1
+        wait_for_peer_report(error)
+        if rank == 0 or not isinstance(error, NonFiniteError):   # every rank sees a NaN: one line says it
+            print(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)),
+                  file=sys.stderr, flush=True)
+        return FINAL_EXIT if isinstance(error, USER_ERRORS) else 1   # the launcher does not restart FINAL_EXIT
     finally:
         shutdown()
     return 0

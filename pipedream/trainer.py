@@ -150,29 +150,29 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
     """Runs the remaining steps; returns the step after which a preemption stopped the run, else None."""
     steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
     to_trace = traced_steps(spec.trace, steps, warmup_steps(steps))
-    progress = tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not spec.loop.progress, dynamic_ncols=True)
-    start_step = checkpoints.resume()
-    progress.update(start_step)
-    for step in range(start_step + 1, steps + 1):
-        evaluating = eval_every > 0 and (step % eval_every == 0 or step == steps)
-        logged = step % log_every == 0 or step == steps or evaluating
-        result, elapsed = loop.step(step, step in to_trace, grad_norm=logged)
-        progress.update(1)
-        record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
-                  "step_time_s": elapsed, **throughput.of(elapsed)}
-        if evaluating:
-            record["val_loss"] = loop.evaluate()
-        if writer and logged:
-            writer.log_step(record)
-            progress.set_postfix(loss=f"{result.loss:.3f}",
-                                 **({"val": f"{loop.val_loss:.3f}"} if "val_loss" in record else {}))
-            progress.write(_format_record(record, steps))
-        checkpoints.after_step(step)
-        if step < steps and preemption.requested():
-            preemption.stop(step, checkpoints)
-            progress.close()
-            return step
-    progress.close()
+    # closed on an error too, so the error line starts on a line of its own
+    with tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not spec.loop.progress,
+              dynamic_ncols=True) as progress:
+        start_step = checkpoints.resume()
+        progress.update(start_step)
+        for step in range(start_step + 1, steps + 1):
+            evaluating = eval_every > 0 and (step % eval_every == 0 or step == steps)
+            logged = step % log_every == 0 or step == steps or evaluating
+            result, elapsed = loop.step(step, step in to_trace, grad_norm=logged)
+            progress.update(1)
+            record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
+                      "step_time_s": elapsed, **throughput.of(elapsed)}
+            if evaluating:
+                record["val_loss"] = loop.evaluate()
+            if writer and logged:
+                writer.log_step(record)
+                progress.set_postfix(loss=f"{result.loss:.3f}",
+                                     **({"val": f"{loop.val_loss:.3f}"} if "val_loss" in record else {}))
+                progress.write(_format_record(record, steps))
+            checkpoints.after_step(step)
+            if step < steps and preemption.requested():
+                preemption.stop(step, checkpoints)
+                return step
     return None
 
 

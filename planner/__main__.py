@@ -28,6 +28,11 @@ def run(argv: Sequence[str]) -> int:
         print(f"{p.validate}: valid plan for {plan.world_size} processes "
               f"(pp={plan.parallel.pp} tp={plan.parallel.tp} dp={plan.parallel.dp}, {plan.schedule})")
         return 0
+    if p.get("out"):   # before planning: a typo in the path must not cost the search
+        from pipedream.run_outputs import output_path_problem
+        problem = output_path_problem(str(p.out), is_file=True)
+        if problem:
+            raise PlannerError(f"planner.out={p.out} {problem}: give a file path in a folder you can write to")
     inputs = inputs_from_config(cfg)
     outcome = make_plan(inputs, str(p.algorithm), str(p.semantics), bool(p.simulate))
     precision = inputs.spec.precision if inputs.spec is not None else inputs.profile.precision

@@ -1,5 +1,6 @@
 """Every unusable configuration is refused before any process starts, with one line that names the
-value, the rule and a way out, and a non-zero exit."""
+value, the rule and a way out, and a non-zero exit. The catalogue's end-to-end cases
+(tests/bad_input_catalogue.py) go through the real command lines, which must never start torchrun."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +8,11 @@ import pytest
 from launcher.__main__ import main as launch
 from pipedream.errors import ConfigError
 from pipedream.run_spec import build_run_spec
+from tests.bad_input_catalogue import CATALOGUE, END_TO_END, make_fixtures
+from tests.processes import run_cli
 from tests.training_harness import compose_config
+
+E2E_SECONDS = 30   # a refusal takes ~1-3 s; a launched job waits 120 s for a dead peer
 
 CASES = [
     (["model=nope"], "model=nope is unknown"),
@@ -16,13 +21,13 @@ CASES = [
     (["schedule=zigzag"], "schedule=zigzag is unknown"),
     (["model.hidden_size=0"], "model.hidden_size = 0 must be a positive integer"),
     (["train.micro_batch_size=-1"], "train.micro_batch_size = -1 must be a positive integer"),
-    (["parallel.pp=0"], "parallel.pp = 0 must be a positive integer"),
+    (["parallel.pp=0"], "parallel.pp = 0 must be an integer >= 1"),
     (["parallel.pp=1", "parallel.dp=3"], "not divisible by parallel.dp*train.micro_batch_size = 3*4 = 12"),
     (["data=text_file", "data.path=/no/such/file.txt"], "does not exist"),
     (["data=text_file"], "data=text_file needs data.path"),
     (["+data.seq_len=512"], "exceeds the model's context model.seq_len=64"),
     (["model.num_heads=3"], "model.num_heads=3 does not divide model.hidden_size=128"),
-    (["schedule=interleaved", "parallel.pp=4", "parallel.vpp=2", "train.global_batch_size=24"],
+    (["schedule=interleaved", "parallel.pp=4", "parallel.vpp=2", "train.global_batch_size=24", "model.num_layers=8"],
      "needs microbatches (6) to be a multiple of pp (4)"),
     (["parallel.pp=4", "parallel.vpp=2", "schedule=interleaved"], "fewer than pp*vpp = 8"),
     (["parallel.layers_per_stage=[2,2]"], "sums to 4 but the model has 6 layers"),
@@ -61,3 +66,25 @@ def test_training_entry_refuses_before_any_process_group(monkeypatch, capsys):
     assert run(compose_config(["parallel.pp=2"])) == 2
     assert "WORLD_SIZE = 3" in capsys.readouterr().err
     assert not dist.is_initialized()
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    return make_fixtures(tmp_path_factory.mktemp("catalogue"), other_model_checkpoint=False)
+
+
+E2E_CASES = [c for c in CATALOGUE if c.id in END_TO_END]
+
+
+def test_end_to_end_cases_are_in_the_catalogue():
+    assert len(E2E_CASES) == len(END_TO_END)
+
+
+@pytest.mark.parametrize("case", E2E_CASES, ids=[c.id for c in E2E_CASES])
+def test_command_line_refuses_before_torchrun(case, fixtures, tmp_path):
+    done = run_cli(case.tool, case.args(fixtures), tmp_path)
+    assert done.commands, "the probe recorded nothing: is tests/process_probe on PYTHONPATH?"
+    assert not done.launched, f"{case.id}: torchrun or a rank started: {done.launched}"
+    assert done.code == 2 and len(done.stderr_lines) == 1, (done.code, done.stderr_lines)
+    assert done.stderr_lines[0].startswith("error: ") and case.expect in done.stderr_lines[0]
+    assert done.seconds < E2E_SECONDS

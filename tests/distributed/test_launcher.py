@@ -19,8 +19,9 @@ def test_two_node_commands_share_a_rendezvous():
     plan = build_launch(cfg, [o for o in overrides if not o.startswith("launcher.")], "runs/y")
     assert plan.nproc_per_node == 2 and len(plan.commands) == 2
     for node, command in enumerate(plan.commands):
-        assert command[:8] == ["torchrun", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
+        assert command[:9] == ["torchrun", "--nnodes=2", "--nproc-per-node=2", f"--node-rank={node}",
                                "--rdzv-backend=c10d", "--rdzv-endpoint=10.0.0.1:1234", "--rdzv-id=pipedream",
+                               "--rdzv-conf=join_timeout=300",
                                "--max-restarts=3"]
         assert command[-1] == "train.run_dir=runs/y"
 

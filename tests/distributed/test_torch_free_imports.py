@@ -13,7 +13,8 @@ SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" 
 TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.simulate", "pipedream.stream_model",
               "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "pipedream.plugin_config", "planner",
               "models.formulas", "models.facts", "models.vision_facts", "planner.cluster.__main__",
-              "planner.cluster.simulator"]
+              "planner.cluster.simulator", "pipedream.data_checks", "pipedream.checkpoint_integrity",
+              "pipedream.run_outputs", "launcher.prechecks"]
 # A preset with a device sheet: ``local_cpu`` would measure this machine with torch.
 DRY_RUN = ["model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]
 

@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from pipedream.checkpoint import CheckpointError
-from pipedream.errors import ConfigError, DataError, InvariantError
+from pipedream.errors import FINAL_EXIT, ConfigError, DataError, InvariantError
 from pipedream.optim import NonFiniteError
 from pipedream.train import run
 from tests.training_harness import compose_config
@@ -53,7 +53,19 @@ def _run_raising(monkeypatch, capsys, error: BaseException, overrides: list[str]
 ])
 def test_each_error_is_one_line(monkeypatch, capsys, error, line) -> None:
     code, err = _run_raising(monkeypatch, capsys, error)
-    assert code == 1 and err == line
+    deterministic = isinstance(error, (DataError, ConfigError, NonFiniteError, CheckpointError))
+    assert code == (FINAL_EXIT if deterministic else 1) and err == line
+
+
+def test_a_nan_is_reported_by_rank_0_only(monkeypatch, capsys) -> None:
+    """Every rank sees a non-finite loss or norm (they are all-reduced): one line, not one per rank."""
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setattr("pipedream.train.first_attempt_rank0", lambda: False)
+    def failing_train(cfg, spec, ctx):
+        raise NonFiniteError("training loss is nan: stopped")
+    monkeypatch.setattr("pipedream.trainer.train", failing_train)
+    assert run(compose_config(MLP)) == FINAL_EXIT
+    assert capsys.readouterr().err == ""
 
 
 @pytest.mark.parametrize("error", [torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB"),
@@ -82,4 +94,4 @@ def test_debug_adds_the_traceback(monkeypatch, capsys, switch) -> None:
 
 def test_a_refused_config_exits_2_before_training(monkeypatch, capsys) -> None:
     code, err = _run_raising(monkeypatch, capsys, AssertionError("not reached"), ["train.lr=0"])
-    assert code == 2 and err == "error: train.lr = 0.0 must be > 0"
+    assert code == 2 and err.startswith("error: train.lr = 0 must be > 0")
