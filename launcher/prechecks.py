@@ -70,8 +70,7 @@ def check_resume(cfg: Any, spec: Any, run_dir: str) -> None:
         return
     from pipedream.checkpoint_integrity import MARKER, checkpoint_problem
     if resume == "auto":   # the ranks fall back past damaged ones; another model's is refused here
-        from pipedream.run_outputs import checkpoint_root
-        root = checkpoint_root(cfg, Path(run_dir))
+        root = spec.checkpoint.root(Path(run_dir))
         intact = [p for p in sorted(root.glob("step_*")) if checkpoint_problem(p) is None] if root.is_dir() else []
         if intact:
             _check_shapes(cfg, intact[-1], f"train.resume=auto found {intact[-1]}, which")
