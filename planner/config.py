@@ -8,6 +8,7 @@ from typing import Any, Sequence
 from pipedream.config_loading import compose_config, describe_missing_option
 
 from .errors import PlannerError
+from .cluster_sheet import measured_profile
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
@@ -48,6 +49,9 @@ def build_profile(cfg: Any, spec, cluster) -> Profile:
         return import_graph(str(p.graph), int(p.graph_micro_batch), name=f"graph:{Path(str(p.graph)).name}")
     if p.get("profile"):
         return load_profile(str(p.profile))
+    measured = measured_profile(cluster, _plain(cfg.model))  # cluster=measured: this model calibrated
+    if measured is not None:
+        return measured
     return analytic_profile(spec, cluster.device, 1)
 
 
