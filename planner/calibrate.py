@@ -4,10 +4,11 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.cluster
 ``cluster=measured cluster.calibration=<path>`` plans with. Measured, each as the median of repeats:
 
 * per-layer forward and backward times of the model at ``planner.calibrate_micro_batches``, on
-  ``planner.calibrate_threads`` threads as the trainer runs (``planner.measure``);
+  ``planner.calibrate_threads`` threads as the trainer runs (``planner.measure``), in every process
+  of the node at once (as they contend in training) and averaged over them;
 * fp32 matmul FLOP/s and copy bandwidth of one process, and how much slower the same matmul runs
-  while every process of the node computes at once (``compute_slowdown``: shared caches and
-  memory bandwidth; the layer times are scaled by it);
+  while every process of the node computes at once (``matmul_slowdown_all_busy``, for the record:
+  the layer profile is itself measured with every process computing, so ``compute_slowdown`` is 1);
 * between two processes over Gloo: point-to-point one-way time vs message size (ping-pong) and
   all-reduce time vs size, each fitted as latency + bytes / bandwidth;
 * the optimizer step (gradient clipping, AdamW, zeroing) vs parameter bytes;
@@ -114,8 +115,12 @@ def _ping_pong(buf, rank: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int, out_dir: str) -> None:
-    """One of ``world`` processes: joins a Gloo group, then ping-pong, all-reduce and concurrent matmul."""
+def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int, out_dir: str,
+                    model_cfg: dict, micro_batches: list[int]) -> None:
+    """One of ``world`` processes: joins a Gloo group, then ping-pong, all-reduce, concurrent matmul
+    and the model's layer profile while every other process profiles it too (as in training)."""
+    from .measure import measure_profile
+
     import torch
     import torch.distributed as dist
 
@@ -142,14 +147,17 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
         dist.barrier()
         concurrent.append(matmul_flops(3))  # every process computing at once
     dist.barrier()
-    result = {"p2p": p2p, "allreduce": allreduce, "base_rss": base_rss,
+    profile = measure_profile(model_cfg, micro_batches, "cpu", warmup=2, repeats=repeats).to_json()
+    dist.barrier()
+    result = {"p2p": p2p, "allreduce": allreduce, "base_rss": base_rss, "profile": profile,
               "concurrent_flops": statistics.median(concurrent),
               "slowdown": statistics.median(a / c for a, c in zip(alone, concurrent)) if alone else 1.0}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
 
 
-def measure_network(processes: int, repeats: int, threads: int) -> dict[str, Any]:
+def measure_network(processes: int, repeats: int, threads: int, model_cfg: dict,
+                    micro_batches: list[int]) -> dict[str, Any]:
     import socket
 
     import torch.multiprocessing as mp
@@ -158,7 +166,7 @@ def measure_network(processes: int, repeats: int, threads: int) -> dict[str, Any
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_network_worker, args=(processes, port, repeats, threads, tmp), nprocs=processes,
+        mp.start_processes(_network_worker, args=(processes, port, repeats, threads, tmp, model_cfg, micro_batches), nprocs=processes,
                            join=True, start_method="spawn")
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(processes)]
     rank0 = ranks[0]
@@ -170,13 +178,25 @@ def measure_network(processes: int, repeats: int, threads: int) -> dict[str, Any
                           "group": processes, "points": rank0["allreduce"]},
             "process_base_bytes": max(r["base_rss"] for r in ranks),
             "concurrent_flops": statistics.median(r["concurrent_flops"] for r in ranks),
-            "slowdown": rank0["slowdown"]}
+            "slowdown": rank0["slowdown"], "profile": mean_profile([r["profile"] for r in ranks])}
 
 
 def latency_bandwidth(points: list) -> tuple[float, float]:
-    """The smallest message's time (latency) and the slope between the smallest and the largest."""
-    (x0, t0), (x1, t1) = min(points), max(points)
-    return t0, (x1 - x0) / (t1 - t0) if t1 > t0 else float("inf")
+    """Bandwidth from the slope between the two largest messages; latency the median over sizes of
+    time - bytes / bandwidth (one size stalled by a busy machine's scheduler does not set it)."""
+    pts = sorted(tuple(p) for p in points)
+    (x0, t0), (x1, t1) = pts[-2], pts[-1]
+    bandwidth = (x1 - x0) / (t1 - t0) if t1 > t0 else float("inf")
+    return max(0.0, statistics.median(t - x / bandwidth for x, t in pts)), bandwidth
+
+
+def mean_profile(profiles: list[dict]) -> dict:
+    """Every process's layer times averaged (they profiled the same model at the same time)."""
+    out = json.loads(json.dumps(profiles[0]))
+    for i, layer in enumerate(out["layers"]):
+        for key in ("forward_s", "backward_s"):
+            layer[key] = [statistics.fmean(p["layers"][i][key][k] for p in profiles) for k in range(len(layer[key]))]
+    return out
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -191,13 +211,14 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
               previous: dict | None = None) -> dict[str, Any]:
     import torch
 
+    from omegaconf import OmegaConf
+
     from .hardware import _total_ram_bytes
-    from .measure import measure_profile
 
     torch.set_num_threads(threads)
+    plain = OmegaConf.to_container(model_cfg, resolve=True) if not isinstance(model_cfg, dict) else model_cfg
     busy0, total0, own0 = *_cpu_jiffies(), time.process_time()
-    net = measure_network(processes, repeats, threads)
-    profile = measure_profile(model_cfg, list(micro_batches), "cpu", warmup=2, repeats=repeats)
+    net = measure_network(processes, repeats, threads, plain, list(micro_batches))
     data = {
         "schema": SCHEMA,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -205,7 +226,8 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
         "device": {"flops_fp32": net["concurrent_flops"], "memory_bytes": _total_ram_bytes(),
                    "memory_bandwidth": copy_bandwidth(repeats)},
         "p2p": net["p2p"], "allreduce": net["allreduce"], "optimizer": optimizer_fit(repeats),
-        "compute_slowdown": max(1.0, net["slowdown"]),
+        # the profile was measured with every process computing: already what training sees
+        "compute_slowdown": 1.0, "matmul_slowdown_all_busy": net["slowdown"],
         "process_base_bytes": net["process_base_bytes"],
         "profiles": dict((previous or {}).get("profiles", {})),
     }
@@ -214,11 +236,8 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     own_cpu = time.process_time() - own0  # this process only: the workers' share counts as other load
     other = max(0.0, (busy1 - busy0 - own_cpu * ticks) / (total1 - total0)) if total1 > total0 else None
     data["machine_load"] = {"other_cpu_share": other, "load_average": list(os.getloadavg())}
-    from omegaconf import OmegaConf
-
-    plain = OmegaConf.to_container(model_cfg, resolve=True) if not isinstance(model_cfg, dict) else model_cfg
     data["profiles"][model_fingerprint(plain)] = {"model": str(plain.get("preset") or plain["name"]),
-                                                  "config": plain, "profile": profile.to_json()}
+                                                  "config": plain, "profile": net["profile"]}
     return data
 
 
@@ -247,7 +266,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out.write_text(json.dumps(data, indent=1) + "\n")
     d, p2p, ar = data["device"], data["p2p"], data["allreduce"]
     print(f"wrote {out}: {d['flops_fp32'] / 1e9:.1f} GFLOP/s per process ({data['threads']} thread, all busy; "
-          f"x{data['compute_slowdown']:.2f} slower than alone), p2p {p2p['latency_s'] * 1e6:.0f} us + "
+          f"matmul x{data['matmul_slowdown_all_busy']:.2f} slower than alone), p2p {p2p['latency_s'] * 1e6:.0f} us + "
           f"{p2p['bandwidth'] / 1e9:.2f} GB/s, all-reduce step {ar['latency_s'] * 1e6:.0f} us + "
           f"{ar['bandwidth'] / 1e9:.2f} GB/s, optimizer {data['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f}"
           f" ps/byte + {data['optimizer']['step_overhead_s'] * 1e6:.0f} us, process base "
