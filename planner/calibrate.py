@@ -243,13 +243,10 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
 
 def main(argv: Sequence[str] | None = None) -> int:
     from .cluster_sheet import load_sheet
-    from .config import compose
+    from .measure import trainable_config
 
     try:
-        cfg = compose(sys.argv[1:] if argv is None else argv)
-        if cfg.model.get("planner_only"):
-            raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.name} is planner-only (analytic); "
-                               f"calibrate with a trainable model (gpt_tiny, gpt_small, mlp)")
+        cfg = trainable_config(argv, "calibrate with")
         p = cfg.planner
         out = Path(str(p.calibration_out))
         previous = load_sheet(out) if out.exists() else None

@@ -141,14 +141,20 @@ def _device_label(device: Any) -> str:
     return f"cpu ({torch.get_num_threads()} threads)"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def trainable_config(argv: Sequence[str] | None, verb: str) -> Any:
+    """The composed config of a command that runs the model; planner-only presets refused in one line."""
     from .config import compose
 
+    cfg = compose(sys.argv[1:] if argv is None else argv)
+    if cfg.model.get("planner_only"):
+        raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.name} is planner-only (analytic); "
+                           f"{verb} a trainable model (gpt_tiny, gpt_small, mlp)")
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     try:
-        cfg = compose(sys.argv[1:] if argv is None else argv)
-        if cfg.model.get("planner_only"):
-            raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.name} is planner-only (analytic); "
-                               f"measure a trainable model (gpt_tiny, gpt_small, mlp)")
+        cfg = trainable_config(argv, "measure")
         p = cfg.planner
         profile = measure_profile(cfg.model, list(p.profile_micro_batches), p.get("profile_device"),
                                   int(p.profile_warmup), int(p.profile_repeats))
