@@ -150,8 +150,9 @@ def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise SystemExit(f"training {cfg.name} failed:\n{proc.stderr[-2000:]}")
+    if proc.returncode != 0:  # recorded, not fatal: one failing configuration must not lose the others
+        lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")] or proc.stderr.splitlines()
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:300]}
     own = (after.ru_utime + after.ru_stime) - (child.ru_utime + child.ru_stime)
     summary = json.loads((run_dir / "summary.json").read_text())
     return {"step_s": summary["median_step_time_s"], "rss": max(r["peak_memory_bytes"]["rss"] for r in summary["ranks"]),
@@ -200,13 +201,17 @@ def run(args: argparse.Namespace) -> dict:
         for cfg in order:
             runs[cfg].append(train(cfg, plans[cfg][0], work / "run", args.steps))
             last = runs[cfg][-1]
-            print(f"round {r + 1}: {cfg.name}: {last['step_s'] * 1e3:.1f} ms, other load "
-                  f"{(last['other_load'] or 0) * 100:.0f}%", flush=True)
+            print(f"round {r + 1}: {cfg.name}: " + (last["error"] if "error" in last else
+                  f"{last['step_s'] * 1e3:.1f} ms, other load {(last['other_load'] or 0) * 100:.0f}%"), flush=True)
     sheet = json.loads(calibration.read_text())
     base = sheet["process_base_bytes"]
-    rows = []
+    rows, failed = [], []
     for cfg in configs:
         plan_json = plans[cfg][1]
+        errors = [m["error"] for m in runs[cfg] if "error" in m]
+        if errors:
+            failed.append({"name": cfg.name, "error": errors[0]})
+            continue
         pred = plan_json["predicted"]
         model_bytes = pred["memory_bytes_per_device"] - plan_json["planner"]["memory_reserve_bytes"]
         measured = runs[cfg]
@@ -225,8 +230,10 @@ def run(args: argparse.Namespace) -> dict:
     choice_rows = []
     for model, choice in choices.items():
         flush = [r for r in rows if r["config"]["model"] == model and Config(**r["config"]).flush]
+        chosen = next((r for r in rows if Config(**r["config"]) == choice), None)
+        if chosen is None or not flush:
+            continue
         fastest = min(flush, key=lambda r: r["measured_step_s"])
-        chosen = next(r for r in rows if Config(**r["config"]) == choice)
         choice_rows.append({"model": model, "choice": chosen["name"], "choice_measured_s": chosen["measured_step_s"],
                             "fastest": fastest["name"], "fastest_measured_s": fastest["measured_step_s"],
                             "gap": chosen["measured_step_s"] / fastest["measured_step_s"] - 1})
@@ -234,9 +241,10 @@ def run(args: argparse.Namespace) -> dict:
     loads = [x for r in rows for x in r["other_load"] if x is not None]
     return {"machine": machine(), "steps": args.steps, "repeats": args.repeats, "global_batch": GLOBAL_BATCH,
             "calibration": {k: v for k, v in sheet.items() if k != "profiles"}, "rows": rows, "choices": choice_rows,
+            "failed": failed,
             "summary": {"median_abs_step_error": statistics.median(errors), "worst_abs_step_error": max(errors),
                         "median_abs_rss_error": statistics.median(abs(r["rss_error"]) for r in rows),
-                        "worst_choice_gap": max(c["gap"] for c in choice_rows),
+                        "worst_choice_gap": max((c["gap"] for c in choice_rows), default=float("nan")),
                         "median_other_load": statistics.median(loads) if loads else None}}
 
 
@@ -264,6 +272,7 @@ def markdown(data: dict) -> str:
                      f"{r['measured_step_s'] * 1e3:.1f} ms ({runs}) | {r['step_error'] * 100:+.0f}% | "
                      f"{r['predicted_rss'] / 2**20:.0f} MiB | {r['measured_rss'] / 2**20:.0f} MiB | "
                      f"{r['rss_error'] * 100:+.0f}% | {load} |")
+    lines += [f"| {f['name']} | failed: {f['error']} | | | | | | | |" for f in data.get("failed", [])]
     lines += ["", "| model | planner's first choice | measured | measured fastest (flush schedules) | measured | gap |",
               "|---|---|---|---|---|---|"]
     for c in data["choices"]:
