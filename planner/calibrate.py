@@ -135,7 +135,6 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
     for size in MESSAGE_SIZES:
         buf = torch.zeros(max(1, size // 4))
         reps = repeats * (4 if size <= 65536 else 1)
-
         p2p.append((float(size), _ping_pong(buf, rank, reps)))
         dist.barrier()
         allreduce.append((float(size), _median_time(lambda: dist.all_reduce(buf), reps)))
@@ -166,8 +165,8 @@ def measure_network(processes: int, repeats: int, threads: int, model_cfg: dict,
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_network_worker, args=(processes, port, repeats, threads, tmp, model_cfg, micro_batches), nprocs=processes,
-                           join=True, start_method="spawn")
+        mp.start_processes(_network_worker, args=(processes, port, repeats, threads, tmp, model_cfg, micro_batches),
+                           nprocs=processes, join=True, start_method="spawn")
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(processes)]
     rank0 = ranks[0]
     latency, bandwidth = latency_bandwidth(rank0["p2p"])
