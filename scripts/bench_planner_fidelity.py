@@ -9,9 +9,11 @@ RSS. Predicted RSS = the calibrated base of a training process + the plan's memo
 reserve. Then the planner runs free on each model and batch, and its first choice (run as well if
 the grid lacks it) is compared with the measured fastest flush-schedule configuration.
 
-Each configuration is run ``--repeats`` times, interleaved (round after round over the grid), and
-the median is kept; the other processes' share of the CPU during each run is recorded, since on a
-shared machine that is what moves the measured times. Writes docs/bench_planner_fidelity.json and
+The grid runs ``--repeats`` rounds (the order reversed every other round); each round is planned
+from a calibration taken just before it, so a prediction and its run see the same phase of a shared
+machine, and the medians of both over the rounds are kept. The other processes' share of the CPU
+during each run and each calibration is recorded, since on a shared machine that is what moves the
+measured times. Writes docs/bench_planner_fidelity.json and
 its section of docs/benchmarks.md.
 
 Run: .venv/bin/python scripts/bench_planner_fidelity.py [--steps 12] [--repeats 2] [--recalibrate]
@@ -177,8 +179,8 @@ def error(pred: float, meas: float) -> float:
 def run(args: argparse.Namespace) -> dict:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    calibration = work / "calibration.json"
-    analytic = work / "calibration_no_profiles.json"
+    sheets = [(work / f"calibration{r}.json", work / f"calibration{r}_no_profiles.json") for r in range(args.repeats)]
+    calibration, analytic = sheets[0]
     if args.recalibrate or not calibration.exists():
         calibration.unlink(missing_ok=True)
         analytic.unlink(missing_ok=True)
@@ -191,15 +193,19 @@ def run(args: argparse.Namespace) -> dict:
         choices[model] = choice
         if choice not in configs:
             configs.append(choice)
-    plans = {}
-    for i, cfg in enumerate(configs):
-        path = work / f"plan{i}.json"
-        plans[cfg] = (path, plan(cfg, calibration, path, analytic))
+    plans: dict[Config, list[tuple[Path, dict]]] = {cfg: [] for cfg in configs}
     runs: dict[Config, list[dict]] = {cfg: [] for cfg in configs}
     for r in range(args.repeats):
+        if r > 0:  # each round is predicted from a calibration taken just before it, in the same phase of the machine
+            for path in sheets[r]:
+                path.unlink(missing_ok=True)
+            calibrate(sheets[r][0], args.calibrate_repeats)
+        for i, cfg in enumerate(configs):
+            path = work / f"plan{i}_round{r}.json"
+            plans[cfg].append((path, plan(cfg, sheets[r][0], path, sheets[r][1])))
         order = configs if r % 2 == 0 else configs[::-1]  # both ends of the grid see early and late phases
         for cfg in order:
-            runs[cfg].append(train(cfg, plans[cfg][0], work / "run", args.steps))
+            runs[cfg].append(train(cfg, plans[cfg][r][0], work / "run", args.steps))
             last = runs[cfg][-1]
             print(f"round {r + 1}: {cfg.name}: " + (last["error"] if "error" in last else
                   f"{last['step_s'] * 1e3:.1f} ms, other load {(last['other_load'] or 0) * 100:.0f}%"), flush=True)
@@ -207,12 +213,13 @@ def run(args: argparse.Namespace) -> dict:
     base = sheet["process_base_bytes"]
     rows, failed = [], []
     for cfg in configs:
-        plan_json = plans[cfg][1]
+        plan_json = plans[cfg][0][1]
+        predicted_runs = [p[1]["predicted"]["iteration_time_s"] for p in plans[cfg]]
         errors = [m["error"] for m in runs[cfg] if "error" in m]
         if errors:
             failed.append({"name": cfg.name, "error": errors[0]})
             continue
-        pred = plan_json["predicted"]
+        pred = {**plan_json["predicted"], "iteration_time_s": statistics.median(predicted_runs)}
         model_bytes = pred["memory_bytes_per_device"] - plan_json["planner"]["memory_reserve_bytes"]
         measured = runs[cfg]
         step = statistics.median(m["step_s"] for m in measured)
@@ -222,7 +229,7 @@ def run(args: argparse.Namespace) -> dict:
                               "batch": plan_json["batch"], "stages": [s["layers"] for s in plan_json["stages"]]},
                      "predicted_step_s": pred["iteration_time_s"], "measured_step_s": step,
                      "step_error": error(pred["iteration_time_s"], step),
-                     "measured_step_s_runs": [m["step_s"] for m in measured],
+                     "measured_step_s_runs": [m["step_s"] for m in measured], "predicted_step_s_runs": predicted_runs,
                      "predicted_rss": base + model_bytes, "measured_rss": rss,
                      "rss_error": error(base + model_bytes, rss),
                      "other_load": [m["other_load"] for m in measured],
@@ -240,7 +247,9 @@ def run(args: argparse.Namespace) -> dict:
     errors = [abs(r["step_error"]) for r in rows]
     loads = [x for r in rows for x in r["other_load"] if x is not None]
     return {"machine": machine(), "steps": args.steps, "repeats": args.repeats, "global_batch": GLOBAL_BATCH,
-            "calibration": {k: v for k, v in sheet.items() if k != "profiles"}, "rows": rows, "choices": choice_rows,
+            "calibration": {k: v for k, v in sheet.items() if k != "profiles"},
+            "calibrations": [json.loads(c.read_text())["machine_load"] for c, _ in sheets],
+            "rows": rows, "choices": choice_rows,
             "failed": failed,
             "summary": {"median_abs_step_error": statistics.median(errors), "worst_abs_step_error": max(errors),
                         "median_abs_rss_error": statistics.median(abs(r["rss_error"]) for r in rows),
@@ -254,21 +263,23 @@ def markdown(data: dict) -> str:
     lines = [
         "## Planner fidelity: predicted vs measured on this machine", "",
         f"Written by `scripts/bench_planner_fidelity.py` ({data['steps']} steps per run, median step time after "
-        f"warm-up, each configuration run {data['repeats']} times interleaved, median kept; global batch "
+        f"warm-up; {data['repeats']} rounds over the grid, each predicted from a calibration taken just before it, "
+        f"medians of both kept; global batch "
         f"{data['global_batch']}; {data['machine']['cpu']}, {data['machine']['cores']} cores). The planner plans "
-        f"with `cluster=measured`: this machine as `python -m planner.calibrate` measured it at "
+        f"with `cluster=measured`: this machine as `python -m planner.calibrate` measured it (first round) at "
         f"{cal['measured_at']} ({cal['device']['flops_fp32'] / 1e9:.1f} GFLOP/s per process with all busy, "
         f"layer times x{cal['compute_slowdown']:.2f} for contention, p2p {cal['p2p']['latency_s'] * 1e6:.0f} us + "
         f"{cal['p2p']['bandwidth'] / 1e9:.2f} GB/s, all-reduce step {cal['allreduce']['latency_s'] * 1e6:.0f} us, "
         f"optimizer {cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte, process base "
         f"{cal['process_base_bytes'] / 2**20:.0f} MiB; other processes used "
         f"{(cal['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU while it measured).", "",
-        "| configuration | profile | predicted step | measured step (runs) | error | predicted RSS | measured RSS | "
+        "| configuration | profile | predicted step (rounds) | measured step (rounds) | error | predicted RSS | measured RSS | "
         "error | other load |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
         runs = ", ".join(f"{t * 1e3:.0f}" for t in r["measured_step_s_runs"])
+        preds = ", ".join(f"{t * 1e3:.0f}" for t in r.get("predicted_step_s_runs", []))
         load = "/".join(f"{(x or 0) * 100:.0f}%" for x in r["other_load"])
-        lines.append(f"| {r['name']} | {r['profile']} | {r['predicted_step_s'] * 1e3:.1f} ms | "
+        lines.append(f"| {r['name']} | {r['profile']} | {r['predicted_step_s'] * 1e3:.1f} ms ({preds}) | "
                      f"{r['measured_step_s'] * 1e3:.1f} ms ({runs}) | {r['step_error'] * 100:+.0f}% | "
                      f"{r['predicted_rss'] / 2**20:.0f} MiB | {r['measured_rss'] / 2**20:.0f} MiB | "
                      f"{r['rss_error'] * 100:+.0f}% | {load} |")
