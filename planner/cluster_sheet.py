@@ -12,7 +12,8 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
                    "bandwidth": float,      # ring bandwidth: 2 (n-1)/n of the bytes move at it
                    "group": int, "points": [[bytes, seconds], ...]},
      "optimizer": {"name": "adamw", "seconds_per_parameter_byte": float, "step_overhead_s": float},
-     "compute_slowdown": float,              # a layer's time with every process computing / alone
+     "compute_slowdown": float,              # factor on the profile's times (1: profiled with every process busy)
+     "matmul_slowdown_all_busy": float,      # for the record: a matmul with every process busy / alone
      "process_base_bytes": float,            # resident set of a training process before its model
      "machine_load": {"other_cpu_share": float, "load_average": [1, 5, 15 min]},
      "profiles": {fingerprint: {"model": str, "profile": <pipedream-profile/1>}}}
