@@ -206,6 +206,14 @@ def _cpu_jiffies() -> tuple[int, int]:
     return sum(fields) - fields[3] - (fields[4] if len(fields) > 4 else 0), sum(fields)
 
 
+def _own_cpu_s() -> float:
+    """CPU seconds of this process and of its finished workers (they are ours, not other load)."""
+    import resource
+
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
+
+
 def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, threads: int, repeats: int,
               previous: dict | None = None) -> dict[str, Any]:
     import torch
@@ -216,7 +224,7 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
 
     torch.set_num_threads(threads)
     plain = OmegaConf.to_container(model_cfg, resolve=True) if not isinstance(model_cfg, dict) else model_cfg
-    busy0, total0, own0 = *_cpu_jiffies(), time.process_time()
+    busy0, total0, own0 = *_cpu_jiffies(), _own_cpu_s()
     net = measure_network(processes, repeats, threads, plain, list(micro_batches))
     data = {
         "schema": SCHEMA,
@@ -232,9 +240,9 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     }
     busy1, total1 = _cpu_jiffies()
     ticks = os.sysconf("SC_CLK_TCK")
-    own_cpu = time.process_time() - own0  # this process only: the workers' share counts as other load
+    own_cpu = _own_cpu_s() - own0
     other = max(0.0, (busy1 - busy0 - own_cpu * ticks) / (total1 - total0)) if total1 > total0 else None
-    data["machine_load"] = {"other_cpu_share": other, "load_average": list(os.getloadavg())}
+    data["machine_load"] = {"other_cpu_share": other, "workers_excluded": True, "load_average": list(os.getloadavg())}
     data["profiles"][model_fingerprint(plain)] = {"model": str(plain.get("preset") or plain["name"]),
                                                   "config": plain, "profile": net["profile"]}
     return data

@@ -272,7 +272,9 @@ def markdown(data: dict) -> str:
         f"{cal['p2p']['bandwidth'] / 1e9:.2f} GB/s, all-reduce step {cal['allreduce']['latency_s'] * 1e6:.0f} us, "
         f"optimizer {cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte, process base "
         f"{cal['process_base_bytes'] / 2**20:.0f} MiB; other processes used "
-        f"{(cal['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU while it measured).", "",
+        + (f"{(cal['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU while it measured)."
+           if cal["machine_load"].get("workers_excluded") else
+           "an unknown share of the CPU while it measured: this sheet counted its own workers as others).") , "",
         "| configuration | profile | predicted step (rounds) | measured step (rounds) | error | predicted RSS | measured RSS | "
         "error | other load |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -289,6 +291,7 @@ def markdown(data: dict) -> str:
     for c in data["choices"]:
         lines.append(f"| {c['model']} | {c['choice']} | {c['choice_measured_s'] * 1e3:.1f} ms | {c['fastest']} | "
                      f"{c['fastest_measured_s'] * 1e3:.1f} ms | {c['gap'] * 100:+.1f}% |")
+    spread = max(max(r["measured_step_s_runs"]) / min(r["measured_step_s_runs"]) for r in data["rows"])
     lines += ["", f"Targets: median |step error| {s['median_abs_step_error'] * 100:.1f}% (<= {TARGET_MEDIAN:.0%}: "
               f"{ok(s['median_abs_step_error'] <= TARGET_MEDIAN)}), worst {s['worst_abs_step_error'] * 100:.1f}% "
               f"(<= {TARGET_WORST:.0%}: {ok(s['worst_abs_step_error'] <= TARGET_WORST)}), first choice within "
@@ -296,7 +299,14 @@ def markdown(data: dict) -> str:
               f"{ok(s['worst_choice_gap'] <= TARGET_CHOICE)}); median |RSS error| {s['median_abs_rss_error'] * 100:.1f}%."
               f" Other processes used a median {(s['median_other_load'] or 0) * 100:.0f}% of the machine's CPU "
               f"during the runs: the calibration and the runs share the machine with them, so both move with its "
-              f"load."]
+              f"load.", "",
+              f"What limits it: a configuration measured twice differs by up to {spread:.1f}x between rounds (the "
+              f"rounds columns), more than any error target, because the machine's other processes come and go; the calibration is a "
+              "snapshot of one such phase. The layer times are measured with every process computing all the time, "
+              "and each layer's forward and backward as a separate autograd call, while in training a process also "
+              "waits (bubble, messages) and runs a stage's layers in one backward, so the prediction leans high; the "
+              "RSS prediction misses what a training process holds beyond its model (Hydra, data, Gloo and "
+              "allocator buffers) above the calibrated base. The first choice is judged among the flush schedules."]
     return "\n".join(lines)
 
 
