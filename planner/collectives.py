@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cluster_sheet import measured_allreduce
 from .hardware import Cluster
 
 
@@ -30,6 +31,9 @@ def allreduce_time(cluster: Cluster, nbytes, group: int, stride: int = 1):
     (data-parallel groups: stride = tensor-parallel degree, as the runtime lays groups out)."""
     if group <= 1:
         return np.zeros_like(np.asarray(nbytes, dtype=float))
+    measured = measured_allreduce(cluster, np.asarray(nbytes, dtype=float), group)
+    if measured is not None:  # cluster=measured: Gloo's all-reduce as calibrated on this machine
+        return measured
     span = group * stride
     if span <= cluster.devices_per_node or len(cluster.levels) == 1:
         return ring_time(nbytes, group, cluster.bandwidth_for_span(span))

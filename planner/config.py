@@ -9,6 +9,7 @@ from pipedream.config_loading import compose_config, describe_missing_option
 
 from . import zero_bubble
 from .errors import PlannerError
+from .cluster_sheet import measured_profile
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
@@ -53,6 +54,9 @@ def build_profile(cfg: Any, spec, cluster) -> Profile:
         return import_graph(path, int(p.graph_micro_batch), name=f"graph:{label}")
     if p.get("profile"):
         return load_profile(str(p.profile))
+    measured = measured_profile(cluster, _plain(cfg.model))  # cluster=measured: this model calibrated
+    if measured is not None:
+        return measured
     return analytic_profile(spec, cluster.device, 1)
 
 

@@ -33,12 +33,6 @@ def released_stage_time(compute, param_bytes, replicas, bandwidth, sync_divisor=
     return (np.asarray(compute) + sync) / replicas
 
 
-def released_boundary_time(output_bytes, bandwidth, receiver_replicas):
-    """The released optimizer's stage boundary (ch. 2.4.1 as coded): 2 a_s / (B_k m'), spread over
-    the m' replicas of the receiving stage."""
-    return 2.0 * np.asarray(output_bytes) / (bandwidth * np.asarray(receiver_replicas, dtype=float))
-
-
 def pipedream_boundary_time(output_bytes, bandwidth):
     """Activation forward + gradient backward across a stage boundary: 2 a_s / B_k (ch. 2.4.1)."""
     return 2.0 * np.asarray(output_bytes) / bandwidth

@@ -96,6 +96,10 @@ def device_sheet(name: str, devices: int = 1) -> DeviceSheet:
 
 def cluster_from_config(cfg: Mapping[str, Any], sheet: DeviceSheet | None = None) -> Cluster:
     """Build a Cluster from a ``conf/cluster/*.yaml`` mapping (keys documented in docs/planner.md)."""
+    if cfg.get("sheet") == "measured":  # python -m planner.calibrate wrote it
+        from .cluster_sheet import measured_cluster
+
+        return measured_cluster(cfg)
     name = str(cfg.get("name", "cluster"))
     nodes = int(cfg.get("nodes", 1))
     per_node = int(cfg.get("devices_per_node", 1))

@@ -164,19 +164,26 @@ def check_batch_norm_batches(model_cfg: Any, micro_batches: list[int]) -> None:
                                f"profile larger ones, e.g. planner.profile_micro_batches=[2,4,8]")
 
 
+def trainable_config(argv: Sequence[str] | None, verb: str) -> Any:
+    """The composed config of a command that runs the model; planner-only presets and plugins that do
+    not import, chain or reduce their loss refused in one line."""
+    from .config import compose
+
+    cfg = compose(sys.argv[1:] if argv is None else argv)
+    if cfg.model.get("planner_only"):
+        raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.get('name')} is planner-only (analytic); "
+                           f"{verb} a trainable model (gpt_tiny, gpt_small, mlp)")
+    if cfg.model.get("_target_"):
+        from pipedream.plugins import checked_model
+        checked_model(cfg.model)
+    return cfg
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from pipedream.errors import ConfigError
 
-    from .config import compose
-
     try:
-        cfg = compose(sys.argv[1:] if argv is None else argv)
-        if cfg.model.get("planner_only"):
-            raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.get('name')} is planner-only (analytic); "
-                               f"measure a trainable model (gpt_tiny, gpt_small, mlp)")
-        if cfg.model.get("_target_"):   # a plugin: one line if it does not import, chain or reduce its loss
-            from pipedream.plugins import checked_model
-            checked_model(cfg.model)
+        cfg = trainable_config(argv, "measure")
         p = cfg.planner
         check_batch_norm_batches(cfg.model, list(p.profile_micro_batches))
         profile = measure_profile(cfg.model, list(p.profile_micro_batches), p.get("profile_device"),

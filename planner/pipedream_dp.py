@@ -114,7 +114,10 @@ def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs):
     if costs == "released":
         split = [None] + [cost.released_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
         whole = [None] + [cost.released_stage_time(prev, params, r, bandwidth, divisor) for r in range(1, count + 1)]
-        return split, whole, lambda r: cost.released_boundary_time(cut, bandwidth, r)
+        # the released optimizer adds 2 a / (B_k m') transfers only with --activation_compression_ratio;
+        # by default a boundary costs nothing (only where no cut is possible it stays infinite)
+        free_cut = np.where(np.isinf(cut), INF, 0.0)
+        return split, whole, lambda r: free_cut
     split = [None] + [cost.pipedream_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
     boundary_time = cost.pipedream_boundary_time(cut, bandwidth)
     return split, split, lambda r: boundary_time

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 
 from . import cost
+from .cluster_sheet import optimizer_seconds
 from .errors import DoesNotFitError
 from .inputs import Inputs
 from .pins import check_pins
@@ -65,6 +66,11 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     batch = microbatches * micro
     first = stages[0].replicas
     mem = max(stage_memory(inputs.profile, stages, micro, memory))
+    # weight stashing updates after every micro-batch (ch. 2.4.3): a replica's optimizer step per input it runs
+    weights = inputs.profile.arrays["parameter_bytes"]
+    update = max(float(optimizer_seconds(inputs.cluster, weights[st.start:st.end].sum())) / st.replicas
+                 for st in stages)
+    per_input += update
     time = per_input * microbatches
     devices = sum(st.replicas for st in stages)
     return Candidate(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
+from .cluster_sheet import optimizer_seconds
 from .collectives import allreduce_time
 from .hardware import Cluster
 from .profile import Profile
@@ -151,18 +152,19 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
     grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
+    update = float(optimizer_seconds(cluster, stats.param_bytes).max())  # 0 unless cluster=measured
     if schedule == "2bw":
         # ch. 3.3.3 THROUGHPUT(.): a micro-batch every max_i max(comp_i + comm_i, allreduce_i / m) seconds
         every = np.maximum(stage_time, grad_sync / m)
-        iteration = every * m
+        iteration = every * m + update
         bubble = np.zeros_like(bs)
         dp_comm = iteration - stage_time * m
         bubble_time = np.zeros_like(bs)
     else:
         bubble = cost.bubble_fraction(schedule, p, m, v)
-        iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync
+        iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync + update
         bubble_time = stage_time * m * bubble
-        dp_comm = np.full_like(bs, grad_sync)
+        dp_comm = np.full_like(bs, grad_sync + update)  # the optimizer step counted with the gradient sync
 
     stage_idx = np.arange(p)[None, :]
     flight = cost.in_flight(schedule, p, stage_idx, m[:, None], v)

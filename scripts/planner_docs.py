@@ -21,6 +21,7 @@ from planner.errors import PlannerError  # noqa: E402
 from planner.ptdp import ptdp_search  # noqa: E402
 from planner.ranking import GIB, why_lost  # noqa: E402
 from planner_claims import memory_section, trends_section  # noqa: E402
+from planner_paper_tables import paper_tables_section  # noqa: E402
 
 DOC = ROOT / "docs" / "planner.md"
 # Table 4.1 (dissertation ch. 4.5.1): preset, GPUs, batch, t, p, achieved TFLOP/s per GPU
@@ -96,6 +97,7 @@ def main() -> int:
     text = replace_section(text, "table41", table_section())
     text = replace_section(text, "memory-claims", memory_section())
     text = replace_section(text, "trends", trends_section())
+    text = replace_section(text, "paper-tables", paper_tables_section())
     DOC.write_text(text)
     print(f"updated {DOC}")
     return 0

@@ -61,7 +61,7 @@ def brute_force(profile, cluster, b, options, memory):
                     if options.costs == "released":  # the first stage's sync is shared by a component's devices
                         sync = 4 * (r - 1) * w / (lv.bandwidth * r) / (below if q == 0 else 1)
                         worst = max(worst, (inner + sync) / r)
-                        cut = 2 * col["output_bytes"][s0 - 1] * b / (lv.bandwidth * r) if q > 0 else 0.0
+                        cut = 0.0  # transfers count only with --activation_compression_ratio
                     else:
                         worst = max(worst, max(inner, 2 * (r - 1) * w / lv.bandwidth) / r)
                         cut = 2 * col["output_bytes"][s0 - 1] * b / lv.bandwidth if q > 0 else 0.0

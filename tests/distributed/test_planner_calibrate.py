@@ -1,0 +1,57 @@
+"""python -m planner.calibrate for real (two processes over Gloo), then a plan from its sheet: the
+measured profile, network and optimizer numbers are what the prediction is built of."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from planner.__main__ import main as planner_main
+from pipedream.plan_file import load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_calibrate_writes_a_sheet_the_planner_plans_with(tmp_path, capsys):
+    sheet_path = tmp_path / "sheet.json"
+    cmd = [sys.executable, "-m", "planner.calibrate", "model=gpt_tiny", f"planner.calibration_out={sheet_path}",
+           "planner.calibrate_micro_batches=[1,4]", "planner.calibrate_repeats=3"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote {sheet_path}" in proc.stdout
+    sheet = json.loads(sheet_path.read_text())
+    assert sheet["device"]["flops_fp32"] > 1e8 and sheet["process_base_bytes"] > 50 * 2**20
+    assert sheet["p2p"]["bandwidth"] > 0 and sheet["allreduce"]["bandwidth"] > 0
+    assert sheet["optimizer"]["seconds_per_parameter_byte"] > 0
+    (entry,) = sheet["profiles"].values()
+    layers = entry["profile"]["layers"]
+    assert entry["model"] == "gpt_tiny" and len(layers) == 6 and all(min(la["forward_s"]) > 0 for la in layers)
+
+    plan_path = tmp_path / "plan.json"
+    code = planner_main(["cluster=measured", f"cluster.calibration={sheet_path}", "train.global_batch_size=8",
+                         "train.micro_batch_size=4", "planner.pp=2", "planner.dp=1", "planner.schedules=[1f1b]",
+                         "planner.recompute=[false]", f"planner.out={plan_path}"])
+    assert code == 0, capsys.readouterr().err
+    plan = load_plan(plan_path)
+    assert plan.planner["profile_source"] == "measured" and plan.planner["device"] == "measured"
+    compute = sum(la["forward_s"][-1] + la["backward_s"][-1] for la in layers)  # b = 4, the last size
+    # two micro-batches through two stages: at least the whole model's compute once, at most the 3 slots
+    assert compute <= plan.predicted.iteration_time_s <= 3 * compute + 1.0
+
+
+def test_calibrating_a_second_model_keeps_the_first(tmp_path):
+    sheet_path = tmp_path / "sheet.json"
+    for over in (["model=gpt_tiny"], ["model=gpt_tiny", "model.hidden_size=64", "model.num_heads=2"]):
+        cmd = [sys.executable, "-m", "planner.calibrate", *over, f"planner.calibration_out={sheet_path}",
+               "planner.calibrate_micro_batches=[2]", "planner.calibrate_repeats=2"]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(sheet_path.read_text())["profiles"]) == 2
+
+
+def test_planner_only_model_is_refused_in_one_line(tmp_path):
+    cmd = [sys.executable, "-m", "planner.calibrate", "model=gpt_1t", f"planner.calibration_out={tmp_path / 's.json'}"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "is planner-only" in proc.stderr
