@@ -13,7 +13,9 @@ from typing import Any
 from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_layer_count
 
 from .errors import ConfigError
+from .apex_support import check_apex
 from .layout import ParallelLayout, split_layers
+from .precision_spec import PrecisionSpec
 from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
@@ -37,6 +39,7 @@ class RunSpec:
     scatter_gather: bool       # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
     device: str                # cluster.device: cpu | cuda | auto
     plan: str | None           # parallel.plan, the plan file the layout came from
+    precision: PrecisionSpec   # precision=fp32|bf16|fp16 (pipedream/precision.py)
     train: TrainSpec
     optim: OptimSpec
     loop: LoopSpec
@@ -149,12 +152,15 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
     bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
+    precision = PrecisionSpec.from_config(cfg, schedule, schedule in ASYNC_SCHEDULES)
+    device = str(Section(cfg, "cluster").raw("device"))
+    check_apex(optim.impl, device)
     if world_size is not None:
         layout.check_world_size(world_size)
     return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
                    recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
                    scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
-                   device=str(Section(cfg, "cluster").raw("device")), plan=Section(cfg, "parallel").optional_text("plan"),
+                   device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg))

@@ -17,6 +17,7 @@ from torch import nn
 
 from .comm import PipeComm
 from .executor import Batch, Executor, Recorder
+from .loss_scaler import LossScaler
 from .optim import GradientSync, NonFiniteError
 from .run_spec import RunSpec
 from .schedules import build_schedule
@@ -51,6 +52,7 @@ class RankParts:
     device: torch.device
     shapes: InputShapes = field(default_factory=InputShapes)
     recorder: Recorder | None = None
+    scaler: LossScaler | None = None   # precision=fp16 (flush schedules only)
 
     def make_executor(self, update: Any, sends_before_sync: bool) -> Executor:
         """The runner's executor; ``update`` is called at every STEP action."""
@@ -117,7 +119,8 @@ class FlushRunner:
         lr = parts.lr()
         parts.shapes.current = input_shapes(batches)
         parts.optimizer.zero_grad(set_to_none=True)
-        result = self.executor.run(self.actions, parts.to_device(batches), loss_scale=1.0 / parts.spec.microbatches)
+        scale = parts.scaler.scale if parts.scaler is not None else 1.0   # fp16: the loss scale
+        result = self.executor.run(self.actions, parts.to_device(batches), loss_scale=scale / parts.spec.microbatches)
         loss_sum, count = parts.global_sums(result.loss_sum, float(result.loss_count))
         loss = loss_sum / count
         if not math.isfinite(loss):
@@ -137,7 +140,15 @@ class FlushRunner:
         # stops the run, one step later, through the loss.
         parts = self.parts
         self._norm = math.nan
-        if parts.train.grad_clip > 0 or self._norm_wanted:
+        # fp16: unscale first (clipping sees true gradients); an overflow on any rank skips the step
+        # on every rank (loss_scaler.py), and its norm is not taken
+        overflow = parts.scaler is not None and parts.scaler.unscale(parts.optimizer)
+        if overflow:
+            self._norm = math.inf
+        elif parts.train.grad_clip > 0 or self._norm_wanted:
             self._norm = parts.gradients.clip(parts.train.grad_clip)
-        parts.optimizer.step()
+        if parts.scaler is not None:
+            parts.scaler.step(parts.optimizer, overflow)
+        else:
+            parts.optimizer.step()
         parts.scheduler.step()
