@@ -7,7 +7,8 @@ all of them whether any rank overflowed: then every rank skips the same step and
 scale by ``backoff_factor``; after ``growth_interval`` clean steps in a row every rank multiplies
 it by ``growth_factor``. All ranks apply the same rule to the same flags, so the scale stays equal
 everywhere without being sent. torch's ``ShardedGradScaler`` (given the world group) does exactly
-this; this class adds the check the runner needs before clipping, and the checkpoint state.
+this; this class adds the check the runner needs before clipping, the skip, and the
+checkpoint state.
 """
 from __future__ import annotations
 
@@ -41,8 +42,11 @@ class LossScaler:
         return sum(float(flag) for flag in found.values()) > 0
 
     def step(self, optimizer: torch.optim.Optimizer, overflow: bool) -> None:
-        """Steps the optimizer unless ``overflow``; then grows or backs off the scale."""
-        self.scaler.step(optimizer)
+        """Steps the optimizer unless ``overflow``; then grows or backs off the scale. The gradients
+        are unscaled already, so the optimizer steps plainly (not through ``GradScaler.step``,
+        which hands fused optimizers a found-inf tensor of a shape their step count rejects)."""
+        if not overflow:
+            optimizer.step()
         self.scaler.update()
         self.skipped_steps += int(overflow)
 

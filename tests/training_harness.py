@@ -51,7 +51,9 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
     if rank == 0:
         metrics = Path(run_dir) / "metrics.jsonl"
         losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
-    return {"params": params, "losses": losses, "summary": outcome.summary if rank == 0 else None}
+    scaler = engine.parts.scaler
+    return {"params": params, "losses": losses, "summary": outcome.summary if rank == 0 else None,
+            "loss_scaler": scaler.state_dict() if scaler is not None else None}
 
 
 def reference_training(overrides: list[str]) -> dict[str, Any]:
