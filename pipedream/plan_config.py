@@ -8,6 +8,7 @@ from omegaconf import OmegaConf, open_dict
 
 from models.facts import pipeline_layer_count
 
+from .config_loading import config_dir
 from .errors import ConfigError
 from .plan_file import PlanError, load_plan
 
@@ -37,7 +38,18 @@ def apply_plan(cfg: Any) -> Any:
         planned.train.global_batch_size = plan.batch.global_batch
         planned.train.micro_batch_size = plan.batch.micro
         planned.recompute.granularity = plan.recompute
+        if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
+            planned.precision = _precision_group(plan.precision, str(path))
     return planned
+
+
+def _precision_group(name: str, path: str) -> Any:
+    """The plan's precision, with that option's settings from conf/precision/ (e.g. fp16's scaler)."""
+    option = config_dir() / "precision" / f"{name}.yaml"
+    if not option.is_file():
+        raise ConfigError(f"plan {path} was made for precision {name}, which training does not run: re-plan with "
+                          f"planner.precision=bf16, fp16 or fp32")
+    return OmegaConf.load(option)
 
 
 def check_plan_world_size(cfg: Any, world_size: int) -> None:
