@@ -45,3 +45,21 @@ def overflow_run(rank: int, world_size: int, runs: list[tuple[list[str], int, in
     finally:
         shutdown()
     return results
+
+
+def train_on_cuda(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
+    """One real training run on CUDA (NCCL): its summary and, for fp16, the loss scaler's state."""
+    from pipedream.config_loading import compose_config
+    from pipedream.distributed import init_distributed, shutdown
+    from pipedream.run_spec import build_run_spec
+    from pipedream.trainer import train
+
+    ctx = init_distributed("cuda", 60)
+    try:
+        cfg = compose_config(overrides + ["cluster.device=cuda", f"train.run_dir={run_dir}"])
+        outcome = train(cfg, build_run_spec(cfg, world_size), ctx)
+        scaler = outcome.engine.parts.scaler
+        return {"summary": outcome.summary, "device": str(outcome.engine.device),
+                "loss_scaler": scaler.state_dict() if scaler is not None else None}
+    finally:
+        shutdown()
