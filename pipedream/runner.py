@@ -8,6 +8,7 @@ the weight versions it held.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -58,7 +59,8 @@ class RankParts:
         """The runner's executor; ``update`` is called at every STEP action."""
         return Executor(self.stage, self.comm, self.gradients.sync, update, sends_before_sync=sends_before_sync,
                         weight_grads_after_send=self.train.weight_grads_after_send,
-                        weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder)
+                        weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder,
+                        clock=getattr(self.recorder, "clock", time.perf_counter))
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
