@@ -6,8 +6,9 @@ docs/bench_precision.json and its section of docs/benchmarks.md (every number me
 Run: .venv/bin/python scripts/bench_precision.py           (about 2 minutes on a 2-core machine)
      .venv/bin/python scripts/bench_precision.py --quick   (tiny model, writes nothing under docs/)
 
-Runs alternate fp32, bf16, bf16, fp32 ... so both see the same phases of a shared machine; each
-table cell is the median over the rounds.
+Each round runs fp32 and bf16 back to back (the order alternating between rounds), so both see the
+same phase of a shared machine; the step-time ratio is taken within each round, then its median.
+Other cells are medians over the rounds (bytes are the same in every round).
 """
 from __future__ import annotations
 
@@ -57,13 +58,24 @@ def measure(model: list[str], steps: int, rounds: int) -> dict[str, Any]:
             for precision in order:
                 runs[precision].append(one_run(precision, model, steps, Path(tmp) / f"{precision}-{index}"))
                 print(precision, runs[precision][-1], flush=True)
-    return {precision: {"step_time_s": statistics.median(r["step_time_s"] for r in results),
+    ratios = [b["step_time_s"] / a["step_time_s"] for a, b in zip(runs["fp32"], runs["bf16"])]
+    return {"paired_step_time_ratio": {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]},
+            **{precision: {"step_time_s": statistics.median(r["step_time_s"] for r in results),
                         "step_time_range_s": [min(r["step_time_s"] for r in results),
                                               max(r["step_time_s"] for r in results)],
                         "peak_rss_bytes": [statistics.median(r["peak_rss_bytes"][k] for r in results) for k in (0, 1)],
                         "stash_bytes_per_microbatch": results[0]["stash_bytes_per_microbatch"],
                         "p2p_bytes_sent_per_step": results[0]["p2p_bytes_sent_per_step"]}
-            for precision, results in runs.items()}
+               for precision, results in runs.items()}}
+
+
+def bf16_flags() -> list[str]:
+    """The CPU's bf16 instruction flags (/proc/cpuinfo), which decide what bf16 GEMMs gain."""
+    try:
+        words = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return sorted(w for w in words if w in ("avx512_bf16", "amx_bf16", "amx_tile", "avx_vnni"))
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -79,7 +91,12 @@ def markdown(data: dict[str, Any]) -> str:
     def row(label: str, a: float, b: float, unit: float = 1.0, fmt: str = "{:.1f}") -> None:
         lines.append(f"| {label} | {fmt.format(a / unit)} | {fmt.format(b / unit)} | {b / a:.2f} |")
 
-    row("median step time (ms)", fp32["step_time_s"], bf16["step_time_s"], 1e-3)
+    ratio = data["results"]["paired_step_time_ratio"]
+    lines.append(f"| median step time (ms; min-max over runs) | {fp32['step_time_s'] * 1e3:.0f} "
+                 f"({fp32['step_time_range_s'][0] * 1e3:.0f}-{fp32['step_time_range_s'][1] * 1e3:.0f}) | "
+                 f"{bf16['step_time_s'] * 1e3:.0f} ({bf16['step_time_range_s'][0] * 1e3:.0f}-"
+                 f"{bf16['step_time_range_s'][1] * 1e3:.0f}) | {ratio['median']:.2f} (paired per round; "
+                 f"{ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}) |")
     for stage in (0, 1):
         row(f"peak RSS, stage {stage} (MiB)", fp32["peak_rss_bytes"][stage], bf16["peak_rss_bytes"][stage], mib)
     for stage in (0, 1):
@@ -88,10 +105,12 @@ def markdown(data: dict[str, Any]) -> str:
     for stage in (0, 1):
         row(f"point-to-point bytes sent per step, stage {stage} (KiB)", fp32["p2p_bytes_sent_per_step"][stage],
             bf16["p2p_bytes_sent_per_step"][stage], 1024)
-    lines += ["", "What limits bf16 on a CPU: without bf16 matrix units (AMX) the GEMMs convert to fp32 inside "
-              "the kernel, so they are not faster, and autocast adds a cast of every weight per forward; what "
-              "bf16 saves here is bytes (boundary tensors and their gradients exactly half, the autograd stash "
-              "mostly). Peak RSS is dominated by the interpreter, torch and the fp32 parameters, gradients and Adam "
+    flags = ", ".join(data["machine"]["bf16_cpu_flags"]) or "none"
+    lines += ["", f"What limits bf16 on a CPU: its GEMM speed depends on the CPU's bf16 instructions (this one's "
+              f"bf16 flags: {flags}; AMX tiles are where CPUs gain most), autocast casts every weight per forward, "
+              "and the element-wise work (LayerNorm, GELU, softmax, the casts) is memory-bound at tiny sizes. What "
+              "bf16 saves for certain is bytes: boundary tensors and their gradients exactly half, the autograd "
+              "stash about half. Peak RSS is dominated by the interpreter, torch and the fp32 parameters, gradients and Adam "
               "state, which mixed precision keeps in fp32 (docs/design.md, Mixed precision). On a GPU with tensor "
               "cores the same run computes at the bf16 peak (`pipedream/devices.py`)."]
     return "\n".join(lines) + "\n"
@@ -102,8 +121,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args()
-    model, steps, rounds = (QUICK_MODEL, 4, 1) if args.quick else (MODEL, 12, 2)
-    data = {"date": datetime.date.today().isoformat(), "machine": machine(), "steps": steps, "rounds": rounds,
+    model, steps, rounds = (QUICK_MODEL, 4, 1) if args.quick else (MODEL, 12, 3)
+    data = {"date": datetime.date.today().isoformat(), "machine": {**machine(), "bf16_cpu_flags": bf16_flags()},
+            "steps": steps, "rounds": rounds,
             "model": "4 blocks, hidden 256, 4 heads, sequence 64" if not args.quick else "quick",
             "results": measure(model, steps, rounds)}
     out = args.out_dir or (None if args.quick else ROOT / "docs")
