@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.async_reference import pipedream_reference, two_bw_reference
 from tests.checkpoint_harness import train_full, train_interrupted
 from tests.precision_harness import overflow_run
-from tests.training_harness import TINY_GPT, merge_params, reference_training, train_rank
+from tests.training_harness import TINY_GPT, compose_config, merge_params, reference_training, train_rank
 from tests.workers import run_workers
 
 BASE = TINY_GPT + ["train.steps=3", "optim=sgd", "train.lr=0.05", "model.tie_embeddings=false"]
@@ -65,6 +66,22 @@ def test_bf16_pipelines_match_the_single_process_bf16_scheme(tmp_path, world, la
         assert fp32["comm"]["bytes_sent_per_step"] > 0
         assert bf16["comm"]["bytes_sent_per_step"] * 2 == fp32["comm"]["bytes_sent_per_step"]
         assert bf16["comm"]["bytes_received_per_step"] * 2 == fp32["comm"]["bytes_received_per_step"]
+
+
+@pytest.mark.slow
+def test_bf16_asynchronous_schedules_match_their_references(tmp_path):
+    """pipedream and 2bw in bf16 against tests/async_reference.py under the same scheme (fp16 is
+    refused for them: tests/unit/test_precision.py)."""
+    runs = {"2bw": BASE + ["precision=bf16", "schedule=2bw", "parallel.pp=2", "train.steps=4"],
+            "pipedream": BASE + ["precision=bf16", "schedule=pipedream", "parallel.pp=2", "train.steps=4"]}
+    per_rank = run_workers(train_rank, 2, [(overrides, str(tmp_path / name)) for name, overrides in runs.items()])
+    references = {"2bw": two_bw_reference(compose_config(runs["2bw"]), 1),
+                  "pipedream": pipedream_reference(compose_config(runs["pipedream"]), [1, 1])}
+    for index, name in enumerate(runs):
+        params = merge_params([rank[index] for rank in per_rank])
+        for key, expected in references[name].final_params().items():
+            torch.testing.assert_close(params[key], expected, rtol=TOLERANCE["rtol"], atol=TOLERANCE["atol"],
+                                       msg=f"{name} {key}")
 
 
 FP16 = TINY_GPT + ["precision=fp16", "precision.initial_scale=1024", "precision.growth_interval=2", "train.steps=5",
