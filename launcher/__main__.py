@@ -21,7 +21,7 @@ from .supervise import run_supervised
 def model_label(cfg: Any, argv: list[str]) -> str:
     """How the user named the model: the ``model=`` choice, else the preset or family."""
     chosen = [a.partition("=")[2] for a in argv if a.startswith("model=")]
-    return chosen[-1] if chosen else str(cfg.model.get("preset") or cfg.model.name)
+    return chosen[-1] if chosen else str(cfg.model.get("preset") or cfg.model.get("name") or cfg.model.get("_target_"))
 
 
 def check_buildable(cfg: Any, label: str) -> None:
@@ -49,7 +49,7 @@ def main(argv: list[str]) -> int:
             if note:
                 print(note, file=sys.stderr)
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
-            claim_run_dir(cfg, Path(run_dir))
+            claim_run_dir(spec, Path(run_dir))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipedream.errors import ConfigError
+from pipedream.specs import OptimSpec
 
 GIB = 1024 ** 3
 FP32 = 4
@@ -34,11 +35,10 @@ class MemoryEstimate:
         return f"{self.processes} processes: " + ", ".join(parts)
 
 
-def optimizer_states(optim_cfg: Mapping[str, Any]) -> int:
+def optimizer_states(optim: OptimSpec) -> int:
     """fp32 states per parameter: AdamW keeps two moments, SGD one momentum buffer (none without)."""
-    name = str(optim_cfg.get("name", "adamw"))
-    if name == "sgd":
-        return 1 if float(optim_cfg.get("momentum") or 0.0) > 0 else 0
+    if optim.name == "sgd":
+        return 1 if optim.momentum > 0 else 0
     return 2
 
 
@@ -55,8 +55,7 @@ def microbatches_in_flight(schedule: str, pp: int, microbatches: int) -> float:
     return sum(min(pp - stage, microbatches) for stage in range(pp)) / pp
 
 
-def estimate_memory(model_cfg: Mapping[str, Any], optim_cfg: Mapping[str, Any], spec: Any,
-                    processes: int) -> MemoryEstimate:
+def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> MemoryEstimate:
     """``spec`` is the run's ``RunSpec``; each process holds about 1/(pp tp) of the model."""
     from planner.model_specs import spec_from_config
 
@@ -73,7 +72,7 @@ def estimate_memory(model_cfg: Mapping[str, Any], optim_cfg: Mapping[str, Any], 
         processes=processes,
         weights=weights * weight_versions(spec.schedule, pp),
         gradients=weights,
-        optimizer=weights * optimizer_states(optim_cfg),
+        optimizer=weights * optimizer_states(spec.optim),
         activations=per_sample * spec.micro_batch * in_flight * share,
         runtime=RUNTIME_BYTES_PER_PROCESS * processes)
 
@@ -92,15 +91,15 @@ def available_memory() -> tuple[float, str]:
 
 def check_memory(label: str, cfg: Any, spec: Any, processes: int, available: float | None = None) -> str | None:
     """Raises ConfigError when the run cannot fit; returns a note when the check does not apply."""
-    device = str(cfg.cluster.device)
-    if device != "cpu":
-        return f"memory pre-check: skipped for cluster.device={device} (it checks host memory of CPU runs)"
+    if cfg.model.get("_target_"):
+        return f"memory pre-check: skipped (model._target_={cfg.model._target_} has no analytic sizes)"
+    if spec.device != "cpu":
+        return f"memory pre-check: skipped for cluster.device={spec.device} (it checks host memory of CPU runs)"
     from omegaconf import OmegaConf
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
-    optim_cfg = OmegaConf.to_container(cfg.optim, resolve=True)
     from planner.errors import PlannerError
     try:
-        estimate = estimate_memory(model_cfg, optim_cfg, spec, processes)
+        estimate = estimate_memory(model_cfg, spec, processes)
     except PlannerError as error:
         return f"memory pre-check: skipped ({error})"
     kind = "available"

@@ -15,7 +15,7 @@ from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vo
                                        mark_sharded, parallelize_block, shard_tensor, vocab_parallel_cross_entropy,
                                        vocab_parallel_logits)
 
-from .facts import mlm_mask_id, transformer_pipeline_layers
+from .facts import OPTIONAL_KEYS, mlm_mask_id, transformer_pipeline_layers
 from .gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel
 from .spec import LayerModel, seeded
 
@@ -105,9 +105,10 @@ def parallelize_bert_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker
     return parallelize_block(layer, tp, rng)
 
 
-def bert_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, vocab_size: int = 256,
-               tie_embeddings: bool = True, dropout: float = 0.0, pre_ln: bool = False, seed: int = 0,
-               tp: TensorParallel | None = None, mask_fraction: float = 0.15) -> LayerModel:
+def bert_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
+               vocab_size: int = OPTIONAL_KEYS["vocab_size"], tie_embeddings: bool = OPTIONAL_KEYS["tie_embeddings"],
+               dropout: float = OPTIONAL_KEYS["dropout"], pre_ln: bool = OPTIONAL_KEYS["pre_ln"], seed: int = 0,
+               tp: TensorParallel | None = None, mask_fraction: float = OPTIONAL_KEYS["mask_fraction"]) -> LayerModel:
     """BERT as ``num_layers + 2`` pipeline layers; inputs are corrupted tokens, targets the original
     ids at masked positions and -100 elsewhere (``pipedream.data.MaskedLanguageModeling``)."""
     last = num_layers + 1

@@ -6,12 +6,22 @@ Torch-free: ``model_cfg`` is the Hydra ``model`` group or any mapping with the s
 """
 from __future__ import annotations
 
+from types import MappingProxyType
 from typing import Any, Mapping
 
 from .formulas import gpt_flops_per_iteration, gpt_parameters, mlp_flops_per_iteration
 
 TRANSFORMERS = ("gpt", "bert")
 EMBEDDING_AND_HEAD = 2  # a transformer's pipeline layers beyond its blocks
+# The keys a transformer's config may leave out, and what leaving one out means (the presets in
+# conf/model/ state them; hand-written mappings, e.g. in tests, may not). Read through ``option``.
+OPTIONAL_KEYS = MappingProxyType({"vocab_size": 256, "tie_embeddings": True, "dropout": 0.0, "pre_ln": False,
+                                  "mask_fraction": 0.15})
+
+
+def option(model_cfg: Mapping[str, Any], key: str) -> Any:
+    """``model_cfg[key]``, or its meaning when left out (``OPTIONAL_KEYS``)."""
+    return model_cfg.get(key, OPTIONAL_KEYS[key])
 
 
 def transformer_pipeline_layers(num_blocks: int) -> int:
@@ -55,8 +65,8 @@ def parameter_count(model_cfg: Mapping[str, Any]) -> int:
     name = model_cfg["name"]
     if name in TRANSFORMERS:
         return transformer_parameters(name, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]),
-                                      int(model_cfg.get("vocab_size", 256)), int(model_cfg["seq_len"]),
-                                      bool(model_cfg.get("tie_embeddings", True)), bool(model_cfg.get("pre_ln", False)))
+                                      int(option(model_cfg, "vocab_size")), int(model_cfg["seq_len"]),
+                                      bool(option(model_cfg, "tie_embeddings")), bool(option(model_cfg, "pre_ln")))
     if name == "mlp":
         return mlp_parameters(int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]))
     raise ValueError(f"model.name={name!r} has no parameter formula; known: {[*TRANSFORMERS, 'mlp']}")
@@ -74,7 +84,7 @@ def flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: boo
         return mlp_flops_per_iteration(batch, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]), recompute)
     if name in TRANSFORMERS:
         return gpt_flops_per_iteration(batch, int(model_cfg["num_layers"]), int(model_cfg["hidden_size"]),
-                                       int(model_cfg.get("vocab_size", 256)), int(seq_len or model_cfg["seq_len"]),
+                                       int(option(model_cfg, "vocab_size")), int(seq_len or model_cfg["seq_len"]),
                                        recompute=recompute)
     raise ValueError(f"model.name={name!r} has no FLOP formula; known: {[*TRANSFORMERS, 'mlp']}")
 

@@ -14,7 +14,7 @@ from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vo
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
 
-from .facts import transformer_pipeline_layers
+from .facts import OPTIONAL_KEYS, transformer_pipeline_layers
 from .spec import LayerModel, seeded
 
 INIT_STD = 0.02
@@ -150,8 +150,9 @@ def parallelize_gpt_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker)
     return parallelize_block(layer, tp, rng)
 
 
-def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int, vocab_size: int = 256,
-              tie_embeddings: bool = True, dropout: float = 0.0, seed: int = 0,
+def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
+              vocab_size: int = OPTIONAL_KEYS["vocab_size"], tie_embeddings: bool = OPTIONAL_KEYS["tie_embeddings"],
+              dropout: float = OPTIONAL_KEYS["dropout"], seed: int = 0,
               tp: TensorParallel | None = None) -> LayerModel:
     """GPT as ``num_layers + 2`` pipeline layers. With tying, the head starts from (and stays
     equal to) the token embedding. With ``tp``, every layer is this rank's slice of the dense layer

@@ -1,22 +1,28 @@
-"""A model as an ordered list of layers plus a loss: the unit that pipelines split."""
+"""A model as an ordered list of layers plus a loss: the unit that pipelines split (the public
+contract, docs/models.md; ``models.contract`` builds one from modules)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
+
+from pipedream.boundary import call_layer
 
 
 @dataclass(frozen=True)
 class LayerModel:
     """Describes a model without building it.
 
+    Layer i takes what layer i - 1 returned: a tensor, or a tuple of tensors unpacked into its
+    arguments (e.g. ``forward(self, hidden, mask)`` returning ``(hidden, mask)``); layer 0 takes the
+    batch's input the same way, and ``loss_fn(output of the last layer, target)`` returns a scalar.
     ``build_layer(i)`` builds layer i alone, with the same initial weights on every process (each
     layer is initialised from its own seed), so a pipeline stage builds only what it owns and
     still starts from the weights of single-process training.
     ``make_batch(batch_size, generator)`` returns a random (input, target) pair of the right
-    shapes and dtypes, for profiling and shape inference.
+    shapes and dtypes (either may be a tuple of tensors), for profiling and shape inference.
     ``tied`` lists groups of (layer index, parameter name) that are one parameter in the
     single-process model (e.g. the embedding and the output head); a stage holding several
     members shares one Parameter, stages holding different members all-reduce their gradients.
@@ -25,8 +31,8 @@ class LayerModel:
     name: str
     num_layers: int
     build_layer: Callable[[int], nn.Module]
-    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    make_batch: Callable[[int, torch.Generator], tuple[torch.Tensor, torch.Tensor]]
+    loss_fn: Callable[[Any, Any], torch.Tensor]
+    make_batch: Callable[[int, torch.Generator], tuple[Any, Any]]
     tied: tuple[tuple[tuple[int, str], ...], ...] = field(default=())
 
     def build(self, indices: list[int] | None = None) -> dict[int, nn.Module]:
@@ -44,9 +50,20 @@ class LayerModel:
                     setattr(module, attr, shared)
         return layers
 
-    def build_sequential(self) -> nn.Sequential:
+    def build_sequential(self) -> PipelineSequential:
         layers = self.build()
-        return nn.Sequential(*(layers[i] for i in range(self.num_layers)))
+        return PipelineSequential(*(layers[i] for i in range(self.num_layers)))
+
+
+class PipelineSequential(nn.Sequential):
+    """``nn.Sequential`` whose layers may pass tuples: a tuple returned by one layer is unpacked
+    into the next layer's arguments. Called with several arguments, the first layer gets them all."""
+
+    def forward(self, *inputs: Any) -> Any:
+        value = inputs[0] if len(inputs) == 1 else inputs
+        for layer in self:
+            value = call_layer(layer, value)
+        return value
 
 
 def seeded(seed: int, build: Callable[[], nn.Module]) -> nn.Module:

@@ -287,7 +287,7 @@ class RunCheckpoints:
     def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Any, rank: int, run_dir: Path):
         """``record`` (the resolved config, the plan) is stored beside every checkpoint."""
         self.every, self.keep = spec.every, spec.keep
-        self.root = Path(spec.dir) if spec.dir else run_dir / "checkpoints"
+        self.root = spec.root(run_dir)
         self.resume_from = spec.resume
         self.engine, self.rank = engine, rank
         spec = engine.spec

@@ -7,7 +7,8 @@ directions between two ranks; with the per-channel order the schedules guarantee
 of the executor can then deadlock (``stream_model``, tested for every schedule). Messages carry a
 tag derived from (micro-batch, chunk, direction), which Gloo matches on; NCCL matches by order.
 Receivers know shapes without a handshake: they come from ``BoundaryShapes`` (shape inference on
-the meta device), recomputed whenever a micro-batch's input shape changes.
+the meta device), recomputed whenever a micro-batch's input shape changes. A tuple of tensors
+crossing a boundary travels as one packed message (``boundary``).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from .boundary import Boundary, Spec, TupleSpec, grad_spec, pack
 from .errors import InvariantError
 from .groups import DirectedGroups
 from .layout import ParallelLayout
@@ -44,20 +46,22 @@ class _Pending:
     work: object
     buffer: torch.Tensor
     gather_to: torch.Size | None = None   # scatter/gather: the full shape to all-gather into
+    unpack: TupleSpec | None = None       # a packed tuple: its members
 
 
 @dataclass
 class PipeComm:
-    """Sends and receives of one rank. ``boundary`` gives, for a micro-batch and a chunk, the
-    (shape, dtype) of that chunk's input (what arrives from the previous virtual stage)."""
+    """Sends and receives of one rank. ``input_spec`` / ``output_spec`` give, for a micro-batch and
+    a chunk, the (shape, dtype) of that chunk's input (what arrives from the previous virtual
+    stage) and output, or a ``TupleSpec`` when a tuple crosses the boundary."""
 
     layout: ParallelLayout
     rank: int
     device: torch.device
     timeout: timedelta
     groups: DirectedGroups
-    input_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
-    output_spec: Callable[[int, int], tuple[torch.Size, torch.dtype]]
+    input_spec: Callable[[int, int], Spec]
+    output_spec: Callable[[int, int], Spec]
     tp: TensorParallel | None = None      # with scatter_gather: send 1/t, all-gather on arrival
     scatter_gather: bool = False
     stats: CommStats = field(default_factory=CommStats)
@@ -74,29 +78,29 @@ class PipeComm:
         return step(pp_rank, chunk)[1]
 
     # activations flow forward: I send my chunk's output, receive my chunk's input
-    def send_activation(self, microbatch: int, chunk: int, tensor: torch.Tensor) -> None:
+    def send_activation(self, microbatch: int, chunk: int, tensor: Boundary) -> None:
         tag = message_tag(microbatch, self._peer_chunk(chunk, True), self.layout.vpp, False)
         self._send(tensor, self._peer(microbatch, chunk, True), tag)
 
     def post_recv_activation(self, microbatch: int, chunk: int) -> None:
-        shape, dtype = self.input_spec(microbatch, chunk)
         tag = message_tag(microbatch, chunk, self.layout.vpp, False)
-        self._post_recv((False, microbatch, chunk), shape, dtype, self._peer(microbatch, chunk, False), tag)
+        self._post_recv((False, microbatch, chunk), self.input_spec(microbatch, chunk),
+                        self._peer(microbatch, chunk, False), tag)
 
-    def wait_activation(self, microbatch: int, chunk: int) -> torch.Tensor:
+    def wait_activation(self, microbatch: int, chunk: int) -> Boundary:
         return self._wait_recv((False, microbatch, chunk))
 
     # gradients flow backward: I send my input's gradient, receive my output's gradient
-    def send_gradient(self, microbatch: int, chunk: int, tensor: torch.Tensor) -> None:
+    def send_gradient(self, microbatch: int, chunk: int, tensor: Boundary) -> None:
         tag = message_tag(microbatch, self._peer_chunk(chunk, False), self.layout.vpp, True)
         self._send(tensor, self._peer(microbatch, chunk, False), tag)
 
     def post_recv_gradient(self, microbatch: int, chunk: int) -> None:
-        shape, dtype = self.output_spec(microbatch, chunk)
         tag = message_tag(microbatch, chunk, self.layout.vpp, True)
-        self._post_recv((True, microbatch, chunk), shape, dtype, self._peer(microbatch, chunk, True), tag)
+        self._post_recv((True, microbatch, chunk), grad_spec(self.output_spec(microbatch, chunk)),
+                        self._peer(microbatch, chunk, True), tag)
 
-    def wait_gradient(self, microbatch: int, chunk: int) -> torch.Tensor:
+    def wait_gradient(self, microbatch: int, chunk: int) -> Boundary:
         return self._wait_recv((True, microbatch, chunk))
 
     def _splits(self, shape: torch.Size) -> bool:
@@ -125,7 +129,13 @@ class PipeComm:
             elif self.rank == dst:
                 dist.irecv(probe, src, group=group).wait(self.timeout)
 
-    def _send(self, tensor: torch.Tensor, dst: int, tag: int) -> None:
+    def _packing_parts(self) -> int:
+        """A packed tuple is padded to split into this many equal parts (scatter/gather)."""
+        return self.tp.size if self.scatter_gather and self.tp is not None else 1
+
+    def _send(self, tensor: Boundary, dst: int, tag: int) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            tensor = pack(tensor, self._packing_parts())
         if self._splits(tensor.shape):
             tensor = scatter_chunk(tensor, self.tp)
         tensor = tensor.contiguous()
@@ -134,25 +144,28 @@ class PipeComm:
         self.stats.bytes_sent += tensor.numel() * tensor.element_size()
         self.stats.messages_sent += 1
 
-    def _post_recv(self, key: tuple[bool, int, int], shape: torch.Size, dtype: torch.dtype, src: int, tag: int) -> None:
+    def _post_recv(self, key: tuple[bool, int, int], spec: Spec, src: int, tag: int) -> None:
         if key in self._recvs:
             return
+        packed = spec if isinstance(spec, TupleSpec) else None
+        shape, dtype = ((packed.packed_bytes(self._packing_parts()),), torch.uint8) if packed else spec
         gather_to = None
         if self._splits(torch.Size(shape)):
             gather_to, shape = torch.Size(shape), (math.prod(shape) // self.tp.size,)
         buffer = torch.empty(shape, dtype=dtype, device=self.device)
         work = dist.irecv(buffer, src, group=self.groups.carrying(src, self.rank), tag=tag)
-        self._recvs[key] = _Pending(work, buffer, gather_to)
+        self._recvs[key] = _Pending(work, buffer, gather_to, packed)
 
-    def _wait_recv(self, key: tuple[bool, int, int]) -> torch.Tensor:
+    def _wait_recv(self, key: tuple[bool, int, int]) -> Boundary:
         if key not in self._recvs:
             raise InvariantError(f"receive {key} was never posted: the schedule must place RECV before its consumer")
         pending = self._recvs.pop(key)
         pending.work.wait(self.timeout)
         self.stats.bytes_received += pending.buffer.numel() * pending.buffer.element_size()
+        received = pending.buffer
         if pending.gather_to is not None:
-            return gather_chunks(pending.buffer, self.tp, pending.gather_to)
-        return pending.buffer
+            received = gather_chunks(pending.buffer, self.tp, pending.gather_to)
+        return pending.unpack.unpack(received) if pending.unpack is not None else received
 
     def park(self) -> dict[tuple[bool, int, int], _Pending]:
         """Sets the posted receives aside (an asynchronous run between two steps), so that an

@@ -26,8 +26,12 @@ def config_options(group: str) -> list[str]:
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
                    return_hydra_config: bool = False) -> Any:
     """``conf/<config_name>.yaml`` with ``overrides`` applied, through Hydra's Compose API (no
-    working-directory change, no outputs/ folder). Raises Hydra's and OmegaConf's errors."""
+    working-directory change, no outputs/ folder). Raises Hydra's and OmegaConf's errors.
+    ``model._target_=...`` / ``data._target_=...`` replace the preset (``plugin_config``)."""
     from hydra import compose, initialize_config_dir
+
+    from .plugin_config import plugin_overrides
+    overrides = plugin_overrides(overrides)
 
     with initialize_config_dir(str(config_dir()), version_base=None):
         return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)

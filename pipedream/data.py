@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.facts import mlm_mask_id
+from models.facts import OPTIONAL_KEYS, mlm_mask_id, option
 
 from .errors import ConfigError
 
@@ -107,7 +107,8 @@ class MaskedLanguageModeling(torch.utils.data.Dataset):
 
     IGNORE_INDEX = -100
 
-    def __init__(self, windows: torch.utils.data.Dataset, vocab_size: int, seed: int, mask_fraction: float = 0.15):
+    def __init__(self, windows: torch.utils.data.Dataset, vocab_size: int, seed: int,
+                 mask_fraction: float = OPTIONAL_KEYS["mask_fraction"]):
         if not 0.0 < mask_fraction <= 1.0:
             raise ConfigError(f"model.mask_fraction={mask_fraction} must be in (0, 1]: BERT uses 0.15")
         self.windows, self.seed, self.mask_fraction = windows, seed, mask_fraction
@@ -149,6 +150,9 @@ class TeacherRegression(torch.utils.data.Dataset):
 
 
 def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset]:
+    if data_cfg.get("_target_") is not None:   # a plugin (docs/models.md)
+        from .plugins import plugin_datasets
+        return plugin_datasets(data_cfg, seed)
     if model_cfg["name"] == "mlp":
         if data_cfg["name"] != "synthetic":
             raise ConfigError(f"model=mlp trains on synthetic regression data, not data={data_cfg['name']}: "
@@ -157,7 +161,7 @@ def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.util
         full = TeacherRegression(total, int(model_cfg["hidden_size"]), seed)
         cut = int(total * (1.0 - float(data_cfg["val_fraction"])))
         return (torch.utils.data.Subset(full, range(cut)), torch.utils.data.Subset(full, range(cut, total)))
-    vocab_size = int(model_cfg.get("vocab_size", 256))
+    vocab_size = int(option(model_cfg, "vocab_size"))
     seq_len = int(model_cfg["seq_len"])
     if model_cfg["name"] == "bert":
         return _mlm_datasets(model_cfg, data_cfg, vocab_size, seq_len, seed)
@@ -174,7 +178,7 @@ def _mlm_datasets(model_cfg: Any, data_cfg: Any, vocab_size: int, seq_len: int, 
         if len(part) and int(part.max()) >= mask_id:
             raise ConfigError(f"data holds token id {int(part.max())} but model=bert reserves id {mask_id} "
                               f"(model.vocab_size - 1) for [MASK]: raise model.vocab_size to {int(part.max()) + 2}")
-    fraction = float(model_cfg.get("mask_fraction", 0.15))
+    fraction = float(option(model_cfg, "mask_fraction"))
     return (MaskedLanguageModeling(TokenWindows(train, seq_len), vocab_size, seed, fraction),
             MaskedLanguageModeling(TokenWindows(val, seq_len), vocab_size, seed + 1, fraction))
 
@@ -210,9 +214,17 @@ class GlobalBatchOrder:
         return indices[dp_rank * size:(dp_rank + 1) * size]
 
 
-def collate(dataset: torch.utils.data.Dataset, indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def collate(dataset: torch.utils.data.Dataset, indices: list[int]) -> tuple[Any, Any]:
+    """Stacks samples into a batch; an input or target that is a tuple of tensors is stacked member
+    by member (a tuple of batches)."""
     inputs, targets = zip(*(dataset[i] for i in indices))
-    return torch.stack(inputs), torch.stack(targets)
+    return _stack(inputs), _stack(targets)
+
+
+def _stack(samples: tuple) -> Any:
+    if isinstance(samples[0], (tuple, list)):
+        return tuple(torch.stack(member) for member in zip(*samples))
+    return torch.stack(samples)
 
 
 def microbatches(dataset: torch.utils.data.Dataset, indices: list[int], micro_batch: int

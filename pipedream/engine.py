@@ -8,7 +8,7 @@ from datetime import timedelta
 import torch
 from torch import nn
 
-from models.spec import LayerModel
+from models.spec import LayerModel, PipelineSequential
 
 from .apex_support import use_apex_layer_norm
 from .comm import PipeComm
@@ -20,6 +20,7 @@ from .precision import MixedPrecision
 from .optim import GradientSync, TiedCopy, build_optimizer, build_scheduler
 from .run_spec import RunSpec
 from .async_runner import AsyncRunner
+from .boundary import dtypes
 from .runner import FlushRunner, RankParts, Runner, StepResult
 from .schedules import ASYNC_SCHEDULES, Action
 from .schedules.forward_only import forward_only
@@ -55,7 +56,7 @@ class PipelineEngine:
         if optim.impl == "apex":
             for module in built.values():
                 use_apex_layer_norm(module)
-        chunks = [nn.Sequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
+        chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            precision.fp32_loss(model.loss_fn), recompute=spec.recompute, autocast=precision.autocast)
@@ -74,7 +75,7 @@ class PipelineEngine:
                                       self._tied_copies(built, groups), norm_group,
                                       tp_group=groups.tp if layout.tp > 1 else None)
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp)[self.coords.pp])
-        input_dtype = model.make_batch(1, torch.Generator().manual_seed(0))[0].dtype
+        input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
         self.boundaries = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
         self.comm = None
         parts = RankParts(spec, train, self.stage, self.params, None, self.optimizer, self.scheduler, self.gradients,

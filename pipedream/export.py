@@ -12,6 +12,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from .checkpoint import complete_checkpoints, step_dir
+from .specs import default_checkpoint_root
 
 
 def consolidate(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -25,7 +26,7 @@ def consolidate(checkpoint: Path) -> dict[str, torch.Tensor]:
 
 
 def export(run_dir: Path, out: Path | None = None, step: int | None = None) -> list[Path]:
-    root = run_dir / "checkpoints"
+    root = default_checkpoint_root(run_dir)
     if step is not None:
         checkpoint = step_dir(root, step)
         if checkpoint not in complete_checkpoints(root):

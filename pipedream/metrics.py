@@ -44,7 +44,12 @@ def warmup_steps(total_steps: int) -> int:
 
 def model_flops_per_iteration(model_cfg: Any, global_batch: int, seq_len: int | None, recompute: bool) -> float:
     """Model FLOPs of one training iteration over the global batch (the numerator of MFU). The
-    planner predicts with the same ``models.facts`` formulas, so MFU compares with its prediction."""
+    planner predicts with the same ``models.facts`` formulas, so MFU compares with its prediction.
+    A plugin model's forward FLOPs are counted on the meta device (backward: twice the forward)."""
+    if model_cfg.get("_target_") is not None:
+        from .plugins import checked_model
+        passes = 4 if recompute else 3
+        return passes * checked_model(model_cfg).forward_flops_per_sample * global_batch
     return flops_per_iteration(model_cfg, global_batch, recompute, seq_len)
 
 

@@ -6,11 +6,10 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
-from models.facts import pipeline_layer_count
-
 from .config_loading import config_dir
 from .errors import ConfigError
 from .plan_file import PlanError, load_plan
+from .plugin_config import layer_count
 
 
 def apply_plan(cfg: Any) -> Any:
@@ -22,9 +21,10 @@ def apply_plan(cfg: Any) -> Any:
         plan = load_plan(str(path))
     except PlanError as error:
         raise ConfigError(str(error)) from None
-    expected_layers = pipeline_layer_count(cfg.model)
+    expected_layers = layer_count(cfg.model)
     if plan.model.num_layers != expected_layers:
-        raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={cfg.model.name} has "
+        label = cfg.model.get("name") or cfg.model.get("_target_")
+        raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={label} has "
                           f"{expected_layers} pipeline layers: plan for this model (python -m planner model=...)")
     planned = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     with open_dict(planned):

@@ -1,4 +1,5 @@
-"""The plan file: the single contract between the planner and the runtime (DESIGN.md section 4.2).
+"""The plan file: the single contract between the planner and the runtime (docs/planner.md,
+"The plan file").
 
 The planner writes it and the runtime reads it. It imports neither (only the standard library),
 so the runtime never depends on the planner.

@@ -18,6 +18,8 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from .boundary import Spec, TupleSpec
+
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -60,15 +62,15 @@ class MixedPrecision:
             return loss_fn
         return lambda outputs, targets, *rest: loss_fn(_to_dtype(outputs, torch.float32), targets, *rest)
 
-    def on_wire(self, spec: Any) -> Any:
-        """A boundary's (shape, dtype) as it travels: floating-point tensors in the compute dtype.
-        Also accepts nested tuples/lists of such specs."""
+    def on_wire(self, spec: Spec) -> Spec:
+        """A boundary's spec as it travels: floating-point tensors (and tuple members) in the
+        compute dtype, as the output hooks leave them; integer and boolean ones unchanged."""
         if not self.enabled:
             return spec
-        if len(spec) == 2 and isinstance(spec[1], torch.dtype):
-            shape, dtype = spec
-            return shape, (self.dtype if dtype.is_floating_point else dtype)
-        return type(spec)(self.on_wire(part) for part in spec)
+        if isinstance(spec, TupleSpec):
+            return TupleSpec(tuple(self.on_wire(member) for member in spec.members))
+        shape, dtype = spec
+        return shape, (self.dtype if dtype.is_floating_point else dtype)
 
 
 def _to_dtype(output: Any, dtype: torch.dtype) -> Any:

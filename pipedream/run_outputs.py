@@ -4,38 +4,36 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .errors import ConfigError
+from .specs import default_checkpoint_root
+
+if TYPE_CHECKING:
+    from .run_spec import RunSpec
 
 RUN_OUTPUTS = ("metrics.jsonl", "summary.json", "config.yaml", "checkpoints", "trace", "tensorboard")
-
-
-def checkpoint_root(cfg: Any, run_dir: Path) -> Path:
-    ckpt = cfg.get("checkpoint") or {}
-    return Path(str(ckpt.get("dir") or run_dir / "checkpoints"))
 
 
 def existing_outputs(run_dir: Path, checkpoints: Path) -> list[Path]:
     """Another run's outputs in ``run_dir`` and its checkpoint folders in ``checkpoints``."""
     found = [run_dir / name for name in RUN_OUTPUTS
              if (run_dir / name).is_file() or ((run_dir / name).is_dir() and any((run_dir / name).iterdir()))]
-    if checkpoints.is_dir() and checkpoints != run_dir / "checkpoints":
+    if checkpoints.is_dir() and checkpoints != default_checkpoint_root(run_dir):
         found += sorted(p for p in checkpoints.iterdir() if p.name.startswith("step_"))
     return found
 
 
-def claim_run_dir(cfg: Any, run_dir: Path) -> None:
+def claim_run_dir(spec: RunSpec, run_dir: Path) -> None:
     """Raises ConfigError if ``run_dir`` holds another run and neither resume nor overwrite is set;
     with ``train.overwrite=true`` removes the old outputs first."""
-    resume = cfg.train.get("resume")
-    overwrite = bool(cfg.train.overwrite)
+    resume, overwrite = spec.checkpoint.resume, spec.loop.overwrite
     if resume and overwrite:
         raise ConfigError(f"train.resume={resume} and train.overwrite=true contradict each other: "
                           f"drop one (resume continues the run in {run_dir}, overwrite replaces it)")
     if resume:
         return
-    checkpoints = checkpoint_root(cfg, run_dir)
+    checkpoints = spec.checkpoint.root(run_dir)
     found = existing_outputs(run_dir, checkpoints)
     if not found:
         return

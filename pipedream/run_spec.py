@@ -16,6 +16,7 @@ from .errors import ConfigError
 from .apex_support import check_apex
 from .layout import ParallelLayout, split_layers
 from .precision_spec import PrecisionSpec
+from .plugin_config import plugin_target
 from .schedules import ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
@@ -61,7 +62,12 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def _check_model(cfg: Any) -> int:
+def _check_model(cfg: Any) -> tuple[int, Any]:
+    """The model's pipeline layers, and a plugin's ``LayerModel`` (None for a built-in model)."""
+    if plugin_target(cfg.model) is not None:
+        from .plugins import checked_model
+        model = checked_model(cfg.model).model   # imports, builds and checks the plugin
+        return model.num_layers, model
     name = _get(cfg, "model.name")
     if name not in TRAINABLE_MODELS:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
@@ -69,17 +75,40 @@ def _check_model(cfg: Any) -> int:
     _positive(cfg, "model.num_layers")
     _positive(cfg, "model.hidden_size")
     if name == "mlp":
-        return pipeline_layer_count(cfg.model)
+        return pipeline_layer_count(cfg.model), None
     for key in ("num_heads", "seq_len", "vocab_size"):
         _positive(cfg, f"model.{key}")
     hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
     if hidden % heads:
         raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
                           f"choose heads among the divisors of {hidden}")
-    return pipeline_layer_count(cfg.model)
+    return pipeline_layer_count(cfg.model), None
 
 
-def _check_data(cfg: Any) -> int | None:
+def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
+    """Asynchronous schedules update stages at different times: a parameter tied across two
+    pipeline stages would have two diverging copies."""
+    stage_of = [virtual % layout.pp for virtual, (start, end) in enumerate(bounds) for _ in range(start, end)]
+    for group in tied:
+        stages = sorted({stage_of[layer] for layer, _ in group})
+        if len(stages) > 1:
+            raise ConfigError(f"model._target_={plugin_target(cfg.model)} ties {group[0][1]} of layer {group[0][0]} "
+                              f"to layer {group[1][0]} across stages {stages}, which schedule={schedule} updates at "
+                              f"different times: use a flush schedule (1f1b, gpipe, interleaved) or a "
+                              f"parallel.layers_per_stage that keeps them on one stage")
+
+
+def _check_data(cfg: Any, plugin_model: Any) -> int | None:
+    model_plugin = plugin_target(cfg.model)
+    if plugin_target(cfg.data) is not None:
+        from .plugins import check_data_fits, plugin_datasets
+        train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
+        if plugin_model is not None:
+            check_data_fits(cfg.model, plugin_model, cfg.data, train_set)
+        return None if model_plugin or cfg.model.name == "mlp" else int(cfg.model.seq_len)
+    if model_plugin is not None:
+        raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
+                          f"data._target_=my_pkg.my_module.build_datasets (docs/models.md)")
     name = _get(cfg, "data.name")
     if name not in DATASETS:
         raise ConfigError(f"data={name!r} is unknown: choose one of {', '.join(DATASETS)}")
@@ -102,8 +131,8 @@ def _check_data(cfg: Any) -> int | None:
 
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
-    num_layers = _check_model(cfg)
-    seq_len = _check_data(cfg)
+    num_layers, plugin_model = _check_model(cfg)
+    seq_len = _check_data(cfg, plugin_model)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
     if schedule not in SCHEDULES:
@@ -155,6 +184,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     precision = PrecisionSpec.from_config(cfg, schedule, schedule in ASYNC_SCHEDULES)
     device = str(Section(cfg, "cluster").raw("device"))
     check_apex(optim.impl, device)
+    if schedule in ASYNC_SCHEDULES and plugin_model is not None:
+        _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:
         layout.check_world_size(world_size)
     return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,

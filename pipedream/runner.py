@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from .boundary import to_device
 from .comm import PipeComm
 from .executor import Batch, Executor, Recorder
 from .loss_scaler import LossScaler
@@ -68,8 +69,7 @@ class RankParts:
     def to_device(self, batches: dict[int, Batch]) -> dict[int, Batch]:
         if self.device.type == "cpu":
             return batches
-        return {k: (x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True))
-                for k, (x, y) in batches.items()}
+        return {k: (to_device(x, self.device), to_device(y, self.device)) for k, (x, y) in batches.items()}
 
     def global_sums(self, *values: float) -> list[float]:
         """Sums over every rank (only the last stage holds losses, so all ranks take part)."""

@@ -9,19 +9,22 @@ import torch
 
 from models.spec import LayerModel
 
+from . import boundary
+from .boundary import Spec
 from .errors import DataError, InvariantError
-
-TensorSpec = tuple[torch.Size, torch.dtype]
 
 
 class BoundaryShapes:
-    """For an input shape, the (shape, dtype) of every virtual stage's input and output."""
+    """For an input shape, the (shape, dtype) of every virtual stage's input and output (a
+    ``TupleSpec`` where a tuple of tensors crosses). ``input_shape`` is ``boundary.shape_key`` of
+    the model's input and ``input_dtype`` its ``boundary.dtypes``."""
 
-    def __init__(self, model: LayerModel, bounds: list[tuple[int, int]], input_dtype: torch.dtype):
+    def __init__(self, model: LayerModel, bounds: list[tuple[int, int]],
+                 input_dtype: torch.dtype | tuple[torch.dtype, ...]):
         self.model = model
         self.bounds = bounds
         self.input_dtype = input_dtype
-        self._cache: dict[tuple[int, ...], list[TensorSpec]] = {}
+        self._cache: dict[tuple, list[Spec]] = {}
         self._meta_layers: list[torch.nn.Module] | None = None
 
     def _layers(self) -> list[torch.nn.Module]:
@@ -31,32 +34,32 @@ class BoundaryShapes:
             self._meta_layers = [built[i] for i in range(self.model.num_layers)]
         return self._meta_layers
 
-    def outputs(self, input_shape: tuple[int, ...]) -> list[TensorSpec]:
+    def outputs(self, input_shape: tuple) -> list[Spec]:
         """Output spec of each virtual stage for a micro-batch input of ``input_shape``."""
         key = tuple(input_shape)
         if key not in self._cache:
             layers = self._layers()
-            x = torch.empty(key, dtype=self.input_dtype, device="meta")
+            x = boundary.meta_value(key, self.input_dtype)
             specs = []
             with torch.no_grad():
                 for start, end in self.bounds:
                     for layer in layers[start:end]:
-                        x = layer(x)
-                    specs.append((x.shape, x.dtype))
+                        x = boundary.call_layer(layer, x)
+                    specs.append(boundary.spec_of(x))
             self._cache[key] = specs
         return self._cache[key]
 
-    def stage_input(self, input_shape: tuple[int, ...], virtual_stage: int) -> TensorSpec:
+    def stage_input(self, input_shape: tuple, virtual_stage: int) -> Spec:
         if virtual_stage == 0:
-            return torch.Size(input_shape), self.input_dtype
+            return boundary.spec_of(boundary.meta_value(input_shape, self.input_dtype))
         return self.outputs(input_shape)[virtual_stage - 1]
 
-    def stage_output(self, input_shape: tuple[int, ...], virtual_stage: int) -> TensorSpec:
+    def stage_output(self, input_shape: tuple, virtual_stage: int) -> Spec:
         return self.outputs(input_shape)[virtual_stage]
 
 
-def input_shapes(batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, tuple[int, ...]]:
-    return {microbatch: tuple(inputs.shape) for microbatch, (inputs, _) in batches.items()}
+def input_shapes(batches: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, tuple]:
+    return {microbatch: boundary.shape_key(inputs) for microbatch, (inputs, _) in batches.items()}
 
 
 class InputShapes:

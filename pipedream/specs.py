@@ -8,6 +8,7 @@ names are the YAML keys, so ``train.lr`` is ``TrainSpec.lr``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
@@ -100,13 +101,15 @@ class LoopSpec:
     eval_batches: int
     progress: bool
     tensorboard: bool              # logging.tensorboard
+    overwrite: bool                # train.overwrite: replace another run's outputs in run_dir
 
     @classmethod
     def from_config(cls, cfg: Any) -> LoopSpec:
         train = Section(cfg, "train")
         return cls(run_dir=str(train.raw("run_dir")), log_every=max(1, train.integer("log_every", 0)),
                    eval_every=train.integer("eval_every", 0), eval_batches=train.integer("eval_batches", 1),
-                   progress=train.flag("progress"), tensorboard=Section(cfg, "logging").flag("tensorboard"))
+                   progress=train.flag("progress"), tensorboard=Section(cfg, "logging").flag("tensorboard"),
+                   overwrite=train.flag("overwrite"))
 
 
 @dataclass(frozen=True)
@@ -140,12 +143,21 @@ class OptimSpec:
         return cls(**common, momentum=optim.number("momentum"))
 
 
+def default_checkpoint_root(run_dir: Path) -> Path:
+    """``checkpoint.dir: null``: the run's own ``checkpoints`` folder."""
+    return run_dir / "checkpoints"
+
+
 @dataclass(frozen=True)
 class CheckpointSpec:
     every: int                     # 0: never
     dir: str | None                # None: <run_dir>/checkpoints
     keep: int                      # complete checkpoints kept; 0 keeps all
     resume: str | None             # train.resume: "auto", a checkpoint folder, or None
+
+    def root(self, run_dir: Path) -> Path:
+        """Where the checkpoints of a run in ``run_dir`` go."""
+        return Path(self.dir) if self.dir else default_checkpoint_root(run_dir)
 
     @classmethod
     def from_config(cls, cfg: Any) -> CheckpointSpec:

@@ -11,13 +11,15 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
+from . import boundary
+from .boundary import Boundary
 from .grad_accumulation import WeightGradQueue
 
 
 @dataclass
 class _Stashed:
-    inputs: torch.Tensor
-    outputs: torch.Tensor          # the chunk's output, or the scaled loss on the last stage
+    inputs: Boundary
+    outputs: Boundary              # the chunk's output, or the scaled loss on the last stage
     saved_bytes: int
 
 
@@ -95,11 +97,12 @@ class Stage:
                     params.append(p)
         return params
 
-    def forward(self, microbatch: int, chunk: int, inputs: torch.Tensor, target: torch.Tensor | None = None,
-                loss_scale: float = 1.0, weights: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
-        """Runs the chunk; returns its output (to send on) or, on the last stage, the unscaled loss."""
+    def forward(self, microbatch: int, chunk: int, inputs: Boundary, target: Boundary | None = None,
+                loss_scale: float = 1.0, weights: dict[str, torch.Tensor] | None = None) -> Boundary:
+        """Runs the chunk; returns its output (to send on) or, on the last stage, the unscaled loss.
+        Inputs and outputs are a tensor or a tuple of tensors (``boundary``)."""
         if not self.is_first[chunk]:
-            inputs = inputs.detach().requires_grad_(True)
+            inputs = boundary.stage_input(inputs)
         weight_ptrs = self._parameter_ptrs
         if weights is not None:
             weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
@@ -112,21 +115,21 @@ class Stage:
             if self.is_last[chunk]:
                 loss = self.loss_fn(outputs, target)
                 outputs = loss * loss_scale
-        counter.pack(inputs)   # the stash holds the input and output too (each storage counted once)
-        counter.pack(outputs)
+        for held in (*boundary.tensors(inputs), *boundary.tensors(outputs)):
+            counter.pack(held)   # the stash holds the inputs and outputs too (each storage counted once)
         nbytes = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
         self.stats.add(chunk, nbytes)
-        return loss.detach() if self.is_last[chunk] else outputs.detach()
+        return loss.detach() if self.is_last[chunk] else boundary.detach(outputs)
 
-    def _run_chunk(self, chunk: int, inputs: torch.Tensor, weights: dict[str, torch.Tensor] | None) -> torch.Tensor:
+    def _run_chunk(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
         with self.autocast():
             if weights is None:
                 return self.chunks[chunk](inputs)
             return functional_call(self.chunks[chunk], weights, (inputs,))
 
-    def backward(self, microbatch: int, chunk: int, grad_output: torch.Tensor | None = None,
-                 defer_weight_grads: bool = False) -> torch.Tensor | None:
+    def backward(self, microbatch: int, chunk: int, grad_output: Boundary | None = None,
+                 defer_weight_grads: bool = False) -> Boundary | None:
         """Backpropagates through the chunk; returns the gradient of its input (None on the first).
         ``defer_weight_grads`` leaves the Linear weight gradients in ``weight_grads``, as the group
         (microbatch, chunk), for the caller to run."""
@@ -135,11 +138,13 @@ class Stage:
             if self.is_last[chunk]:
                 stashed.outputs.backward()
             else:
-                torch.autograd.backward(stashed.outputs, grad_output)
+                outputs, grads = boundary.backward_pairs(stashed.outputs, grad_output)
+                if outputs:
+                    torch.autograd.backward(outputs, grads)
         self.stats.remove(stashed.saved_bytes)
-        return None if self.is_first[chunk] else stashed.inputs.grad
+        return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
 
-    def forward_only(self, chunk: int, inputs: torch.Tensor, target: torch.Tensor | None = None) -> torch.Tensor:
+    def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:
         """Evaluation: no graph, nothing stashed."""
         with torch.no_grad():
             with self.autocast():

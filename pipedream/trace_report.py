@@ -137,7 +137,7 @@ class TraceReport:
 
 
 def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: MeasuredCosts,
-            weight_grads_delay: int = 1) -> SimResult | None:
+            weight_grads_delay: int) -> SimResult | None:
     """The simulator's iteration (in ms) with measured costs; None where one iteration is not a
     self-contained action list (asynchronous schedules never flush) or costs are missing."""
     if schedule in ASYNC_SCHEDULES:
@@ -150,8 +150,8 @@ def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: Measured
 
 
 def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, pp: int, microbatches: int,
-                        vpp: int, draw: bool = True, metadata: dict[str, Any] | None = None,
-                        weight_grads_delay: int = 1) -> TraceReport | None:
+                        vpp: int, *, weight_grads_delay: int, draw: bool = True,
+                        metadata: dict[str, Any] | None = None) -> TraceReport | None:
     """Writes trace.json (and timeline.png, timeline_predicted.png with ``draw``); returns the report.
     ``weight_grads_delay`` is the run's ``train.weight_grads_delay``, for the prediction."""
     if not any(t.steps for t in traces):

@@ -34,7 +34,7 @@ def run(cfg: Any) -> int:
         cfg = apply_plan(cfg)
         spec = build_run_spec(cfg, world_size_from_env())
         if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
-            claim_run_dir(cfg, Path(str(cfg.train.run_dir)))
+            claim_run_dir(spec, Path(spec.loop.run_dir))
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr, flush=True)
         return 2
@@ -62,4 +62,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from .plugin_config import plugin_overrides
+    sys.argv[1:] = plugin_overrides(sys.argv[1:])   # model._target_=...: see plugin_config
     main()

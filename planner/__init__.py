@@ -3,18 +3,22 @@ no GPUs needed) and writes the plan file the runtime executes. See docs/planner.
 
 Modules, from inputs to output:
 
-* ``config`` (Hydra config -> ``inputs.Inputs``), ``model_specs`` (analytic per-layer costs of model
-  presets), ``profile`` / ``measure`` / ``graph_txt`` (per-layer profiles: analytic, measured on this
-  device, or imported from PipeDream's graph.txt), ``hardware`` (cluster topologies; the device
-  sheets themselves are ``pipedream.devices``);
-* ``cost`` (closed-form compute, communication and memory formulas), ``uniform_cost`` (the cost of
-  equal-block pipelines, vectorised over micro-batch sizes), ``ranking`` (candidates, ranking and
-  "why it lost");
-* the searches: ``ptdp`` (PTD-P), ``two_bw_search`` (PipeDream-2BW), ``pipedream_dp`` and
-  ``pipedream_search`` (PipeDream's hierarchical dynamic program, then ranked); ``auto`` picks one and
-  assembles the plan, ``simcheck`` replays it in the runtime's schedule simulator;
-* ``report`` (the printed tables), ``__main__`` (``python -m planner``). The plan file's schema is
-  ``pipedream.plan_file``; ``plan`` re-exports it under the planner's name.
+* inputs: ``config`` (Hydra config -> ``inputs.Inputs``, everything a search needs; ``pins`` checks
+  pinned degrees), ``model_specs`` (analytic per-layer costs of model presets; layer and parameter
+  counts and FLOPs from ``models.facts``), ``profile`` / ``measure`` / ``graph_txt`` (per-layer
+  profiles: analytic, measured on this device, or imported from PipeDream's graph.txt), ``hardware``
+  (cluster topologies; the device sheets are ``pipedream.devices``), ``errors`` (``PlannerError``);
+* cost models: ``cost`` (closed-form compute, bubble, communication and memory formulas),
+  ``collectives`` (hierarchical all-reduce times), ``zero_bubble`` (bubble and memory of zb_h2 and
+  zbv), ``uniform_cost`` (the cost of equal-block pipelines, vectorised over micro-batch sizes),
+  ``ranking`` (candidates, ranking and "why it lost");
+* the searches: ``ptdp`` (PTD-P), ``two_bw_search`` (PipeDream-2BW; the schedule itself is
+  ``pipedream.schedules.two_bw``), ``pipedream_dp`` and ``pipedream_search`` (PipeDream's
+  hierarchical dynamic program, then ranked); ``auto`` picks one and assembles the plan;
+  ``simcheck`` and ``simcheck_async`` replay it in the runtime's schedule simulator;
+* output: ``report`` (the printed tables), ``__main__`` (``python -m planner``). The plan file's
+  schema is ``pipedream.plan_file`` (a leaf both sides import); this package re-exports ``Plan``,
+  ``PlanError`` and ``load_plan``.
 """
 from __future__ import annotations
 

@@ -35,13 +35,14 @@ def run(argv: Sequence[str]) -> int:
     print()
     print(alternatives_table(outcome))
     print()
-    sequence_model = cfg.model.name in ("gpt", "bert") and inputs.profile.source != "graph.txt"
+    sequence_model = cfg.model.get("name") in ("gpt", "bert") and inputs.profile.source != "graph.txt"
     seq = cfg.model.get("seq_len") if sequence_model else None
     print(training_time(outcome, float(p.train_tokens), seq))
     if p.get("out"):
         outcome.plan.save(str(p.out))
-        print(f"wrote {p.out}; run it with: scripts/train.sh model={cfg.model.get('preset') or cfg.model.name} "
-              f"parallel.plan={p.out}")
+        model = (f"model._target_={cfg.model._target_} data._target_=..." if cfg.model.get("_target_")
+                 else f"model={cfg.model.get('preset') or cfg.model.name}")
+        print(f"wrote {p.out}; run it with: scripts/train.sh {model} parallel.plan={p.out}")
     return 0
 
 

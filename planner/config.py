@@ -29,7 +29,7 @@ def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
     choice = cfg.hydra.runtime.choices.get("model")
     with open_dict(cfg):
         del cfg["hydra"]
-        if choice and not cfg.model.get("preset"):
+        if choice and not cfg.model.get("preset") and not cfg.model.get("_target_"):
             cfg.model.preset = choice  # the config's file name (gpt_tiny) labels the model
     return cfg
 
@@ -56,7 +56,12 @@ def inputs_from_config(cfg: Any) -> Inputs:
     model_cfg = dict(_plain(cfg.model))
     if cfg.planner.get("precision"):
         model_cfg["precision"] = cfg.planner.precision
-    spec = spec_from_config(model_cfg, cluster.device.default_precision)
+    target = model_cfg.get("_target_")
+    if target is not None and not (cfg.planner.get("profile") or cfg.planner.get("graph")):
+        raise PlannerError(f"model._target_={target} has no analytic sizes: measure it first (python -m "
+                           f"planner.profile model._target_={target} ... planner.profile_out=profile.json), then "
+                           f"plan with planner.profile=profile.json")
+    spec = None if target is not None else spec_from_config(model_cfg, cluster.device.default_precision)
     profile = build_profile(cfg, spec, cluster)
     batch = cfg.train.global_batch_size
     if not isinstance(batch, int) or batch < 1:
@@ -69,7 +74,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
     p = cfg.planner
     analytic = profile.source == "analytic"
     return Inputs(
-        model=profile.model if profile.source == "graph.txt" else str(cfg.model.get("preset") or cfg.model.name),
+        model=profile.model if profile.source == "graph.txt" or target else str(cfg.model.get("preset") or cfg.model.name),
         profile=profile, cluster=cluster,
         global_batch=batch, spec=spec if analytic else None, reserve_gib=float(p.reserve_gib),
         reserve_fraction=float(p.reserve_fraction),
@@ -77,7 +82,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
         schedules=tuple(str(s) for s in p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
-        fewer_devices=bool(p.get("fewer_devices", True)), pipedream_costs=_costs(p.get("pipedream_costs", "paper")))
+        fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs))
 
 
 def _costs(value: Any) -> str:

@@ -7,15 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import zero_bubble
+from pipedream.schedules import ASYNC_SCHEDULES
 
-FLUSH_SCHEDULES = ("gpipe", "1f1b", "interleaved")
-ASYNC_SCHEDULES = ("pipedream", "2bw")
-SCHEDULES = FLUSH_SCHEDULES + ASYNC_SCHEDULES
-def ring_allreduce_time(nbytes, n, bandwidth):
-    """Ring all-reduce: each of n workers sends and receives 2 (n-1)/n of the bytes (ch. 2.4.1, ch. 4.3.3)."""
-    n = np.asarray(n, dtype=float)
-    return 2.0 * (n - 1.0) / np.maximum(n, 1.0) * np.asarray(nbytes) / bandwidth
+from . import zero_bubble
 
 
 def pipedream_sync_time(nbytes, replicas, bandwidth):

@@ -1,9 +1,12 @@
-"""Measure a profile on this device: ``python -m planner.profile model=gpt_tiny planner.profile_out=p.json``.
+"""Measure a profile on this device: ``python -m planner.profile model=gpt_tiny planner.profile_out=p.json``
+(or ``model._target_=my_pkg.mod.build`` for a plugin model, docs/models.md).
 
 Each layer of ``models.build_model(cfg.model)`` runs alone on the previous layer's output (the last
 one with the loss): forward and backward times after warm-up, median of repeats (CUDA events on a
 GPU, ``perf_counter`` on a CPU), the bytes autograd saves for backward (saved-tensor hooks, without
 parameters), the output bytes, parameter bytes, and forward FLOPs (``torch.utils.flop_counter``).
+A layer that passes a tuple of tensors on counts every member's bytes; its backward starts from
+every floating-point member.
 """
 from __future__ import annotations
 
@@ -55,21 +58,27 @@ def _saved_bytes(fn, params: set[int]):
 
 
 def measure_layer(layer, inp, run, timed, warmup: int, repeats: int):
-    """(forward s, backward s, output, saved bytes, flops) of one layer at one micro-batch size."""
+    """(forward s, backward s, output, saved bytes, flops) of one layer at one micro-batch size;
+    ``inp`` and the output are a tensor or a tuple of tensors (``pipedream.boundary``)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
+
+    from pipedream.boundary import carries_grad, tensors
 
     params = {p.data_ptr() for p in layer.parameters()}
 
     def fresh():
-        x = inp.detach().requires_grad_(inp.is_floating_point())
-        return x, run(layer, x)
+        x = tuple(t.detach().requires_grad_(carries_grad(t)) for t in tensors(inp))
+        return x, run(layer, x if isinstance(inp, tuple) else x[0])
+
+    def backward(out):
+        outs = [t for t in tensors(out) if t.requires_grad]
+        torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
 
     fwd_times, bwd_times = [], []
     for i in range(warmup + repeats):
         (x, out), t_fwd = timed(fresh)
-        grad = torch.ones_like(out) if out.dim() else None
-        _, t_bwd = timed(lambda: out.backward(grad))
+        _, t_bwd = timed(lambda: backward(out))
         layer.zero_grad(set_to_none=True)
         if i >= warmup:
             fwd_times.append(t_fwd)
@@ -77,7 +86,8 @@ def measure_layer(layer, inp, run, timed, warmup: int, repeats: int):
     (_, out), saved = _saved_bytes(fresh, params)
     with FlopCounterMode(display=False) as counter:
         fresh()
-    return statistics.median(fwd_times), statistics.median(bwd_times), out.detach(), saved, counter.get_total_flops()
+    from pipedream.boundary import detach
+    return statistics.median(fwd_times), statistics.median(bwd_times), detach(out), saved, counter.get_total_flops()
 
 
 def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: str | None = None,
@@ -85,6 +95,7 @@ def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: s
     import torch
 
     from models import build_model
+    from pipedream.boundary import call_layer, nbytes, to_device
 
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
     spec = build_model(model_cfg)
@@ -97,19 +108,19 @@ def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: s
     gen = torch.Generator().manual_seed(0)
     for b in micro_batches:
         x, y = spec.make_batch(b, gen)
-        inp, target = x.to(device), y.to(device)
+        inp, target = to_device(x, device), to_device(y, device)
         for i in range(n):
             last = i == n - 1
-            run = (lambda m, t: spec.loss_fn(m(t), target)) if last else (lambda m, t: m(t))
+            run = (lambda m, t: spec.loss_fn(call_layer(m, t), target)) if last else call_layer
             fwd, bwd, out, saved, flops = measure_layer(layers[i], inp, run, timed, warmup, repeats)
             row = rows[i]
             row["forward_s"].append(fwd)
             row["backward_s"].append(bwd)
-            row.update(output_bytes=0.0 if last else out.numel() * out.element_size() / b,
-                       activation_bytes=saved / b, activation_bytes_recompute=inp.numel() * inp.element_size() / b,
+            row.update(output_bytes=0.0 if last else nbytes(out) / b,
+                       activation_bytes=saved / b, activation_bytes_recompute=nbytes(inp) / b,
                        flops=flops / b)
             inp = out
-    kinds = _kinds(str(model_cfg["name"]), n)
+    kinds = _kinds(str(model_cfg.get("name")), n)
     profile_layers = []
     for i, row in enumerate(rows):
         weights = float(sum(p.numel() * p.element_size() for p in layers[i].parameters()))
@@ -120,7 +131,8 @@ def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: s
             flops=row["flops"], recomputable=kinds[i] in ("block", "layer")))
     params = sum(p.numel() for p in spec.build_sequential().parameters())
     fwd_flops = sum(layer.flops for layer in profile_layers)
-    return Profile(str(model_cfg.get("preset") or model_cfg["name"]), _device_label(device), "measured", "fp32", 1,
+    label = model_cfg.get("preset") or model_cfg.get("name") or model_cfg.get("_target_")
+    return Profile(str(label), _device_label(device), "measured", "fp32", 1,
                    tuple(int(b) for b in micro_batches), tuple(profile_layers), int(params), 3 * fwd_flops,
                    4 * fwd_flops)
 
@@ -142,17 +154,22 @@ def _device_label(device: Any) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from pipedream.errors import ConfigError
+
     from .config import compose
 
     try:
         cfg = compose(sys.argv[1:] if argv is None else argv)
         if cfg.model.get("planner_only"):
-            raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.name} is planner-only (analytic); "
+            raise PlannerError(f"model={cfg.model.get('preset') or cfg.model.get('name')} is planner-only (analytic); "
                                f"measure a trainable model (gpt_tiny, gpt_small, mlp)")
+        if cfg.model.get("_target_"):   # a plugin: one line if it does not import, chain or reduce its loss
+            from pipedream.plugins import checked_model
+            checked_model(cfg.model)
         p = cfg.planner
         profile = measure_profile(cfg.model, list(p.profile_micro_batches), p.get("profile_device"),
                                   int(p.profile_warmup), int(p.profile_repeats))
-    except (PlannerError, ValueError) as err:
+    except (PlannerError, ValueError, ConfigError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     profile.save(str(p.profile_out))

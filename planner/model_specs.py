@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from models.facts import flops_per_sample, mlp_parameters, parameter_count
+from models.facts import flops_per_sample, mlp_parameters, option, parameter_count
 from models.formulas import mlp_block_forward_flops
 
 from .errors import PlannerError
@@ -235,13 +235,15 @@ def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") ->
         try:
             return TransformerSpec(label, family, int(cfg["num_layers"]), int(cfg["hidden_size"]),
                                    int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
-                                   bool(cfg.get("tie_embeddings", True)), bool(cfg.get("pre_ln", False)))
+                                   bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")))
         except KeyError as missing:
             raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
     if family == "mlp":
         return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
-    if family == "vgg16":
-        return vgg16(precision, int(cfg.get("image_size", 224)), int(cfg.get("num_classes", 1000)))
-    if family == "resnet50":
-        return resnet50(precision, int(cfg.get("image_size", 224)), int(cfg.get("num_classes", 1000)))
+    if family in ("vgg16", "resnet50"):
+        build = vgg16 if family == "vgg16" else resnet50
+        try:
+            return build(precision, int(cfg["image_size"]), int(cfg["num_classes"]))
+        except KeyError as missing:
+            raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
     raise PlannerError(f"model.name={family!r} is not known to the planner; choose gpt, bert, mlp, vgg16 or resnet50")

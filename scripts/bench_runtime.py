@@ -233,6 +233,7 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
                       quiet: Quiet) -> dict | None:
     """Two traced iterations of our 1f1b after warm-up (the least disturbed of ``tries`` attempts),
     written as trace.json and the timeline PNGs."""
+    from pipedream.specs import TrainSpec
     from pipedream.trace import TraceRecorder, gather_traces
     from pipedream.trace_report import write_trace_outputs
 
@@ -261,7 +262,8 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     traces = gather_traces(recorder, rank, rank, 0, PP)
     if traces is None:
         return None
-    report = write_trace_outputs(out_dir, traces, "1f1b", PP, workload.microbatches, 1,
+    delay = TrainSpec.from_config(_compose(workload, Case("pipedream", "1f1b"))).weight_grads_delay
+    report = write_trace_outputs(out_dir, traces, "1f1b", PP, workload.microbatches, 1, weight_grads_delay=delay,
                                  metadata={"benchmark": workload.name})
     return {"report": report.as_dict() if report else None, "other_load": best_load}
 

@@ -84,7 +84,7 @@ def build_reference(cfg: Any) -> Reference:
     stages = []
     for start, end in spec.bounds:
         module = nn.Sequential(*(layers[i] for i in range(start, end)))
-        optimizer = build_optimizer(cfg.optim, list(module.parameters()), float(cfg.train.lr))
+        optimizer = build_optimizer(spec.optim, list(module.parameters()), spec.train.lr)
         stage = StageHistory(module, copy.deepcopy(module), optimizer)
         stage.snapshot()
         stages.append(stage)

@@ -62,6 +62,8 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
     from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
     from pipedream.optim import build_optimizer, build_scheduler
     from pipedream.precision import MixedPrecision
+    from pipedream.run_spec import OPTIMIZERS
+    from pipedream.specs import OptimSpec, TrainSpec
 
     cfg = compose_config(overrides)
     seed = int(cfg.train.seed)
@@ -78,8 +80,9 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
     train_set, _ = build_datasets(cfg.model, cfg.data, seed)
     batch, micro = int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size)
     order = GlobalBatchOrder(len(train_set), batch, seed)
-    optimizer = build_optimizer(cfg.optim, list(network.parameters()), float(cfg.train.lr))
-    scheduler = build_scheduler(optimizer, cfg.train)
+    train = TrainSpec.from_config(cfg)
+    optimizer = build_optimizer(OptimSpec.from_config(cfg, OPTIMIZERS), list(network.parameters()), train.lr)
+    scheduler = build_scheduler(optimizer, train)
     losses = []
     for step in range(int(cfg.train.steps)):
         optimizer.zero_grad(set_to_none=True)

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" / "schedules").glob("*.py")
                    if p.stem != "__init__")
 TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.simulate", "pipedream.stream_model",
-              "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "planner",
+              "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "pipedream.plugin_config", "planner",
               "models.formulas", "models.facts"]
 # A preset with a device sheet: ``local_cpu`` would measure this machine with torch.
 DRY_RUN = ["model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]

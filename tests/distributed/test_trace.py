@@ -127,13 +127,14 @@ def test_report_writes_trace_and_pngs(tmp_path) -> None:
     pytest.importorskip("matplotlib")
     traces = _synthetic_traces()
     traces[0].steps[0].events.insert(0, TraceEvent("SYNC", "SYNC", -1, 0, 8.9, 9.0))
-    report = write_trace_outputs(tmp_path, traces, "1f1b", pp=2, microbatches=1, vpp=1)
+    report = write_trace_outputs(tmp_path, traces, "1f1b", pp=2, microbatches=1, vpp=1, weight_grads_delay=1)
     assert report is not None and report.steps == [7]
     assert report.ideal_bubble_fraction == pytest.approx(0.5)
     for name in ("timeline.png", "timeline_predicted.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
     assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
-    assert write_trace_outputs(tmp_path / "empty", [RankTrace(0, 0, 0, [])], "1f1b", 1, 1, 1) is None
+    assert write_trace_outputs(tmp_path / "empty", [RankTrace(0, 0, 0, [])], "1f1b", 1, 1, 1,
+                               weight_grads_delay=1) is None
 
 
 def _train_runs(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict | None]:

@@ -63,12 +63,14 @@ def rank_run(rank: int, world_size: int, layouts: list[list[str]]) -> list[Any]:
 def reference() -> dict[str, Any]:
     from models import build_model
     from pipedream.optim import build_optimizer, build_scheduler
+    from pipedream.run_spec import build_run_spec
 
     cfg = compose_config(GPT)
+    spec = build_run_spec(cfg)
     model = build_model(cfg.model, seed=int(cfg.train.seed))
     network = model.build_sequential()
-    optimizer = build_optimizer(cfg.optim, list(network.parameters()), float(cfg.train.lr))
-    scheduler = build_scheduler(optimizer, cfg.train)
+    optimizer = build_optimizer(spec.optim, list(network.parameters()), spec.train.lr)
+    scheduler = build_scheduler(optimizer, spec.train)
     losses = []
     for step in range(len(LENGTHS)):
         optimizer.zero_grad(set_to_none=True)

@@ -37,9 +37,17 @@ def _run_raising(monkeypatch, capsys, error: BaseException, overrides: list[str]
     (RuntimeError("[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:705"),
      "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
      "[../gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:705"),
+    # Gloo's messages for a silent peer, verbatim from torch 2.13 (the first wait, then any later one)
+    (RuntimeError("[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to "
+                  "complete"),
+     "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
+     "[../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 5000ms for recv operation to complete"),
     (RuntimeError("Application timeout caused pair closure"),
      "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
      "Application timeout caused pair closure"),
+    (dist.DistNetworkError("failed to connect to the store"),
+     "error: rank 0: communication failed (a peer died, or was silent longer than train.timeout_s=7): "
+     "failed to connect to the store"),
     (RuntimeError("shape mismatch\nmore detail"), "error: rank 0: RuntimeError: shape mismatch"),
     (KeyError("weight"), "error: rank 0: KeyError: 'weight'"),
 ])

@@ -8,6 +8,7 @@ from launcher.memory_check import (FP32, GIB, RUNTIME_BYTES_PER_PROCESS, check_m
 from models import build_model
 from pipedream.errors import ConfigError
 from pipedream.run_spec import build_run_spec
+from pipedream.specs import OptimSpec
 from tests.training_harness import compose_config
 
 GPT_1_7B = ["model.num_layers=24", "model.hidden_size=2304", "model.num_heads=24", "model.seq_len=2048",
@@ -18,14 +19,13 @@ def estimate(overrides: list[str], processes: int = 2):
     from omegaconf import OmegaConf
     cfg = compose_config(overrides)
     spec = build_run_spec(cfg, processes)
-    return estimate_memory(OmegaConf.to_container(cfg.model), OmegaConf.to_container(cfg.optim), spec,
-                           processes), cfg, spec
+    return estimate_memory(OmegaConf.to_container(cfg.model), spec, processes), cfg, spec
 
 
 def test_optimizer_states_and_weight_versions():
-    assert optimizer_states({"name": "adamw"}) == 2
-    assert optimizer_states({"name": "sgd", "momentum": 0.9}) == 1
-    assert optimizer_states({"name": "sgd", "momentum": 0.0}) == 0
+    assert optimizer_states(OptimSpec("adamw", 0.0, True, "torch", betas=(0.9, 0.95), eps=1e-8)) == 2
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.9)) == 1
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.0)) == 0
     assert weight_versions("1f1b", 4) == 1 and weight_versions("2bw", 4) == 2 and weight_versions("pipedream", 4) == 4
     assert microbatches_in_flight("gpipe", 2, 8) == 8
     assert microbatches_in_flight("1f1b", 4, 8) == (4 + 3 + 2 + 1) / 4

@@ -11,6 +11,7 @@ import yaml
 from models.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
 from pipedream.config_loading import config_dir
 from planner import cost
+from planner.collectives import ring_time
 from planner.model_specs import TransformerSpec, resnet50, spec_from_config, vgg16
 
 CONF = config_dir() / "model"
@@ -78,7 +79,7 @@ def test_cost_closed_forms():
     assert cost.bubble_fraction("gpipe", 8, 32) == pytest.approx(7 / 32)
     assert cost.bubble_fraction("interleaved", 8, 32, 4) == pytest.approx(7 / 128)
     assert cost.bubble_fraction("2bw", 8, 32) == 0 and cost.bubble_fraction("pipedream", 8, 32) == 0
-    assert cost.ring_allreduce_time(100.0, 4, 10.0) == pytest.approx(2 * 3 / 4 * 10)
+    assert ring_time(100.0, 4, 10.0) == pytest.approx(2 * 3 / 4 * 10)
     assert cost.in_flight("1f1b", 4, np.arange(4), 8).tolist() == [4, 3, 2, 1]
     assert cost.in_flight("gpipe", 4, 0, 8) == 8
     assert cost.in_flight("interleaved", 4, 0, 8, 2) * 2 == (4 - 1) * 2 + 4 + 1

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from pipedream.boundary import TupleSpec
 from pipedream.errors import ConfigError
 from pipedream.optim import build_optimizer
 from pipedream.plan_config import apply_plan
@@ -98,8 +99,8 @@ def test_layer_outputs_and_boundary_specs_are_in_the_compute_dtype():
     assert embedding.weight.dtype == torch.float32     # parameters stay fp32 (the master weights)
     spec = (torch.Size([2, 4]), torch.float32)
     assert bf16.on_wire(spec) == (torch.Size([2, 4]), torch.bfloat16)
-    assert bf16.on_wire((spec, (torch.Size([2]), torch.int64))) == ((torch.Size([2, 4]), torch.bfloat16),
-                                                                    (torch.Size([2]), torch.int64))
+    pair = TupleSpec((spec, (torch.Size([2]), torch.int64)))
+    assert bf16.on_wire(pair) == TupleSpec(((torch.Size([2, 4]), torch.bfloat16), (torch.Size([2]), torch.int64)))
     assert MixedPrecision("fp32", "cpu").on_wire(spec) == spec
     loss = bf16.fp32_loss(lambda logits, target: logits.sum())(torch.ones(2, dtype=torch.bfloat16), None)
     assert loss.dtype == torch.float32

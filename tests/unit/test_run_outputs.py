@@ -5,6 +5,7 @@ import pytest
 
 from pipedream.errors import ConfigError
 from pipedream.run_outputs import claim_run_dir
+from pipedream.run_spec import build_run_spec
 from tests.training_harness import compose_config
 
 
@@ -17,7 +18,7 @@ def old_run(run_dir):
 
 
 def claim(run_dir, *overrides):
-    claim_run_dir(compose_config([f"train.run_dir={run_dir}", *overrides]), run_dir)
+    claim_run_dir(build_run_spec(compose_config([f"train.run_dir={run_dir}", *overrides])), run_dir)
 
 
 def test_fresh_or_empty_directory_is_fine(tmp_path):
