@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import resource
 import statistics
 import sys
 import tempfile
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from bench_load import cpu_busy_jiffies, other_load  # noqa: E402
 from bench_runtime_report import machine, replace_section  # noqa: E402
 from tests.training_harness import train_rank  # noqa: E402
 from tests.workers import run_workers  # noqa: E402
@@ -41,10 +43,14 @@ RUN = ["parallel.pp=2", "schedule=1f1b", "train.global_batch_size=16", "train.mi
 
 def one_run(precision: str, model: list[str], steps: int, run_dir: Path) -> dict[str, Any]:
     overrides = model + RUN + [f"train.steps={steps}", f"precision={precision}"]
+    jiffies, children = cpu_busy_jiffies(), resource.getrusage(resource.RUSAGE_CHILDREN)
     per_rank = run_workers(train_rank, 2, [(overrides, str(run_dir))], timeout=900)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own_cpu_s = after.ru_utime + after.ru_stime - children.ru_utime - children.ru_stime   # both ranks'
+    load = other_load(jiffies, cpu_busy_jiffies(), own_cpu_s)
     summary = per_rank[0][0]["summary"]
     ranks = summary["ranks"]
-    return {"step_time_s": summary["median_step_time_s"],
+    return {"step_time_s": summary["median_step_time_s"], "other_load": load if load is not None else float("nan"),
             "peak_rss_bytes": [r["peak_memory_bytes"].get("rss", 0) for r in ranks],
             "stash_bytes_per_microbatch": [sum(r["stash_bytes_per_microbatch"].values()) for r in ranks],
             "p2p_bytes_sent_per_step": [r["comm"]["bytes_sent_per_step"] for r in ranks]}
@@ -63,6 +69,7 @@ def measure(model: list[str], steps: int, rounds: int) -> dict[str, Any]:
             **{precision: {"step_time_s": statistics.median(r["step_time_s"] for r in results),
                         "step_time_range_s": [min(r["step_time_s"] for r in results),
                                               max(r["step_time_s"] for r in results)],
+                        "other_load": [r["other_load"] for r in results],
                         "peak_rss_bytes": [statistics.median(r["peak_rss_bytes"][k] for r in results) for k in (0, 1)],
                         "stash_bytes_per_microbatch": results[0]["stash_bytes_per_microbatch"],
                         "p2p_bytes_sent_per_step": results[0]["p2p_bytes_sent_per_step"]}
@@ -84,7 +91,8 @@ def markdown(data: dict[str, Any]) -> str:
     lines = ["## Mixed precision: bf16 vs fp32 (CPU)", "",
              f"Written by `scripts/bench_precision.py` on {data['date']} ({data['machine']['cpu']}, "
              f"{data['machine']['cores']} cores, torch {data['machine']['torch']}); the machine was shared with other "
-             f"work while it ran, so step times are indicative. GPT, {data['model']}; 2 stages (1f1b, Gloo), global "
+             f"work while it ran (other processes' share of the CPU during the runs: {loads}), so step "
+             f"times are indicative. GPT, {data['model']}; 2 stages (1f1b, Gloo), global "
              f"batch 16 in micro-batches of 2, AdamW, {data['steps']} steps, median over {data['rounds']} runs each.",
              "", "| | fp32 | bf16 | bf16 / fp32 |", "|---|---|---|---|"]
 
@@ -92,6 +100,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {label} | {fmt.format(a / unit)} | {fmt.format(b / unit)} | {b / a:.2f} |")
 
     ratio = data["results"]["paired_step_time_ratio"]
+    loads = "; ".join(f"{name} runs " + ", ".join(f"{100 * v:.0f}%" for v in runs["other_load"])
+                      for name, runs in (("fp32", fp32), ("bf16", bf16)))
     lines.append(f"| median step time (ms; min-max over runs) | {fp32['step_time_s'] * 1e3:.0f} "
                  f"({fp32['step_time_range_s'][0] * 1e3:.0f}-{fp32['step_time_range_s'][1] * 1e3:.0f}) | "
                  f"{bf16['step_time_s'] * 1e3:.0f} ({bf16['step_time_range_s'][0] * 1e3:.0f}-"
