@@ -88,6 +88,8 @@ def bf16_flags() -> list[str]:
 def markdown(data: dict[str, Any]) -> str:
     fp32, bf16 = data["results"]["fp32"], data["results"]["bf16"]
     mib = 1024 ** 2
+    loads = "; ".join(f"{name} runs " + ", ".join(f"{100 * v:.0f}%" for v in runs["other_load"])
+                      for name, runs in (("fp32", fp32), ("bf16", bf16)))
     lines = ["## Mixed precision: bf16 vs fp32 (CPU)", "",
              f"Written by `scripts/bench_precision.py` on {data['date']} ({data['machine']['cpu']}, "
              f"{data['machine']['cores']} cores, torch {data['machine']['torch']}); the machine was shared with other "
@@ -100,8 +102,6 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {label} | {fmt.format(a / unit)} | {fmt.format(b / unit)} | {b / a:.2f} |")
 
     ratio = data["results"]["paired_step_time_ratio"]
-    loads = "; ".join(f"{name} runs " + ", ".join(f"{100 * v:.0f}%" for v in runs["other_load"])
-                      for name, runs in (("fp32", fp32), ("bf16", bf16)))
     lines.append(f"| median step time (ms; min-max over runs) | {fp32['step_time_s'] * 1e3:.0f} "
                  f"({fp32['step_time_range_s'][0] * 1e3:.0f}-{fp32['step_time_range_s'][1] * 1e3:.0f}) | "
                  f"{bf16['step_time_s'] * 1e3:.0f} ({bf16['step_time_range_s'][0] * 1e3:.0f}-"
@@ -137,9 +137,10 @@ def main() -> None:
             "model": "4 blocks, hidden 256, 4 heads, sequence 64" if not args.quick else "quick",
             "results": measure(model, steps, rounds)}
     out = args.out_dir or (None if args.quick else ROOT / "docs")
+    if out is not None:   # the measurements first: they survive a failure below
+        (out / "bench_precision.json").write_text(json.dumps(data, indent=1) + "\n")
     print(markdown(data))
     if out is not None:
-        (out / "bench_precision.json").write_text(json.dumps(data, indent=1) + "\n")
         replace_section(out / "benchmarks.md", "bench_precision", markdown(data))
 
 
