@@ -285,6 +285,7 @@ class RunCheckpoints:
         path, step = load_verified(found, self.module, self.engine.optimizer, self.engine.scheduler,
                                    self.layout_key, self.rank, self.engine.tp)
         self.engine.resume_at(step)
+        _restore_loss_scaler(self.engine, path)
         if self.rank == 0:
             print(f"resume: continuing after step {step} from {path}", flush=True)
         return step
@@ -299,11 +300,29 @@ class RunCheckpoints:
             return self.saved[1]
         self.engine.drain()  # asynchronous schedules: nothing in flight, weights well defined
         path = save_checkpoint(self.root, steps_done, self.module, self.engine.optimizer, self.layout_key,
-                               {**self.extra, "step": steps_done}, self.rank, self.keep, self.engine.tp)
+                               {**self.extra, "step": steps_done, **_loss_scaler_state(self.engine)}, self.rank,
+                               self.keep, self.engine.tp)
         if self.rank == 0:
             print(f"checkpoint: saved {path}", flush=True)
         self.saved = (steps_done, path)
         return path
+
+
+def _loss_scaler_state(engine: Any) -> dict[str, Any]:
+    """fp16: the scale every rank agrees on, stored once in extra.json (it loads into any layout)."""
+    scaler = engine.parts.scaler
+    return {"loss_scaler": scaler.state_dict()} if scaler is not None else {}
+
+
+def _restore_loss_scaler(engine: Any, path: Path) -> None:
+    scaler = engine.parts.scaler
+    if scaler is None:
+        return
+    state = json.loads((path / "extra.json").read_text()).get("loss_scaler")
+    if state is None:
+        raise CheckpointError(f"{path} was saved without fp16 loss scaling (precision was not fp16): resume it with "
+                              f"its own precision, or start a new run")
+    scaler.load_state_dict(state)
 
 
 def _global_layers(engine: Any) -> dict[int, nn.Module]:

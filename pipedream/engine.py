@@ -10,10 +10,13 @@ from torch import nn
 
 from models.spec import LayerModel, PipelineSequential
 
+from .apex_support import use_apex_layer_norm
 from .comm import PipeComm
 from .executor import Batch, Executor
 from .grad_accumulation import fuse_grad_accumulation
 from .groups import ProcessGroups, layer_owner
+from .loss_scaler import LossScaler
+from .precision import MixedPrecision
 from .optim import GradientSync, TiedCopy, build_optimizer, build_scheduler
 from .run_spec import RunSpec
 from .async_runner import AsyncRunner
@@ -48,10 +51,15 @@ class PipelineEngine:
         built = model.build(my_layers)
         for module in built.values():
             module.to(device)
+        precision = MixedPrecision(spec.precision.name, device.type)
+        precision.apply(list(built.values()))
+        if optim.impl == "apex":
+            for module in built.values():
+                use_apex_layer_norm(module)
         chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
-                           model.loss_fn, recompute=spec.recompute)
+                           precision.fp32_loss(model.loss_fn), recompute=spec.recompute, autocast=precision.autocast)
         if train.fuse_grad_accumulation:
             for chunk in chunks:
                 fuse_grad_accumulation(chunk, self.stage.weight_grads)
@@ -72,12 +80,15 @@ class PipelineEngine:
         self.boundaries = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
         self.comm = None
         parts = RankParts(spec, train, self.stage, self.params, None, self.optimizer, self.scheduler, self.gradients,
-                          self.topology, schedule_rank, self.coords.pp, device, recorder=recorder)
+                          self.topology, schedule_rank, self.coords.pp, device, recorder=recorder,
+                          scaler=LossScaler(spec.precision.loss_scale, device) if spec.precision.loss_scale else None)
         if layout.pp > 1:
             shape_of = parts.shapes.of
             self.comm = PipeComm(layout, rank, device, timeout, groups.p2p,
-                                 input_spec=lambda mb, c: self.boundaries.stage_input(shape_of(mb), self.virtual_stages[c]),
-                                 output_spec=lambda mb, c: self.boundaries.stage_output(shape_of(mb), self.virtual_stages[c]),
+                                 input_spec=lambda mb, c: precision.on_wire(
+                                     self.boundaries.stage_input(shape_of(mb), self.virtual_stages[c])),
+                                 output_spec=lambda mb, c: precision.on_wire(
+                                     self.boundaries.stage_output(shape_of(mb), self.virtual_stages[c])),
                                  tp=tp, scatter_gather=spec.scatter_gather)
             self.comm.connect()
             parts.comm = self.comm

@@ -26,6 +26,11 @@ def parameter_groups(params: list[nn.Parameter], weight_decay: float) -> list[di
 
 def build_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
     groups = parameter_groups(params, optim.weight_decay)
+    if optim.impl == "apex":   # NVIDIA apex's fused kernels (checked before launch: apex_support.check_apex)
+        from .apex_support import apex_optimizer
+        options = dict(betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps)) if optim.name == "adamw" \
+            else dict(momentum=float(optim.momentum))
+        return apex_optimizer(optim.name, groups, lr=lr, **options)
     if optim.name == "adamw":
         return _with_fused_kernel(torch.optim.AdamW, optim.fused, groups, lr=lr,
                                   betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps))

@@ -79,9 +79,10 @@ def measure_matmul_flops(device: torch.device, n: int = 1024, seconds: float = 0
     return best
 
 
-def _sheet_peak(device: torch.device) -> PeakFlops | None:
+def _sheet_peak(device: torch.device, compute: str = "fp32") -> PeakFlops | None:
+    """``compute``: the run's precision; bf16/fp16 take the sheet's tensor-core peak."""
     name = torch.cuda.get_device_name(device).lower()
-    precision = "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
+    precision = compute if compute in ("bf16", "fp16") else "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
     for pattern, sheet in _CUDA_SHEETS:
         if pattern in name and sheet in DEVICES:
             return PeakFlops(DEVICES[sheet].flops(precision), f"sheet:{sheet}", name, precision)
@@ -107,11 +108,12 @@ def _write_cache(path: Path, key: str, flops: float) -> None:
 
 
 def peak_flops(device: torch.device, threads: int | None = None, path: Path | None = None,
-               measure=measure_matmul_flops) -> PeakFlops:
-    """The device's peak: sheet (known GPU), else cache, else measured now and cached."""
+               measure=measure_matmul_flops, precision: str = "fp32") -> PeakFlops:
+    """The device's peak: sheet (known GPU, at the run's ``precision``), else cache, else measured
+    (an fp32 GEMM) now and cached."""
     threads = threads or torch.get_num_threads()
     if device.type == "cuda":
-        sheet = _sheet_peak(device)
+        sheet = _sheet_peak(device, precision)
         if sheet is not None:
             return sheet
     key = device_key(device, threads)

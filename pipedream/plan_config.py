@@ -6,6 +6,7 @@ from typing import Any
 
 from omegaconf import OmegaConf, open_dict
 
+from .config_loading import config_dir
 from .errors import ConfigError
 from .plan_file import PlanError, load_plan
 from .plugin_config import layer_count
@@ -41,7 +42,18 @@ def apply_plan(cfg: Any) -> Any:
         planned.train.global_batch_size = plan.batch.global_batch
         planned.train.micro_batch_size = plan.batch.micro
         planned.recompute.granularity = plan.recompute
+        if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
+            planned.precision = _precision_group(plan.precision, str(path))
     return planned
+
+
+def _precision_group(name: str, path: str) -> Any:
+    """The plan's precision, with that option's settings from conf/precision/ (e.g. fp16's scaler)."""
+    option = config_dir() / "precision" / f"{name}.yaml"
+    if not option.is_file():
+        raise ConfigError(f"plan {path} was made for precision {name}, which training does not run: re-plan with "
+                          f"planner.precision=bf16, fp16 or fp32")
+    return OmegaConf.load(option)
 
 
 def check_plan_world_size(cfg: Any, world_size: int) -> None:

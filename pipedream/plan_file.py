@@ -85,6 +85,7 @@ class Plan:
     alternatives: tuple[dict[str, Any], ...] = ()
     planner: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
+    precision: str | None = None   # what the memory and time were predicted for; None in older plans
 
     @property
     def world_size(self) -> int:
@@ -106,6 +107,7 @@ class Plan:
             "batch": {"global": self.batch.global_batch, "micro": self.batch.micro,
                       "num_microbatches": self.batch.num_microbatches},
             "recompute": self.recompute,
+            "precision": self.precision,
             "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
                        for st in self.stages],
             "predicted": vars(self.predicted),
@@ -155,7 +157,8 @@ def plan_from_json(data: Any) -> Plan:
     pred = data.get("predicted") or {}
     predicted = Predicted(**{k: float(pred.get(k, 0.0)) for k in Predicted.__dataclass_fields__})
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
-                tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version)
+                tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
+                data.get("precision"))
     _validate(plan)
     return plan
 

@@ -14,7 +14,9 @@ from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_laye
 from models.vision_facts import VISION_MODELS, fewest_normalised_values
 
 from .errors import ConfigError
+from .apex_support import check_apex
 from .layout import ParallelLayout, split_layers
+from .precision_spec import PrecisionSpec
 from .plugin_config import plugin_target
 from .schedules import (ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
                         schedule_placement)
@@ -41,6 +43,7 @@ class RunSpec:
     scatter_gather: bool       # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
     device: str                # cluster.device: cpu | cuda | auto
     plan: str | None           # parallel.plan, the plan file the layout came from
+    precision: PrecisionSpec   # precision=fp32|bf16|fp16 (pipedream/precision.py)
     train: TrainSpec
     optim: OptimSpec
     loop: LoopSpec
@@ -224,6 +227,9 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
             build_schedule(schedule, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
+    precision = PrecisionSpec.from_config(cfg, schedule, schedule in ASYNC_SCHEDULES)
+    device = str(Section(cfg, "cluster").raw("device"))
+    check_apex(optim.impl, device)
     if schedule in ASYNC_SCHEDULES and plugin_model is not None:
         _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:
@@ -232,6 +238,6 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
                    recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
                    scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
-                   device=str(Section(cfg, "cluster").raw("device")), plan=Section(cfg, "parallel").optional_text("plan"),
+                   device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg))

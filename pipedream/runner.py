@@ -8,6 +8,7 @@ the weight versions it held.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from .boundary import to_device
 from .comm import PipeComm
 from .executor import Batch, Executor, Recorder
 from .layout import ParallelLayout
+from .loss_scaler import LossScaler
 from .optim import GradientSync, NonFiniteError
 from .run_spec import RunSpec
 from .schedules import build_schedule
@@ -53,13 +55,15 @@ class RankParts:
     device: torch.device
     shapes: InputShapes = field(default_factory=InputShapes)
     recorder: Recorder | None = None
+    scaler: LossScaler | None = None   # precision=fp16 (flush schedules only)
 
     def make_executor(self, update: Any, sends_before_sync: bool) -> Executor:
         """The runner's executor; ``update`` is called at every STEP action."""
         return Executor(self.stage, self.comm, self.gradients.sync, update, sends_before_sync=sends_before_sync,
                         weight_grads_after_send=self.train.weight_grads_after_send,
                         weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder,
-                        handover=local_handovers(self.spec.layout, self.pp_rank))
+                        handover=local_handovers(self.spec.layout, self.pp_rank),
+                        clock=getattr(self.recorder, "clock", time.perf_counter))
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
@@ -130,7 +134,8 @@ class FlushRunner:
         lr = parts.lr()
         parts.shapes.current = input_shapes(batches)
         parts.optimizer.zero_grad(set_to_none=True)
-        result = self.executor.run(self.actions, parts.to_device(batches), loss_scale=1.0 / parts.spec.microbatches)
+        scale = parts.scaler.scale if parts.scaler is not None else 1.0   # fp16: the loss scale
+        result = self.executor.run(self.actions, parts.to_device(batches), loss_scale=scale / parts.spec.microbatches)
         loss_sum, count = parts.global_sums(result.loss_sum, float(result.loss_count))
         loss = loss_sum / count
         if not math.isfinite(loss):
@@ -150,7 +155,15 @@ class FlushRunner:
         # stops the run, one step later, through the loss.
         parts = self.parts
         self._norm = math.nan
-        if parts.train.grad_clip > 0 or self._norm_wanted:
+        # fp16: unscale first (clipping sees true gradients); an overflow on any rank skips the step
+        # on every rank (loss_scaler.py), and its norm is not taken
+        overflow = parts.scaler is not None and parts.scaler.unscale(parts.optimizer)
+        if overflow:
+            self._norm = math.inf
+        elif parts.train.grad_clip > 0 or self._norm_wanted:
             self._norm = parts.gradients.clip(parts.train.grad_clip)
-        parts.optimizer.step()
+        if parts.scaler is not None:
+            parts.scaler.step(parts.optimizer, overflow)
+        else:
+            parts.optimizer.step()
         parts.scheduler.step()

@@ -126,6 +126,7 @@ class OptimSpec:
     name: str                      # adamw | sgd
     weight_decay: float            # matrices only
     fused: bool                    # torch's fused kernel where the device has one
+    impl: str                      # torch | apex (pipedream/apex_support.py)
     # None where the optimizer has no such option (betas/eps: adamw; momentum: sgd)
     betas: tuple[float, float] | None = None
     eps: float | None = None
@@ -137,7 +138,10 @@ class OptimSpec:
         name = optim.raw("name")
         if name not in choices:
             raise ConfigError(f"optim={name!r} is unknown: choose one of {', '.join(choices)}")
-        common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"))
+        impl = optim.raw("impl")
+        if impl not in ("torch", "apex"):
+            raise ConfigError(f"optim.impl={impl!r} is unknown: choose torch or apex")
+        common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"), impl=impl)
         if name == "adamw":
             betas = optim.raw("betas")
             if isinstance(betas, (str, int, float)) or len(betas) != 2:

@@ -2,7 +2,7 @@
 micro-batch keeps between its forward and its backward."""
 from __future__ import annotations
 
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -75,8 +75,10 @@ class Stage:
     """
 
     def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], recompute: bool = False):
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], recompute: bool = False,
+                 autocast: Callable[[], AbstractContextManager] = nullcontext):
         self.chunks = chunks
+        self.autocast = autocast   # mixed precision: the context every chunk forward runs in
         self.is_first = is_first
         self.is_last = is_last
         self.loss_fn = loss_fn
@@ -122,9 +124,10 @@ class Stage:
         return loss.detach() if self.is_last[chunk] else boundary.detach(outputs)
 
     def _run_chunk(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
-        if weights is None:
-            return self.chunks[chunk](inputs)
-        return functional_call(self.chunks[chunk], weights, (inputs,))
+        with self.autocast():
+            if weights is None:
+                return self.chunks[chunk](inputs)
+            return functional_call(self.chunks[chunk], weights, (inputs,))
 
     def backward(self, microbatch: int, chunk: int, grad_output: Boundary | None = None,
                  defer_weight_grads: bool = False, split: bool = False) -> Boundary | None:
@@ -155,7 +158,8 @@ class Stage:
     def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:
         """Evaluation: no graph, nothing stashed."""
         with torch.no_grad():
-            outputs = self.chunks[chunk](inputs)
+            with self.autocast():
+                outputs = self.chunks[chunk](inputs)
             return self.loss_fn(outputs, target) if self.is_last[chunk] else outputs
 
 

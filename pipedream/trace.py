@@ -99,6 +99,8 @@ class TraceRecorder:
     def begin_step(self, step: int, traced: bool, barrier: Callable[[], None] | None = None) -> None:
         """``traced``: keep this iteration's events; ``barrier`` aligns the ranks' origins first."""
         self._in_step = True
+        if hasattr(self.clock, "exact"):   # a DeviceClock: device-synchronised times while traced
+            self.clock.exact = traced
         if traced:
             if barrier is not None:
                 barrier()
@@ -126,6 +128,8 @@ class TraceRecorder:
     def end_step(self) -> None:
         end = self.clock()
         self._in_step = False
+        if hasattr(self.clock, "exact"):
+            self.clock.exact = False
         self.totals.steps += 1
         if self._raw is None:
             return

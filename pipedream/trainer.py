@@ -17,6 +17,7 @@ from models import build_model
 
 from .checkpoint import RunCheckpoints
 from .data import GlobalBatchOrder, build_datasets, microbatches
+from .device_clock import DeviceClock
 from .distributed import DistContext
 from .engine import PipelineEngine, StepResult
 from .groups import build_groups
@@ -107,7 +108,7 @@ def _comm_bytes(engine: PipelineEngine) -> tuple[int, int]:
 
 def _throughput(cfg: Any, spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops | None]:
     """Only rank 0 logs, so only rank 0 looks up (or measures once, then caches) the peak."""
-    peak = peak_flops(ctx.device, torch.get_num_threads()) if ctx.rank == 0 else None
+    peak = peak_flops(ctx.device, torch.get_num_threads(), precision=spec.precision.name) if ctx.rank == 0 else None
     flops = model_flops_per_iteration(cfg.model, spec.global_batch, spec.seq_len, spec.recompute)
     return Throughput(spec.global_batch, spec.seq_len or 1, flops, ctx.world_size, peak.flops if peak else 0.0), peak
 
@@ -162,6 +163,9 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
             progress.update(1)
             record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                       "step_time_s": elapsed, **throughput.of(elapsed)}
+            scaler = loop.engine.parts.scaler
+            if scaler is not None:   # fp16: the scale after this step and the steps skipped so far
+                record.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped_steps)
             if evaluating:
                 record["val_loss"] = loop.evaluate()
             if writer and logged:
@@ -180,7 +184,7 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     """Trains on this rank. ``cfg`` supplies the model and data sections (read by ``models`` and
     ``data``) and the record of the run; every other setting comes from ``spec``."""
     check_tensorboard(spec.loop.tensorboard)
-    recorder = TraceRecorder()
+    recorder = TraceRecorder(DeviceClock(ctx.device))   # the executor times its actions with it too
     engine = _build_engine(cfg, spec, ctx, recorder)
     loop = Loop(engine, ShardedData(cfg, spec, engine.coords.dp), recorder)
     run_dir = agree_on_run_dir(spec, ctx)
@@ -254,6 +258,7 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
     return {
         "steps": spec.train.steps,
         "schedule": spec.schedule,
+        "precision": spec.precision.name,
         "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp},
         "batch": {"global": spec.global_batch, "micro": spec.micro_batch, "num_microbatches": spec.microbatches},
         "stages": [list(b) for b in spec.bounds],

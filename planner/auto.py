@@ -123,6 +123,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         parallel=Parallel(best.pp, best.tp, best.dp, best.vpp), schedule=best.schedule,
         batch=Batch(best.global_batch, best.micro, best.num_microbatches),
         recompute="full" if best.recompute else "none", stages=tuple(_stages(best)), predicted=_predicted(best),
+        precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
                  "breakdown_s": best.breakdown, "simulator": sim.to_json(), "notes": notes,

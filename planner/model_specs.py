@@ -18,7 +18,29 @@ from models.vision_facts import VISION_MODELS, VisionLayer, vision_layers
 from .errors import PlannerError
 
 PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
-OPTIMIZER_BYTES_PER_PARAM = {"fp32": 8, "mixed": 12}  # Adam m, v (+ fp32 master copy when mixed)
+
+
+@dataclass(frozen=True)
+class ParameterBytes:
+    """Bytes per parameter at a precision, as the planner's memory model counts them: Megatron's
+    mixed-precision scheme (ZeRO's accounting, Rajbhandari et al. 2020), which the paper presets
+    were calibrated with. The runtime's scheme (autocast over fp32 parameters) holds 18 in total
+    and keeps weight versions in fp32 (docs/design.md, Mixed precision)."""
+
+    weights: float        # per weight version, in the compute dtype
+    gradients: float      # as large as the weights
+    master: float         # fp32 master copy (mixed precision only)
+    optimizer: float      # Adam's m and v, fp32
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.master + self.optimizer
+
+
+def parameter_bytes(precision: str) -> ParameterBytes:
+    """fp32: 4 + 4 + 0 + 8; bf16/fp16: 2 + 2 + 4 + 8; 16 bytes per parameter either way."""
+    e = float(PRECISION_BYTES[precision])
+    return ParameterBytes(weights=e, gradients=e, master=4.0 if e < 4 else 0.0, optimizer=8.0)
 
 
 @dataclass(frozen=True)

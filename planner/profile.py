@@ -36,7 +36,7 @@ import numpy as np
 from pipedream.devices import DeviceSheet
 
 from .errors import ProfileError
-from .model_specs import OPTIMIZER_BYTES_PER_PARAM, PRECISION_BYTES, ModelSpec
+from .model_specs import ModelSpec, parameter_bytes
 
 SCHEMA = "pipedream-profile/1"
 ANALYTIC_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 1024, 2048)
@@ -174,8 +174,10 @@ def analytic_profile(spec: ModelSpec, device: DeviceSheet, tp: int = 1,
     extrapolation from per-block costs); backward = 2x forward (ch. 4.5.1)."""
     layers = spec.layer_specs(tp)
     peak = device.flops(spec.precision)
-    e = PRECISION_BYTES[spec.precision]
-    opt = OPTIMIZER_BYTES_PER_PARAM["fp32" if e == 4 else "mixed"]  # ZeRO (Rajbhandari et al. 2020): 16 B/param mixed
+    # the cost model counts weights x (versions + 1) (the +1: the gradients, as large as the
+    # weights) plus optimizer_bytes: the master copy and the optimizer state
+    per_param = parameter_bytes(spec.precision)
+    weight_bytes, opt = per_param.weights, per_param.master + per_param.optimizer
     bs = np.asarray(micro_batch_sizes, dtype=float)
     out = []
     for layer in layers:
@@ -186,7 +188,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSheet, tp: int = 1,
         fwd = compute + memory
         out.append(LayerProfile(
             layer.name, layer.kind, tuple(fwd.tolist()), tuple((2 * fwd).tolist()), layer.output_bytes,
-            layer.parameters * e, layer.parameters * opt, layer.activation_bytes,
+            layer.parameters * weight_bytes, layer.parameters * opt, layer.activation_bytes,
             layer.activation_bytes_recompute, layer.forward_flops, layer.tp_forward_bytes,
             layer.tp_backward_bytes, layer.recomputable))
     return Profile(spec.name, device.name, "analytic", spec.precision, tp, tuple(micro_batch_sizes), tuple(out),

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import copy
 import math
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -32,6 +33,7 @@ from torch import nn
 from models import build_model
 from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
 from pipedream.optim import build_optimizer, warmup_cosine
+from pipedream.precision import MixedPrecision
 from pipedream.run_spec import build_run_spec
 
 
@@ -60,6 +62,7 @@ class Reference:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     train_set: Any
     losses: dict[tuple[int, int], float] = field(default_factory=dict)   # (pipeline, micro-batch) -> loss
+    autocast: Callable[[], Any] = nullcontext   # precision=bf16: the runtime's scheme (pipedream/precision.py)
 
     def final_params(self) -> dict[str, torch.Tensor]:
         """Global layer index . parameter name -> tensor (the harness's naming)."""
@@ -76,6 +79,8 @@ def build_reference(cfg: Any) -> Reference:
     spec = build_run_spec(cfg)
     model = build_model(cfg.model, seed=int(cfg.train.seed))
     layers = model.build()
+    precision = MixedPrecision(str(cfg.precision.name), "cpu")
+    precision.apply(list(layers.values()))
     stages = []
     for start, end in spec.bounds:
         module = nn.Sequential(*(layers[i] for i in range(start, end)))
@@ -84,7 +89,7 @@ def build_reference(cfg: Any) -> Reference:
         stage.snapshot()
         stages.append(stage)
     train_set, _ = build_datasets(cfg.model, cfg.data, int(cfg.train.seed))
-    return Reference(cfg, stages, model.loss_fn, train_set)
+    return Reference(cfg, stages, precision.fp32_loss(model.loss_fn), train_set, autocast=precision.autocast)
 
 
 def step_batches(ref: Reference, step: int, pipelines: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -103,8 +108,9 @@ def run_microbatch(ref: Reference, versions: list[int], batch, scale: float) -> 
     inputs, target = batch
     modules = [stage.load(v) for stage, v in zip(ref.stages, versions)]
     x = inputs
-    for module in modules:
-        x = module(x)
+    with ref.autocast():
+        for module in modules:
+            x = module(x)
     loss = ref.loss_fn(x, target)
     (loss * scale).backward()
     grads = [[p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in m.parameters()]

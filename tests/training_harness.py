@@ -51,7 +51,9 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
     if rank == 0:
         metrics = Path(run_dir) / "metrics.jsonl"
         losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
-    return {"params": params, "losses": losses, "summary": outcome.summary if rank == 0 else None}
+    scaler = engine.parts.scaler
+    return {"params": params, "losses": losses, "summary": outcome.summary if rank == 0 else None,
+            "loss_scaler": scaler.state_dict() if scaler is not None else None}
 
 
 def reference_training(overrides: list[str]) -> dict[str, Any]:
@@ -59,6 +61,7 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
     from models import build_model
     from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
     from pipedream.optim import build_optimizer, build_scheduler
+    from pipedream.precision import MixedPrecision
     from pipedream.run_spec import OPTIMIZERS
     from pipedream.specs import OptimSpec, TrainSpec
 
@@ -66,6 +69,14 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
     seed = int(cfg.train.seed)
     model = build_model(cfg.model, seed=seed)
     network = model.build_sequential()
+    precision = MixedPrecision(str(cfg.precision.name), "cpu")   # the runtime's scheme, in one process
+    precision.apply(list(network))
+    loss_fn = precision.fp32_loss(model.loss_fn)
+    scaler = None
+    if cfg.precision.name == "fp16":
+        p = cfg.precision
+        scaler = torch.amp.GradScaler("cpu", init_scale=p.initial_scale, growth_factor=p.growth_factor,
+                                      backoff_factor=p.backoff_factor, growth_interval=p.growth_interval)
     train_set, _ = build_datasets(cfg.model, cfg.data, seed)
     batch, micro = int(cfg.train.global_batch_size), int(cfg.train.micro_batch_size)
     order = GlobalBatchOrder(len(train_set), batch, seed)
@@ -78,12 +89,21 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
         parts = microbatches(train_set, order.indices(step), micro)
         total = 0.0
         for inputs, targets in parts:
-            loss = model.loss_fn(network(inputs), targets)
-            (loss / len(parts)).backward()
+            with precision.autocast():
+                outputs = network(inputs)
+            loss = loss_fn(outputs, targets)
+            scaled = loss / len(parts)   # m and the loss scale are powers of two: exact in any order
+            (scaler.scale(scaled) if scaler is not None else scaled).backward()
             total += float(loss.detach())
+        if scaler is not None:
+            scaler.unscale_(optimizer)
         if float(cfg.train.grad_clip) > 0:
             torch.nn.utils.clip_grad_norm_(network.parameters(), float(cfg.train.grad_clip))
-        optimizer.step()
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
         scheduler.step()
         losses.append(total / len(parts))
     params = {name: p.detach().clone() for name, p in network.named_parameters(remove_duplicate=False)}

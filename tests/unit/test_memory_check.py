@@ -23,9 +23,9 @@ def estimate(overrides: list[str], processes: int = 2):
 
 
 def test_optimizer_states_and_weight_versions():
-    assert optimizer_states(OptimSpec("adamw", 0.0, True, betas=(0.9, 0.95), eps=1e-8)) == 2
-    assert optimizer_states(OptimSpec("sgd", 0.0, True, momentum=0.9)) == 1
-    assert optimizer_states(OptimSpec("sgd", 0.0, True, momentum=0.0)) == 0
+    assert optimizer_states(OptimSpec("adamw", 0.0, True, "torch", betas=(0.9, 0.95), eps=1e-8)) == 2
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.9)) == 1
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.0)) == 0
     assert weight_versions("1f1b", 4) == 1 and weight_versions("2bw", 4) == 2 and weight_versions("pipedream", 4) == 4
     assert microbatches_in_flight("gpipe", 2, 8) == 8
     assert microbatches_in_flight("1f1b", 4, 8) == (4 + 3 + 2 + 1) / 4
