@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
             return 0
         launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
         hosts_rendezvous = launching and plan.nnodes > 1 and int(cfg.launcher.node_rank) == 0
-        for warning in check_before_launch(cfg, spec, run_dir, hosts_rendezvous):
+        for warning in check_before_launch(cfg, spec, run_dir, launching, hosts_rendezvous):
             print(warning, file=sys.stderr)
         if launching and bool(cfg.launcher.check_memory):
             note = check_memory(label, cfg, spec, plan.nproc_per_node)

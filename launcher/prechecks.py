@@ -38,10 +38,14 @@ def check_launch_keys(cfg: Any) -> None:
     launcher.flag("check_memory")
 
 
-def check_device_and_packages(cfg: Any) -> None:
+def check_device_and_packages(cfg: Any, runs_here: bool) -> None:
+    """The device name always; whether this machine has that device and the optional packages only
+    when the job runs here (a dry run may print the commands of GPU nodes on a login node)."""
     device = Section(cfg, "cluster").raw("device")
     if device not in DEVICES:
         raise ConfigError(f"cluster.device={device!r} is not supported: choose one of {', '.join(DEVICES)}")
+    if not runs_here:
+        return
     if device == "cuda":
         import torch  # only here: the other checks stay fast
         if not torch.cuda.is_available():
@@ -114,11 +118,11 @@ def check_rendezvous_port(cfg: Any) -> None:
                               f"rendezvous there: {error.strerror}): choose a free port, or stop what holds it") from None
 
 
-def check_before_launch(cfg: Any, spec: Any, run_dir: str, hosts_rendezvous: bool) -> list[str]:
+def check_before_launch(cfg: Any, spec: Any, run_dir: str, launching: bool, hosts_rendezvous: bool) -> list[str]:
     """Every check above that applies; returns warnings (one line each)."""
     from pipedream.data_checks import check_data
 
-    check_device_and_packages(cfg)
+    check_device_and_packages(cfg, launching)
     check_outputs(cfg, run_dir)
     check_resume(cfg, spec, run_dir)
     if hosts_rendezvous:

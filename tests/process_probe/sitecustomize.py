@@ -3,7 +3,7 @@
 PROBE_LOG: each process appends its command line, so a test can tell whether torchrun or a rank ever
 started. PROBE_FAULT=<rank|all>:<kind>:<seconds>: a training rank (RANK) injects a fault that long
 after start: ``sigkill`` (what the kernel's out-of-memory killer does) or ``raise`` (an error of its
-own on the main thread, through SIGUSR1)."""
+own on the main thread, through SIGUSR2: SIGUSR1 is the preemption signal)."""
 import os
 import sys
 
@@ -20,7 +20,7 @@ def _inject(rank: str, kind: str, delay: float) -> None:
     import threading
 
     def arm(seconds: float) -> None:
-        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGUSR1))
+        timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGKILL if kind == "sigkill" else signal.SIGUSR2))
         timer.daemon = True
         timer.start()
 
@@ -32,7 +32,7 @@ def _inject(rank: str, kind: str, delay: float) -> None:
                 return
             from pipedream.errors import DataError
             raise DataError(f"injected fault on rank {rank}: the batch is malformed")
-        signal.signal(signal.SIGUSR1, fail)
+        signal.signal(signal.SIGUSR2, fail)
     arm(delay)
 
 
