@@ -190,6 +190,7 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
              "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
     if tp is not None and tp.size > 1:
         state = _dense_state(state, module, tp)
+    state["optim"] = _with_tied_aliases(state["optim"], module)
     dcp.save(state, checkpoint_id=str(partial))
     # RNG streams are per rank and only meaningful for the same layout: kept beside DCP's files
     torch.save({"layout": layout_key, "rng": rng_state()}, partial / f"rank{rank}.pt")
@@ -202,6 +203,25 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
         prune(root, final, keep)
     dist.barrier()
     return final
+
+
+def _with_tied_aliases(optim_state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
+    """A parameter registered under several names (an embedding tied to the head, both on this rank)
+    has its optimizer state saved under its first name only; a layout that puts the two on different
+    ranks loads each name on its own, so every name gets the state. The copies on two ranks are equal
+    (their gradients are summed before each step), so one saved state serves both."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    aliases = [(group[0], other) for group in names.values() for other in group[1:]]
+    extra = {}
+    for key, value in optim_state.items():
+        for first, other in aliases:
+            for section in ("state", "param_groups"):
+                prefix = f"{section}.{first}."
+                if key.startswith(prefix):
+                    extra[f"{section}.{other}.{key.removeprefix(prefix)}"] = value
+    return {**optim_state, **extra}
 
 
 def prune(root: Path, newest: Path, keep: int) -> None:

@@ -46,8 +46,9 @@ def test_resume_continues_exactly(tmp_path, layout, world):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("before,after", [(["parallel.pp=2"], ["parallel.pp=1"]),
+                                          (["parallel.pp=1", "parallel.dp=1"], ["parallel.pp=2"]),
                                           (["parallel.pp=1", "parallel.dp=1"], ["parallel.pp=1", "parallel.dp=2"])],
-                         ids=["pp2-to-pp1", "dp1-to-dp2"])
+                         ids=["pp2-to-pp1", "pp1-to-pp2", "dp1-to-dp2"])
 def test_resume_into_another_layout(tmp_path, before, after):
     world_before = 2 if "parallel.pp=2" in before else 1
     world_after = 2 if ("parallel.dp=2" in after or "parallel.pp=2" in after) else 1

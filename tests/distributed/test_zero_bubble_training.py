@@ -79,10 +79,9 @@ def test_tensor_parallel_zero_bubble_matches_dense_single_process(tmp_path):
 def test_zbv_checkpoint_resumes_into_1f1b(tmp_path):
     """A checkpoint of the V placement (rank 0 holds the first and the last layers) reshards by
     layer name into round-robin 1F1B and continues like an uninterrupted zbv run."""
-    # untied: a tied pair held by one rank (zbv's rank 0, or pp = 1) is one Parameter whose optimizer
-    # state is saved under the embedding's name only, which a rank holding just the head cannot load
+    # tied: zbv's rank 0 holds the embedding and the head as one Parameter; 1f1b splits them
     base = TINY_GPT + ["optim=sgd", "train.lr=0.05", "train.steps=4", "checkpoint.every=2", "parallel.pp=2",
-                       "model.tie_embeddings=false"]
+                       "model.tie_embeddings=true"]
     full = run_workers(train_full, 2, base + ["schedule=zbv"], str(tmp_path / "full"))
     run_dir = tmp_path / "resharded"
     run_workers(train_interrupted, 2, base + ["schedule=zbv"], str(run_dir), 2)
