@@ -8,7 +8,6 @@ its section of docs/benchmarks.md. Run: .venv/bin/python scripts/bench_cluster.p
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -65,13 +64,9 @@ def main() -> int:
             cases.append({"policy": policy, "jobs": n, "gpus": int(p.counts.sum()), "lps": lps, **result})
             print(f"{policy:<22} {n:>5} jobs {int(p.counts.sum()):>5} GPUs: {result['median_s']:.3f} s ({lps} LPs)", flush=True)
     report = {"machine": machine(), "plans": table.plans_made, "cases": cases}
-    out = Path(args.out)
-    out.write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    from bench_runtime_report import replace_section
+    from bench_runtime_report import write_report  # scripts/ is on sys.path when run as a script
 
-    replace_section(out.parent / "benchmarks.md", "bench_cluster", markdown(report))
-    print(markdown(report))
+    write_report(Path(args.out), report, markdown(report), "bench_cluster")
     return 0
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -94,13 +93,9 @@ def main() -> int:
             **timed(lambda: make_plan(pt_inputs), max(1, args.repeats // 2))},
     }
     report = {"machine": machine(), "cases": cases}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
-    out.with_suffix(".md").write_text(markdown(report))
-    from bench_runtime_report import replace_section  # scripts/ is on sys.path when run as a script
-    replace_section(out.parent / "benchmarks.md", "bench_planner", markdown(report))
-    print(markdown(report))
+    from bench_runtime_report import write_report  # scripts/ is on sys.path when run as a script
+
+    write_report(Path(args.out), report, markdown(report), "bench_planner")
     return 0
 
 

@@ -2,6 +2,7 @@
 each file stays small). Every sentence with a number is generated from the measured JSON."""
 from __future__ import annotations
 
+import json
 import os
 import platform
 import statistics
@@ -310,3 +311,12 @@ def replace_section(path: Path, name: str, body: str) -> None:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
+
+
+def write_report(out: Path, report: dict, text: str, section: str) -> None:
+    """``out``.json (the raw numbers), ``out``.md, and this script's section of docs/benchmarks.md."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    out.with_suffix(".md").write_text(text)
+    replace_section(out.parent / "benchmarks.md", section, text)
+    print(text)
