@@ -300,14 +300,28 @@ def markdown(data: dict) -> str:
               f" Other processes used a median {(s['median_other_load'] or 0) * 100:.0f}% of the machine's CPU "
               f"during the runs: the calibration and the runs share the machine with them, so both move with its "
               f"load.", "",
-              f"What limits it: a configuration measured twice differs by up to {spread:.1f}x between rounds (the "
-              f"rounds columns), more than any error target, because the machine's other processes come and go; the calibration is a "
-              "snapshot of one such phase. The layer times are measured with every process computing all the time, "
-              "and each layer's forward and backward as a separate autograd call, while in training a process also "
-              "waits (bubble, messages) and runs a stage's layers in one backward, so the prediction leans high; the "
-              "RSS prediction misses what a training process holds beyond its model (Hydra, data, Gloo and "
-              "allocator buffers) above the calibrated base. The first choice is judged among the flush schedules."]
+              limits(data, spread)]
     return "\n".join(lines)
+
+
+def limits(data: dict, spread: float) -> str:
+    """What limits the fidelity, from the rows: the noise between rounds, which way the step
+    predictions lean and why, the worst row, and the RSS gap."""
+    errors = sorted(r["step_error"] for r in data["rows"])
+    median = errors[len(errors) // 2]
+    worst = max(data["rows"], key=lambda r: abs(r["step_error"]))
+    why = ("a step also spends time the calibrated per-layer model does not count: per-action work in "
+           "Python, waits for messages and the synchronisation at the flush" if median < 0 else
+           "the layer times are measured with every process computing all the time and each layer's forward and "
+           "backward as a separate autograd call, while in training a process also waits and runs a stage's "
+           "layers in one backward")
+    return (f"What limits it: a configuration measured twice differs by up to {spread:.1f}x between rounds (the "
+            f"rounds columns), because the machine's other processes come and go and the calibration is a snapshot "
+            f"of one such phase. The step predictions lean {'low' if median < 0 else 'high'} (median signed error "
+            f"{median * 100:+.0f}%): {why}. The worst row, {worst['name']} ({worst['step_error'] * 100:+.0f}%), "
+            f"plans from the {worst['profile']} profile. The RSS prediction misses what a training process holds "
+            f"beyond its model (Hydra, data, Gloo and allocator buffers) above the calibrated base. The first choice "
+            f"is judged among the flush schedules.")
 
 
 def main() -> int:
@@ -319,8 +333,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_planner_fidelity"))
     parser.add_argument("--out-dir", default=None, help="default docs/ (none with --quick)")
+    parser.add_argument("--report-only", metavar="JSON", help="rewrite the Markdown from a saved JSON, measure nothing")
     args = parser.parse_args()
-    data = run(args)
+    data = json.loads(Path(args.report_only).read_text()) if args.report_only else run(args)
     text = markdown(data)
     print(text)
     out = Path(args.out_dir) if args.out_dir else (None if args.quick else ROOT / "docs")
