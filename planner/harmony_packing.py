@@ -53,19 +53,29 @@ def forward_pack_bytes(layers: LayerBytes, pack: Pack, micro: int, recompute: bo
     return float(layers.weights[s:e].sum()) + micro * (float(layers.inputs[s]) + float(layers.outputs[e - 1]) + live)
 
 
-def backward_pack_bytes(layers: LayerBytes, pack: Pack, micro: int) -> float:
+def stash_per_sample(layers: LayerBytes, pack: Pack, recompute: bool) -> float:
+    """What a forward pack keeps per sample for its backward: the pack input with recomputation,
+    else every layer's activations."""
+    s, e = pack
+    return float(layers.inputs[s]) if recompute else float(layers.activations[s:e].sum())
+
+
+def backward_pack_bytes(layers: LayerBytes, pack: Pack, micro: int, stash_samples: int = 0,
+                        recompute: bool = True) -> float:
     """Device bytes of a backward task: weights and their gradients, one micro-batch's activations of
-    the whole pack (recomputed or kept), its input and the output gradient coming in."""
+    the whole pack (recomputed or kept), its input and the output gradient coming in, and the
+    stashes of ``stash_samples`` samples brought back from the forward."""
     s, e = pack
     return (2.0 * float(layers.weights[s:e].sum())
-            + micro * (float(layers.activations[s:e].sum()) + float(layers.inputs[s]) + float(layers.outputs[e - 1])))
+            + micro * (float(layers.activations[s:e].sum()) + float(layers.inputs[s]) + float(layers.outputs[e - 1]))
+            + stash_samples * stash_per_sample(layers, pack, recompute))
 
 
-def pack_bytes_fn(kind: str, layers: LayerBytes, micro: int, recompute: bool):
+def pack_bytes_fn(kind: str, layers: LayerBytes, micro: int, recompute: bool, stash_samples: int = 0):
     if kind == "F":
         return lambda pack: forward_pack_bytes(layers, pack, micro, recompute)
     if kind == "B":
-        return lambda pack: backward_pack_bytes(layers, pack, micro)
+        return lambda pack: backward_pack_bytes(layers, pack, micro, stash_samples, recompute)
     raise ValueError(f"pack kind {kind!r}: F or B")
 
 
@@ -105,13 +115,14 @@ def balanced_time_packing(times: np.ndarray, pack_bytes, budget: float) -> list[
 
 
 def pack_layers(kind: str, times: np.ndarray, layers: LayerBytes, micro: int, budget: float, recompute: bool,
-                first: int = 0, last: int | None = None) -> list[Pack] | None:
+                first: int = 0, last: int | None = None, stash_samples: int = 0) -> list[Pack] | None:
     """Algorithm 2 over layers [first, last) for forward (``F``) or backward (``B``) tasks of
-    ``micro`` samples; packs are in the model's layer numbering."""
+    ``micro`` samples (a backward holding ``stash_samples`` samples' stashes); packs are in the
+    model's layer numbering."""
     last = layers.num_layers if last is None else last
     if last <= first:
         return []
-    fn = pack_bytes_fn(kind, layers, micro, recompute)
+    fn = pack_bytes_fn(kind, layers, micro, recompute, stash_samples)
     shifted = lambda pack: fn((pack[0] + first, pack[1] + first))  # noqa: E731 - local adapter
     packs = balanced_time_packing(np.asarray(times[first:last], dtype=float), shifted, budget)
     return None if packs is None else [(s + first, e + first) for s, e in packs]

@@ -3,9 +3,10 @@ the backward pass (Algorithm 2), then for every forward size U_F pack the layers
 pack, build the wrap-around task list and estimate it (``harmony_estimator``); keep the fastest
 whose simulated peak device memory is within the budget.
 
-Packs are cut for half the budget: the runtime prefetches the next task's pack while the current
-one runs, so two packs share the device. Micro-batch sizes divide the mini-batch (every group has
-equal micro-batches). Torch-free.
+Packs are cut twice, for the whole budget (the paper's largest packs) and for half of it: the
+runtime prefetches the next task's pack while the current one runs only if both fit, so halves
+let swaps overlap compute where whole-budget packs would serialise them; the estimator decides.
+Micro-batch sizes divide the mini-batch (every group has equal micro-batches). Torch-free.
 """
 from __future__ import annotations
 
@@ -50,17 +51,17 @@ def micro_sizes(minibatch: int, largest: int) -> list[int]:
 
 def check_budget(costs: TaskCosts, budget: float, smallest_micro: int = 1) -> None:
     """One line for budgets no configuration can meet: a single layer's backward (weights, gradients,
-    one micro-batch's activations) must fit, twice over with the prefetched next pack."""
+    one micro-batch's activations) must fit."""
     layers = costs.layers
     need = [max(backward_pack_bytes(layers, (i, i + 1), smallest_micro),
                 forward_pack_bytes(layers, (i, i + 1), smallest_micro, True)) for i in range(layers.num_layers)]
     worst = max(range(len(need)), key=need.__getitem__)
-    if 2 * need[worst] > budget:
+    if need[worst] > budget:
         name = costs.profile.layers[worst].name
         raise DoesNotFitError(
             f"memory.device_budget_bytes={budget:.4g}: layer {worst} ({name}) alone needs {need[worst]:.4g} bytes "
-            f"(weights, gradients, one sample's activations) and the prefetched next pack as much again, "
-            f"{2 * need[worst]:.4g} > the budget; raise the budget to at least {2 * need[worst]:.4g} bytes")
+            f"(weights, gradients, one sample's activations) > the budget; raise the budget to at least "
+            f"{need[worst]:.4g} bytes or use a smaller model")
 
 
 def harmony_search(costs: TaskCosts, links: Links, devices: int, minibatch: int, budget: float,
@@ -69,33 +70,40 @@ def harmony_search(costs: TaskCosts, links: Links, devices: int, minibatch: int,
         raise PlannerError(f"harmony: devices = {devices} and the mini-batch = {minibatch} must be >= 1")
     check_budget(costs, budget)
     start = time.perf_counter()
-    half = budget / 2.0
-    scored: list[Scored] = []
+    scored: dict[HarmonyConfig, Scored] = {}
     considered = over = 0
     sizes = micro_sizes(minibatch, max_micro)
     for rec in recompute:
         for u_b in sizes:
-            fwd, bwd = costs.profile.times(u_b)
-            packs_b = pack_layers("B", bwd + fwd if rec else bwd, costs.layers, u_b, half, rec)
-            if not packs_b:
-                continue
-            jit_start = packs_b[-1][0]
-            for u_f in sizes:
-                packs_f = pack_layers("F", costs.profile.times(u_f)[0], costs.layers, u_f, half, rec, last=jit_start)
-                if packs_f is None:
+            for cfg in _configs(costs, sizes, u_b, budget, rec, devices, minibatch):
+                if cfg in scored:
                     continue
-                cfg = HarmonyConfig(u_f, tuple(packs_f), u_b, tuple(packs_b), devices, minibatch, rec)
-                est = estimate(build_tasks(cfg, costs), devices, links)
+                est = estimate(build_tasks(cfg, costs), devices, links, budget)
                 considered += 1
                 if max(est.peak_bytes) > budget:
                     over += 1
                     continue
-                scored.append(Scored(cfg, est))
+                scored[cfg] = Scored(cfg, est)
     elapsed = time.perf_counter() - start
     if not scored:
         raise DoesNotFitError(
             f"harmony: none of {considered} configurations stays within memory.device_budget_bytes={budget:.4g} "
             f"({over} over it in simulation, the rest could not be packed); raise the budget or use a smaller "
             f"micro-batch (planner.max_micro_batch)")
-    scored.sort(key=lambda s: (s.iteration_s, s.peak_bytes))
-    return HarmonySearch(scored[0], tuple(scored[1:1 + top_k]), considered, over, elapsed, budget)
+    ranked = sorted(scored.values(), key=lambda s: (s.iteration_s, s.peak_bytes))
+    return HarmonySearch(ranked[0], tuple(ranked[1:1 + top_k]), considered, over, elapsed, budget)
+
+
+def _configs(costs: TaskCosts, sizes: list[int], u_b: int, budget: float, rec: bool, devices: int, minibatch: int):
+    """Algorithm 1's inner loops for one U_B: the backward packs, then every U_F's forward packs
+    over the layers before the jit pack, for the whole and the half budget."""
+    fwd, bwd = costs.profile.times(u_b)
+    for share in (budget, budget / 2.0):
+        packs_b = pack_layers("B", bwd + fwd if rec else bwd, costs.layers, u_b, share, rec, stash_samples=minibatch)
+        if not packs_b:
+            continue
+        for u_f in sizes:
+            packs_f = pack_layers("F", costs.profile.times(u_f)[0], costs.layers, u_f, share, rec,
+                                  last=packs_b[-1][0])
+            if packs_f is not None:
+                yield HarmonyConfig(u_f, tuple(packs_f), u_b, tuple(packs_b), devices, minibatch, rec)

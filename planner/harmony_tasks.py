@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .harmony_estimator import Item, Task
-from .harmony_packing import LayerBytes, Pack, backward_pack_bytes, forward_pack_bytes
+from .harmony_packing import LayerBytes, Pack, backward_pack_bytes, forward_pack_bytes, stash_per_sample
 from .profile import Profile
 
 
@@ -62,10 +62,6 @@ class TaskCosts:
         s, e = pack
         return float(fwd[s:e].sum()), float(bwd[s:e].sum())
 
-    def stash_per_sample(self, pack: Pack, recompute: bool) -> float:
-        s, e = pack
-        return float(self.layers.inputs[s]) if recompute else float(self.layers.activations[s:e].sum())
-
 
 def _covering(sample_lo: int, sample_hi: int, micro: int) -> range:
     """Micro-batches of size ``micro`` that hold samples [lo, hi)."""
@@ -82,7 +78,7 @@ def build_tasks(cfg: HarmonyConfig, costs: TaskCosts) -> list[Task]:
         device = i % cfg.devices
         send_to = (i + 1) % cfg.devices if i + 1 < len(plan) else None
         pack_weights = float(weights[s:e].sum())
-        stash = costs.stash_per_sample(pack, cfg.recompute)
+        stash = stash_per_sample(costs.layers, pack, cfg.recompute)
         if kind == "F":
             fwd, _ = costs.seconds(cfg.u_f, pack)
             items = tuple(Item(fwd, cfg.u_f * float(costs.layers.outputs[e - 1]), cfg.u_f * stash,
@@ -103,10 +99,11 @@ def build_tasks(cfg: HarmonyConfig, costs: TaskCosts) -> list[Task]:
             else:
                 needs = ((i - 1, j),) if i > 0 else ()
             items.append(Item(seconds, grad_bytes, 0.0, needs))
-        stash_in = 0.0 if jit else cfg.minibatch * stash
+        stash_samples = 0 if jit else cfg.minibatch
+        stash_in = stash_samples * stash
         update = (costs.host_update_overhead_s + costs.host_update_s_per_byte * pack_weights) if pack_weights else 0.0
         tasks.append(Task(i, device, "B", tuple(items), pack_weights + stash_in, swap_out_bytes=pack_weights,
-                          resident_bytes=backward_pack_bytes(costs.layers, pack, cfg.u_b) + stash_in,
+                          resident_bytes=backward_pack_bytes(costs.layers, pack, cfg.u_b, stash_samples, cfg.recompute),
                           host_update_s=update, send_to=send_to))
     return tasks
 
