@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PLAN_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", "zb_h2", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", "zb_h2", "zbv", "harmony_pp")
 RECOMPUTE = ("none", "full", "selective")
 
 
@@ -71,6 +71,26 @@ class Predicted:
 
 
 @dataclass(frozen=True)
+class Harmony:
+    """A ``harmony_pp`` plan's configuration: forward and backward micro-batch sizes and layer packs
+    ([start, end) each; the backward's last is the jit pack, which the forward packs stop before),
+    on ``devices`` devices of ``device_budget_bytes`` each. Its ``stages`` list is empty."""
+
+    u_f: int
+    packs_f: tuple[tuple[int, int], ...]
+    u_b: int
+    packs_b: tuple[tuple[int, int], ...]
+    devices: int
+    device_budget_bytes: float
+    recompute: bool = True
+
+    def to_json(self) -> dict[str, Any]:
+        return {"u_f": self.u_f, "packs_f": [list(p) for p in self.packs_f], "u_b": self.u_b,
+                "packs_b": [list(p) for p in self.packs_b], "devices": self.devices,
+                "device_budget_bytes": self.device_budget_bytes, "recompute": self.recompute}
+
+
+@dataclass(frozen=True)
 class Plan:
     """Virtual stage j of ``stages`` runs on pipeline rank j % pp as chunk j // pp."""
 
@@ -86,10 +106,13 @@ class Plan:
     planner: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
     precision: str | None = None   # what the memory and time were predicted for; None in older plans
+    harmony: Harmony | None = None  # schedule harmony_pp only
 
     @property
     def world_size(self) -> int:
         """Processes the plan needs: tp x the replicas of every pipeline stage (pp * tp * dp when uniform)."""
+        if self.harmony is not None:
+            return self.harmony.devices
         return self.parallel.tp * sum(st.replicas for st in self.stages[: self.parallel.pp])
 
     def check_world_size(self, world_size: int) -> None:
@@ -100,6 +123,7 @@ class Plan:
                             f"for {world_size} devices")
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"harmony": self.harmony.to_json()} if self.harmony is not None else {}
         return {
             "version": self.version,
             "model": vars(self.model), "cluster": vars(self.cluster), "parallel": vars(self.parallel),
@@ -113,6 +137,7 @@ class Plan:
             "predicted": vars(self.predicted),
             "alternatives": list(self.alternatives),
             "planner": dict(self.planner),
+            **extra,
         }
 
     def save(self, path: str | Path) -> None:
@@ -156,11 +181,52 @@ def plan_from_json(data: Any) -> Plan:
     stages = tuple(_stage(s, i) for i, s in enumerate(_need(data, "stages", list)))
     pred = data.get("predicted") or {}
     predicted = Predicted(**{k: float(pred.get(k, 0.0)) for k in Predicted.__dataclass_fields__})
+    harmony = _harmony(_need(data, "harmony", dict)) if schedule == "harmony_pp" else None
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
-                data.get("precision"))
-    _validate(plan)
+                data.get("precision"), harmony)
+    if harmony is not None:
+        _validate_harmony(plan, harmony)
+    else:
+        _validate(plan)
     return plan
+
+
+def _packs(raw: Any, name: str) -> tuple[tuple[int, int], ...]:
+    if not isinstance(raw, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
+                                            for p in raw):
+        raise PlanError(f"plan harmony.{name} = {raw!r} must be a list of [start, end) layer ranges")
+    return tuple((p[0], p[1]) for p in raw)
+
+
+def _harmony(raw: Any) -> Harmony:
+    where = "harmony."
+    budget = _need(raw, "device_budget_bytes", object, where)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+        raise PlanError(f"plan harmony.device_budget_bytes = {budget!r} must be a positive number of bytes")
+    return Harmony(_need(raw, "u_f", int, where), _packs(_need(raw, "packs_f", list, where), "packs_f"),
+                   _need(raw, "u_b", int, where), _packs(_need(raw, "packs_b", list, where), "packs_b"),
+                   _need(raw, "devices", int, where), float(budget),
+                   bool(raw.get("recompute", True)))
+
+
+def _validate_harmony(plan: Plan, h: Harmony) -> None:
+    """Backward packs split [0, layers) in order; forward packs split [0, start of the jit pack)."""
+    if h.devices < 1 or h.u_f < 1 or h.u_b < 1:
+        raise PlanError(f"plan harmony devices = {h.devices}, u_f = {h.u_f}, u_b = {h.u_b} must be >= 1")
+    jit_start = h.packs_b[-1][0] if h.packs_b else 0
+    for name, packs, end in (("packs_b", h.packs_b, plan.model.num_layers), ("packs_f", h.packs_f, jit_start)):
+        start = 0
+        for s, e in packs:
+            if s != start or e <= s:
+                raise PlanError(f"plan harmony.{name} = {[list(p) for p in packs]} must split [0, {end}) into "
+                                f"non-empty ranges in order")
+            start = e
+        if start != end or (name == "packs_b" and not packs):
+            raise PlanError(f"plan harmony.{name} covers [0, {start}) but must cover [0, {end})")
+    for name, u in (("u_f", h.u_f), ("u_b", h.u_b)):
+        if plan.batch.global_batch % u:
+            raise PlanError(f"plan harmony.{name} = {u} must divide batch.global = {plan.batch.global_batch}")
 
 
 def _stage(raw: Any, i: int) -> Stage:

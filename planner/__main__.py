@@ -36,7 +36,12 @@ def run(argv: Sequence[str]) -> int:
     inputs = inputs_from_config(cfg)
     outcome = make_plan(inputs, str(p.algorithm), str(p.semantics), bool(p.simulate))
     precision = inputs.spec.precision if inputs.spec is not None else inputs.profile.precision
-    print(plan_table(outcome, inputs.cluster.device.flops(precision)))
+    if outcome.harmony is not None:
+        from .harmony_report import harmony_table
+
+        print(harmony_table(outcome, inputs.cluster.device.flops(precision)))
+    else:
+        print(plan_table(outcome, inputs.cluster.device.flops(precision)))
     print()
     print(alternatives_table(outcome))
     print()

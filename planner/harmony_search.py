@@ -65,14 +65,15 @@ def check_budget(costs: TaskCosts, budget: float, smallest_micro: int = 1) -> No
 
 
 def harmony_search(costs: TaskCosts, links: Links, devices: int, minibatch: int, budget: float,
-                   max_micro: int = 32, recompute: tuple[bool, ...] = (True,), top_k: int = 4) -> HarmonySearch:
+                   max_micro: int = 32, recompute: tuple[bool, ...] = (True,), top_k: int = 4,
+                   fixed_micro: int | None = None) -> HarmonySearch:
     if devices < 1 or minibatch < 1:
         raise PlannerError(f"harmony: devices = {devices} and the mini-batch = {minibatch} must be >= 1")
     check_budget(costs, budget)
     start = time.perf_counter()
     scored: dict[HarmonyConfig, Scored] = {}
     considered = over = 0
-    sizes = micro_sizes(minibatch, max_micro)
+    sizes = [fixed_micro] if fixed_micro else micro_sizes(minibatch, max_micro)
     for rec in recompute:
         for u_b in sizes:
             for cfg in _configs(costs, sizes, u_b, budget, rec, devices, minibatch):

@@ -38,6 +38,10 @@ class HarmonyConfig:
         return (f"U_F={self.u_f} P_F={show(self.packs_f) or '-'} U_B={self.u_b} P_B={show(self.packs_b)} "
                 f"N={self.devices}{rec}")
 
+    def brief(self) -> str:
+        return (f"U_F={self.u_f} |P_F|={len(self.packs_f)} U_B={self.u_b} |P_B|={len(self.packs_b)}"
+                + (" recompute" if self.recompute else ""))
+
     @property
     def task_packs(self) -> list[tuple[str, Pack]]:
         """P_FB: the forward packs, then the backward packs from the last (the jit pack) to the first."""

@@ -32,6 +32,7 @@ class Inputs:
     pin_dp: int | None = None  # fix the data-parallel degree (planner.dp)
     fewer_devices: bool = True  # PipeDream DP: leave devices unused when more would not help
     pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
+    device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
 
     @property
     def capacity(self) -> float:

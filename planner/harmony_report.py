@@ -1,0 +1,45 @@
+"""The dry run's table for a Harmony plan: the configuration (U_F, P_F, U_B, P_B), the estimate and
+the bytes it moves, in the layout of ``planner.report.plan_table``."""
+from __future__ import annotations
+
+from .auto import Outcome
+from .ranking import GIB
+from .report import _row, _tflops, count
+
+
+def _packs(packs, limit: int = 8) -> str:
+    shown = [f"[{s},{e})" for s, e in packs]
+    if len(shown) > limit:
+        shown = shown[: limit - 2] + [f"... ({len(shown) - limit + 2} more)"] + shown[-1:]
+    return f"{len(packs)} packs: " + " ".join(shown) if packs else "none (the jit pack holds every layer)"
+
+
+def harmony_table(outcome: Outcome, peak_flops: float) -> str:
+    c, plan, search = outcome.result.best, outcome.plan, outcome.harmony
+    h, est, info = plan.harmony, search.best.estimate, plan.planner
+    swaps = info["swap_bytes"]
+    lines = [
+        f"Plan for {plan.model.name} ({count(plan.model.num_parameters)} parameters, {plan.model.num_layers} "
+        f"layers) on {plan.cluster.name}: {h.devices} x {info['device']}, global batch {c.global_batch}",
+        f"  algorithm: harmony ({outcome.result.considered} configurations in {search.seconds:.3g} s) - "
+        f"{outcome.reason}",
+        _row("schedule", f"harmony_pp: wrap-around pipeline over {h.devices} devices (task i on device i mod "
+                         f"{h.devices})"),
+        _row("forward", f"U_F={h.u_f} ({c.global_batch // h.u_f} micro-batches per group), "
+                        f"P_F {_packs(h.packs_f)}"),
+        _row("backward", f"U_B={h.u_b} ({c.global_batch // h.u_b} micro-batches per group), "
+                         f"P_B {_packs(h.packs_b)} (the last is the jit pack)"),
+        _row("recomputation", "per pack (pack inputs kept)" if h.recompute else "none (activations stashed)"),
+        _row("iteration time", f"{c.iteration_time:.4g} s (event-driven estimate)"),
+        _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
+        _row("TFLOP/s per device", _tflops(c, peak_flops)),
+        _row("device memory", f"peak {max(est.peak_bytes) / GIB:.3g} of {h.device_budget_bytes / GIB:.3g} GiB "
+                              f"budget (per device: {', '.join(f'{b / GIB:.3g}' for b in est.peak_bytes)})"),
+        _row("idle", f"{c.bubble_fraction:.1%} of device time not computing (swaps, sends, pipeline fill)"),
+        _row("bytes moved", f"weights in {swaps['weights_in'] / GIB:.3g} GiB, gradients out "
+                            f"{swaps['gradients_out'] / GIB:.3g} GiB, all swaps in/out {swaps['in'] / GIB:.3g}/"
+                            f"{swaps['out'] / GIB:.3g} GiB, device-to-device {swaps['p2p'] / GIB:.3g} GiB"),
+    ]
+    for note in info.get("notes", []):
+        lines.append(f"  note: {note}")
+    return "\n".join(lines)
