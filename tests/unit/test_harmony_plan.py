@@ -1,0 +1,84 @@
+"""planner.algorithm=harmony end to end without processes: the plan file's harmony section, auto's
+fall-back when no other plan fits, and the one-line refusals."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from pipedream.devices import DEVICES, GIB
+from pipedream.plan_file import PlanError, load_plan, plan_from_json
+from planner.__main__ import main
+from planner.auto import make_plan
+from planner.errors import DoesNotFitError, PlannerError
+from planner.hardware import Cluster, Level
+from planner.inputs import Inputs
+from planner.model_specs import TransformerSpec
+from planner.profile import analytic_profile
+
+H200 = DEVICES["h200"]
+SPEC = TransformerSpec("g", "gpt", 24, 2048, 16, 512, 8192, "bf16")
+
+
+def one_server(devices=4, memory=H200.memory_bytes, nodes=1):
+    device = replace(H200, memory_bytes=memory)
+    levels = (Level("nv", devices, 450e9, 5e-6),) + ((Level("ib", nodes, 50e9, 1e-5),) if nodes > 1 else ())
+    return Cluster("c", device, levels, devices, extra={"host_bandwidth": 63e9})
+
+
+def inputs(memory=H200.memory_bytes, budget=None, nodes=1, devices=4):
+    return Inputs("g", analytic_profile(SPEC, H200), one_server(devices, memory, nodes), 16, SPEC,
+                  reserve_gib=0.0, reserve_fraction=0.0, max_micro_batch=8, device_budget=budget)
+
+
+def test_harmony_plan_round_trips_through_the_plan_file(tmp_path):
+    weights = analytic_profile(SPEC, H200).arrays["parameter_bytes"].sum()
+    out = make_plan(inputs(budget=weights / 4), "harmony")
+    plan, h = out.plan, out.plan.harmony
+    assert plan.schedule == "harmony_pp" and plan.world_size == 4 and plan.stages == ()
+    assert h.packs_b[0][0] == 0 and h.packs_b[-1][1] == SPEC.num_layers + 2  # embedding + blocks + head
+    assert (h.packs_f[-1][1] if h.packs_f else 0) == h.packs_b[-1][0]       # P_F stops before the jit pack
+    assert max(plan.planner["peak_bytes_per_device"]) <= weights / 4
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert load_plan(path) == plan
+    load_plan(path).check_world_size(4)
+
+
+def test_auto_falls_back_to_harmony_when_nothing_else_fits():
+    # 4 GiB devices: 1.2B parameters x 16 bytes (bf16 weights and gradients, fp32 master, Adam) need
+    # 19 GiB, more than 4 devices hold
+    out = make_plan(inputs(memory=4 * GIB))
+    assert out.plan.schedule == "harmony_pp"
+    assert out.reason.startswith("no ptdp plan fits device memory")
+    with pytest.raises(DoesNotFitError):  # several servers: Harmony is not an option, the refusal stays
+        make_plan(inputs(memory=1 * GIB, nodes=2))
+
+
+def test_refusals_are_one_line():
+    with pytest.raises(DoesNotFitError, match=r"layer \d+ \(\w+\) alone needs .* > the budget"):
+        make_plan(inputs(budget=1e6), "harmony")
+    with pytest.raises(PlannerError, match="plans one server"):
+        make_plan(inputs(nodes=2), "harmony")
+
+
+def test_bad_harmony_sections():
+    base = {"version": 1, "model": {"name": "m", "num_layers": 4}, "cluster": {"num_devices": 2},
+            "parallel": {"pp": 2, "tp": 1, "dp": 1}, "schedule": "harmony_pp",
+            "batch": {"global": 4, "micro": 2, "num_microbatches": 2}, "recompute": "full", "stages": [],
+            "harmony": {"u_f": 2, "packs_f": [[0, 2]], "u_b": 2, "packs_b": [[0, 2], [2, 4]], "devices": 2,
+                        "device_budget_bytes": 1e9}}
+    assert plan_from_json(base).world_size == 2
+    for change, message in [({"packs_b": [[0, 2], [3, 4]]}, "must split"), ({"packs_f": [[0, 3]]}, "must cover"),
+                            ({"u_f": 3}, "must divide"), ({"device_budget_bytes": -1}, "positive")]:
+        with pytest.raises(PlanError, match=message):
+            plan_from_json({**base, "harmony": {**base["harmony"], **change}})
+    with pytest.raises(PlanError, match="missing harmony"):
+        plan_from_json({k: v for k, v in base.items() if k != "harmony"})
+
+
+def test_cli_refuses_an_impossible_budget(capsys):
+    code = main(["model=gpt_small", "cluster=h200_x8", "cluster.nodes=1", "planner.algorithm=harmony",
+                 "planner.device_budget_bytes=1000"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.count("\n") == 0 and err.startswith("error: memory.device_budget_bytes=1000")
