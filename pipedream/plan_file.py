@@ -72,22 +72,23 @@ class Predicted:
 
 @dataclass(frozen=True)
 class Harmony:
-    """A ``harmony_pp`` plan's configuration: forward and backward micro-batch sizes and layer packs
-    ([start, end) each; the backward's last is the jit pack, which the forward packs stop before),
-    on ``devices`` devices of ``device_budget_bytes`` each. Its ``stages`` list is empty."""
+    """A ``harmony_pp`` plan's configuration in the runtime's terms (``conf/schedule/harmony_pp.yaml``):
+    forward and backward layer packs ([start, end) each, both covering the model and ending with the
+    same jit pack), micro-batches per forward / backward task group, ``devices`` devices of
+    ``device_budget_bytes`` each. The micro-batch size is ``batch.micro``; ``stages`` is empty."""
 
-    u_f: int
-    packs_f: tuple[tuple[int, int], ...]
-    u_b: int
-    packs_b: tuple[tuple[int, int], ...]
+    forward_packs: tuple[tuple[int, int], ...]
+    backward_packs: tuple[tuple[int, int], ...]
+    forward_group: int
+    backward_group: int
     devices: int
     device_budget_bytes: float
-    recompute: bool = True
 
     def to_json(self) -> dict[str, Any]:
-        return {"u_f": self.u_f, "packs_f": [list(p) for p in self.packs_f], "u_b": self.u_b,
-                "packs_b": [list(p) for p in self.packs_b], "devices": self.devices,
-                "device_budget_bytes": self.device_budget_bytes, "recompute": self.recompute}
+        return {"forward_packs": [list(p) for p in self.forward_packs],
+                "backward_packs": [list(p) for p in self.backward_packs], "forward_group": self.forward_group,
+                "backward_group": self.backward_group, "devices": self.devices,
+                "device_budget_bytes": self.device_budget_bytes}
 
 
 @dataclass(frozen=True)
@@ -204,29 +205,36 @@ def _harmony(raw: Any) -> Harmony:
     budget = _need(raw, "device_budget_bytes", object, where)
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
         raise PlanError(f"plan harmony.device_budget_bytes = {budget!r} must be a positive number of bytes")
-    return Harmony(_need(raw, "u_f", int, where), _packs(_need(raw, "packs_f", list, where), "packs_f"),
-                   _need(raw, "u_b", int, where), _packs(_need(raw, "packs_b", list, where), "packs_b"),
-                   _need(raw, "devices", int, where), float(budget),
-                   bool(raw.get("recompute", True)))
+    return Harmony(_packs(_need(raw, "forward_packs", list, where), "forward_packs"),
+                   _packs(_need(raw, "backward_packs", list, where), "backward_packs"),
+                   _need(raw, "forward_group", int, where), _need(raw, "backward_group", int, where),
+                   _need(raw, "devices", int, where), float(budget))
 
 
 def _validate_harmony(plan: Plan, h: Harmony) -> None:
-    """Backward packs split [0, layers) in order; forward packs split [0, start of the jit pack)."""
-    if h.devices < 1 or h.u_f < 1 or h.u_b < 1:
-        raise PlanError(f"plan harmony devices = {h.devices}, u_f = {h.u_f}, u_b = {h.u_b} must be >= 1")
-    jit_start = h.packs_b[-1][0] if h.packs_b else 0
-    for name, packs, end in (("packs_b", h.packs_b, plan.model.num_layers), ("packs_f", h.packs_f, jit_start)):
+    """Both pack lists split [0, layers) in order and end with the same (jit) pack; groups fit the
+    iteration's micro-batches; the batch splits into micro-batches."""
+    layers = plan.model.num_layers
+    for name, packs in (("forward_packs", h.forward_packs), ("backward_packs", h.backward_packs)):
         start = 0
         for s, e in packs:
             if s != start or e <= s:
-                raise PlanError(f"plan harmony.{name} = {[list(p) for p in packs]} must split [0, {end}) into "
+                raise PlanError(f"plan harmony.{name} = {[list(p) for p in packs]} must split [0, {layers}) into "
                                 f"non-empty ranges in order")
             start = e
-        if start != end or (name == "packs_b" and not packs):
-            raise PlanError(f"plan harmony.{name} covers [0, {start}) but must cover [0, {end})")
-    for name, u in (("u_f", h.u_f), ("u_b", h.u_b)):
-        if plan.batch.global_batch % u:
-            raise PlanError(f"plan harmony.{name} = {u} must divide batch.global = {plan.batch.global_batch}")
+        if start != layers:
+            raise PlanError(f"plan harmony.{name} covers [0, {start}) but the model has {layers} layers")
+    if h.forward_packs[-1] != h.backward_packs[-1]:
+        raise PlanError(f"plan harmony: the last forward pack {list(h.forward_packs[-1])} and the last backward pack "
+                        f"{list(h.backward_packs[-1])} must be the same (the jit pack)")
+    b = plan.batch
+    if b.global_batch != b.micro * b.num_microbatches:
+        raise PlanError(f"plan batch.global = {b.global_batch} must equal micro * num_microbatches = "
+                        f"{b.micro}*{b.num_microbatches} (harmony_pp has no data parallelism)")
+    for name, group in (("forward_group", h.forward_group), ("backward_group", h.backward_group), ("devices", h.devices)):
+        if group < 1 or (name != "devices" and group > b.num_microbatches):
+            raise PlanError(f"plan harmony.{name} = {group} must be between 1 and "
+                            f"{b.num_microbatches if name != 'devices' else 'the devices'}")
 
 
 def _stage(raw: Any, i: int) -> Stage:

@@ -147,26 +147,27 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
 def harmony_outcome(inputs: Inputs, reason: str) -> Outcome:
     """Harmony's search as an Outcome: the plan file's ``harmony`` section carries the configuration."""
     from .harmony_plan import SCHEDULE, harmony_result
-    from .harmony_tasks import swap_volume
 
     result, search = harmony_result(inputs)
     best, cfg, est = result.best, search.best.config, search.best.estimate
-    harmony = Harmony(cfg.u_f, cfg.packs_f, cfg.u_b, cfg.packs_b, cfg.devices, search.budget, cfg.recompute)
-    sim = SimCheck(False, f"estimated by Harmony's event-driven simulator (planner.harmony_estimator): "
-                          f"{search.considered} configurations in {search.seconds:.3g} s")
+    harmony = Harmony(cfg.forward_packs, cfg.packs_b, cfg.u_f, cfg.u_b, cfg.devices, search.budget)
+    sim = SimCheck(False, f"estimated by Harmony's event-driven simulator of the harmony_pp action lists "
+                          f"(planner.harmony_estimator): {search.considered} configurations in {search.seconds:.3g} s")
     plan = Plan(
         model=ModelInfo(inputs.model, inputs.profile.num_layers, int(inputs.profile.num_parameters)),
         cluster=ClusterInfo(inputs.cluster.name, inputs.cluster.num_devices, inputs.cluster.devices_per_node),
         parallel=Parallel(cfg.devices, 1, 1, 1), schedule=SCHEDULE,
-        batch=Batch(cfg.minibatch, cfg.u_b, cfg.minibatch // cfg.u_b),
-        recompute="full" if cfg.recompute else "none", stages=(), predicted=_predicted(best),
+        batch=Batch(cfg.minibatch, cfg.micro, cfg.microbatches), recompute="full", stages=(),
+        predicted=_predicted(best),
         precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives), harmony=harmony,
         planner={"algorithm": "harmony", "reason": reason, "considered": result.considered,
                  "breakdown_s": best.breakdown, "simulator": sim.to_json(), "notes": list(result.notes),
                  "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
                  "memory_reserve_bytes": inputs.workspace, "model_tflops_per_device": best.model_tflops_per_device,
-                 "search_seconds": search.seconds, "peak_bytes_per_device": est.peak_bytes,
-                 "swap_bytes": {"in": est.swap_in_bytes, "out": est.swap_out_bytes, "p2p": est.p2p_bytes,
-                                **swap_volume(cfg, inputs.profile.arrays["parameter_bytes"])}})
+                 "search_seconds": search.seconds,
+                 "weight_bytes": float(inputs.profile.arrays["parameter_bytes"].sum()), "peak_bytes_per_device": est.peak_bytes,
+                 "peak_managed_bytes_per_device": est.peak_managed_bytes,
+                 "swap_bytes": {"weights_in": est.weights_in_bytes, "gradients_out": est.gradients_out_bytes,
+                                "stashes_each_way": est.stash_bytes, "device_to_device": est.p2p_bytes}})
     return Outcome(plan, result, reason, sim, search)

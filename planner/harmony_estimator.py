@@ -1,51 +1,29 @@
-"""Harmony's runtime estimator: an event-driven simulation of one iteration's task lists.
+"""Harmony's runtime estimator: an event-driven simulation of one iteration of the runtime's own
+``harmony_pp`` action lists (``pipedream.schedules.harmony``), timed with per-action costs.
 
-Each device has a compute stream and two copy streams (host->device swap-ins, device->host
-swap-outs), as the runtime runs swaps on their own streams; a device-to-device send occupies the
-sender's send stream. A task's swap-in is issued when the previous task on its device starts
-computing (prefetch one task ahead) and may overlap that task, unless both tasks' bytes together
-exceed the device budget: then it waits until the previous task has released its pack. A task computes its micro-batches
-one after another; micro-batch j waits for its inputs (the previous task's micro-batches that hold
-its samples, after their send) and for the swap-ins. Swap-outs (gradients, stashed pack inputs)
-start as soon as their micro-batch or task is done; the host's update of a pack runs after its
-gradients arrive, on one host update stream per device.
+Each device walks its list in order on its compute stream. Copies run on two copy streams per
+device (host->device ``SI``/``PF``, device->host ``SO``), as the runtime runs swaps on side streams
+on CUDA: ``PF.i`` starts pack i's swap-in early and ``SI.i`` waits for it; a stashed input
+(``SI<mb>.i``) is waited for at once (the backward needs it next); stash and gradient swap-outs
+are waited for only by the pack's update ``U.i``, which runs on the host in list order. With
+``Links.synchronous`` (the CPU runtime: "device" and host are both RAM and copies are plain
+``copy_`` calls) every copy runs on the compute stream instead. Sends (``SA``/``SG``) occupy the
+sender's send stream and the sender goes on; a receive (``RA``/``RG``) waits for the arrival.
 
-With ``Links.synchronous`` (the CPU runtime, where "device" and host are both RAM and one process
-does everything) swaps, stash copies and the host update run on the compute stream instead, one
-after another; sends still overlap (Gloo sends from its own thread).
-
-Tasks are visited in index order: every dependency points to a lower index (the generator's order),
-so one pass computes every start and end. Peak device memory is a sweep over the intervals in
-which each task's bytes are resident (from its swap-in's start to its swap-out's end).
+Memory per device, as the runtime's tier counts it ("managed"): a pack's weights from its swap-in
+(or prefetch) until ``SO.i``, a backward pack's gradients until their copy to the host ends,
+stashes while they are on the device; "peak_bytes" adds one micro-batch's activations while a
+compute runs (the jit pack's from its forward to its backward).
 Torch-free.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.harmony import BACKWARD, FORWARD, HarmonyConfig
 
-@dataclass(frozen=True)
-class Item:
-    """One micro-batch of a task: compute seconds, bytes sent to the next task, bytes swapped out
-    (a stashed input), and the (task, item) pairs it needs first."""
-
-    seconds: float
-    send_bytes: float = 0.0
-    stash_out_bytes: float = 0.0
-    needs: tuple[tuple[int, int], ...] = ()
-
-
-@dataclass(frozen=True)
-class Task:
-    index: int
-    device: int
-    kind: str                    # "F", "B" (a backward, with the jit pack's forward folded in)
-    items: tuple[Item, ...]
-    swap_in_bytes: float         # weights and stashed inputs brought in before the first item
-    swap_out_bytes: float = 0.0  # gradients written back after the last item
-    resident_bytes: float = 0.0  # peak device bytes while it runs (weights, grads, activations)
-    host_update_s: float = 0.0   # the host's optimizer step on this pack after its gradients arrive
-    send_to: int | None = None   # device of the task that takes its output
+from .errors import PlannerError
 
 
 @dataclass(frozen=True)
@@ -54,100 +32,177 @@ class Links:
     p2p_bandwidth: float          # bytes/s device->device
     p2p_latency: float = 0.0
     swap_latency: float = 0.0
-    synchronous: bool = False     # copies and the host update block the compute stream (CPU)
+    synchronous: bool = False     # copies block the compute stream (the CPU runtime)
+
+    def swap_s(self, nbytes: float) -> float:
+        return 0.0 if nbytes <= 0 else self.swap_latency + nbytes / self.swap_bandwidth
+
+    def send_s(self, nbytes: float) -> float:
+        return 0.0 if nbytes <= 0 else self.p2p_latency + nbytes / self.p2p_bandwidth
+
+
+class ActionCosts:
+    """What the simulation asks of a cost model, per task (pack) and per micro-batch."""
+
+    def forward_s(self, task: int) -> float: ...
+    def backward_s(self, task: int) -> float: ...     # recomputation included where the task recomputes
+    def weight_bytes(self, task: int) -> float: ...
+    def stash_bytes(self, task: int) -> float: ...    # the pack input of backward task ``task``, one micro-batch
+    def output_bytes(self, task: int) -> float: ...   # sent to task + 1 in the forward, one micro-batch
+    def input_grad_bytes(self, task: int) -> float: ...
+    def activation_bytes(self, task: int) -> float: ...
+    def update_s(self, task: int) -> float: ...
 
 
 @dataclass
 class Estimate:
     iteration_s: float
-    peak_bytes: list[float]
+    peak_bytes: list[float]            # managed + activations
+    peak_managed_bytes: list[float]    # what the runtime's tier accounts
     compute_s: list[float]
-    swap_in_bytes: float
-    swap_out_bytes: float
-    p2p_bytes: float
-    task_spans: list[tuple[float, float]] = field(default_factory=list)  # (first item start, last item end)
+    weights_in_bytes: float = 0.0
+    gradients_out_bytes: float = 0.0
+    stash_bytes: float = 0.0           # each way
+    p2p_bytes: float = 0.0
 
 
-def _copy(bytes_: float, bandwidth: float, latency: float) -> float:
-    return 0.0 if bytes_ <= 0 else latency + bytes_ / bandwidth
+@dataclass
+class _Device:
+    clock: float = 0.0
+    h2d: float = 0.0
+    d2h: float = 0.0
+    send: float = 0.0
+    pos: int = 0
+    busy: float = 0.0
+    prefetched: dict[int, float] = field(default_factory=dict)
+    grads_out: dict[int, float] = field(default_factory=dict)   # task -> when its gradients reach the host
+    stash_in: dict[tuple[int, int], float] = field(default_factory=dict)  # (mb, task) -> bytes held
+    events: list[tuple[float, float, bool]] = field(default_factory=list)  # (time, delta, managed)
 
 
-def estimate(tasks: list[Task], devices: int, links: Links, budget: float = float("inf")) -> Estimate:
-    """Simulate one iteration; ``tasks`` in index order with dependencies on lower indices."""
-    compute_free = [0.0] * devices
-    h2d_free = [0.0] * devices
-    d2h_free = [0.0] * devices
-    send_free = [0.0] * devices
-    host_free = [0.0] * devices
-    last_start = [0.0] * devices           # when the previous task on the device began computing
-    held = [(0.0, 0.0)] * devices          # the previous task's (bytes, release time)
-    arrive: dict[tuple[int, int], float] = {}
-    intervals: list[tuple[int, float, float, float]] = []
-    spans, finish = [], 0.0
-    busy = [0.0] * devices
-    totals = {"in": 0.0, "out": 0.0, "p2p": 0.0}
-    for task in tasks:
-        d = task.device
-        sync = links.synchronous
-        swap_start = compute_free[d] if sync else max(h2d_free[d], last_start[d])
-        if held[d][0] + task.resident_bytes > budget:
-            swap_start = max(swap_start, held[d][1])
-        swap_done = swap_start + _copy(task.swap_in_bytes, links.swap_bandwidth, links.swap_latency)
-        h2d_free[d] = swap_done
-        totals["in"] += task.swap_in_bytes
-        clock = max(compute_free[d], swap_done)
-        first = None
-        for j, item in enumerate(task.items):
-            ready = max([clock, *(arrive[need] for need in item.needs)])
-            first = ready if first is None else first
-            clock = ready + item.seconds
-            busy[d] += item.seconds
-            if item.stash_out_bytes > 0:
-                stash_s = _copy(item.stash_out_bytes, links.swap_bandwidth, links.swap_latency)
-                if sync:
-                    clock += stash_s
-                else:
-                    d2h_free[d] = max(d2h_free[d], clock) + stash_s
-                    finish = max(finish, d2h_free[d])
-                totals["out"] += item.stash_out_bytes
-            if task.send_to is not None and task.send_to != d and item.send_bytes > 0:
-                send_free[d] = max(send_free[d], clock) + _copy(item.send_bytes, links.p2p_bandwidth,
-                                                                links.p2p_latency)
-                arrive[(task.index, j)] = send_free[d]
-                totals["p2p"] += item.send_bytes
-            else:
-                arrive[(task.index, j)] = clock
-        first = clock if first is None else first
-        end = clock
-        released = clock
-        if task.swap_out_bytes > 0:
-            out_s = _copy(task.swap_out_bytes, links.swap_bandwidth, links.swap_latency)
-            totals["out"] += task.swap_out_bytes
-            if sync:
-                clock = released = clock + out_s
-                clock += task.host_update_s
-            else:
-                d2h_free[d] = max(d2h_free[d], clock) + out_s
-                released = d2h_free[d]
-                host_free[d] = max(host_free[d], released) + task.host_update_s
-                finish = max(finish, host_free[d])
-        last_start[d], compute_free[d] = first, clock
-        intervals.append((d, swap_start, released, task.resident_bytes))
-        held[d] = (task.resident_bytes, released)
-        spans.append((first, end))
-        finish = max(finish, released, clock)
-    return Estimate(finish, _peaks(intervals, devices), busy, totals["in"], totals["out"], totals["p2p"], spans)
+def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCosts, links: Links) -> Estimate:
+    """Simulate one iteration of ``lists`` (one per device); PlannerError if the lists deadlock."""
+    devices = [_Device() for _ in lists]
+    arrivals: dict[tuple[Kind, int, int], float] = {}
+    totals = Estimate(0.0, [], [], [])
+    remaining = sum(len(a) for a in lists)
+    while remaining:
+        moved = 0
+        for d, (dev, actions) in enumerate(zip(devices, lists)):
+            while dev.pos < len(actions):
+                action = actions[dev.pos]
+                if not _step(config, dev, action, costs, links, arrivals, totals):
+                    break
+                dev.pos += 1
+                moved += 1
+        if not moved:
+            stuck = [f"device {d}: {lists[d][dev.pos]}" for d, dev in enumerate(devices) if dev.pos < len(lists[d])]
+            raise PlannerError(f"harmony estimate: the action lists wait on each other ({'; '.join(stuck)})")
+        remaining -= moved
+    totals.iteration_s = max(max(dev.clock, dev.h2d, dev.d2h, dev.send) for dev in devices)
+    totals.compute_s = [dev.busy for dev in devices]
+    totals.peak_bytes = [_peak(dev.events, managed_only=False) for dev in devices]
+    totals.peak_managed_bytes = [_peak(dev.events, managed_only=True) for dev in devices]
+    return totals
 
 
-def _peaks(intervals: list[tuple[int, float, float, float]], devices: int) -> list[float]:
-    """Largest sum of bytes resident at one instant per device; a release at t comes before an
-    acquisition at t (the runtime frees a pack before the next one's swap-in lands)."""
-    peaks = [0.0] * devices
-    for dev in range(devices):
-        events = sorted([(start, 1, size) for d, start, _, size in intervals if d == dev]
-                        + [(end, 0, -size) for d, _, end, size in intervals if d == dev])
-        level = 0.0
-        for _, _, delta in events:
-            level += delta
-            peaks[dev] = max(peaks[dev], level)
-    return peaks
+def _copy(dev: _Device, nbytes: float, links: Links, inbound: bool) -> float:
+    """Start a copy at the compute clock; returns when it ends (the clock moves only if synchronous)."""
+    seconds = links.swap_s(nbytes)
+    if links.synchronous:
+        dev.clock += seconds
+        return dev.clock
+    if inbound:
+        dev.h2d = max(dev.h2d, dev.clock) + seconds
+        return dev.h2d
+    dev.d2h = max(dev.d2h, dev.clock) + seconds
+    return dev.d2h
+
+
+def _pack_bytes(config: HarmonyConfig, costs: ActionCosts, task: int) -> float:
+    """Weights, and for packs that run a backward their gradients as well."""
+    w = costs.weight_bytes(task)
+    return w if config.tasks[task].role == FORWARD else 2.0 * w
+
+
+def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, links: Links,
+          arrivals: dict, totals: Estimate) -> bool:
+    """Run action ``a`` on ``dev``; False if it must wait for a message not yet sent."""
+    kind, mb, task = a.kind, a.microbatch, a.chunk
+    if kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+        key = (kind, mb, task)
+        if key not in arrivals:
+            return False
+        dev.clock = max(dev.clock, arrivals.pop(key))
+    elif kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
+        nbytes = costs.output_bytes(task) if kind is Kind.SEND_ACT else costs.input_grad_bytes(task)
+        dev.send = max(dev.send, dev.clock) + links.send_s(nbytes)
+        receiver = Kind.RECV_ACT if kind is Kind.SEND_ACT else Kind.RECV_GRAD
+        arrivals[(receiver, mb, task + 1)] = dev.send
+        totals.p2p_bytes += nbytes
+    elif kind is Kind.PREFETCH:
+        dev.events.append((dev.clock, _pack_bytes(config, costs, task), True))
+        totals.weights_in_bytes += costs.weight_bytes(task)
+        dev.prefetched[task] = _copy(dev, costs.weight_bytes(task), links, inbound=True)
+    elif kind is Kind.SWAP_IN and mb < 0:
+        if task in dev.prefetched:
+            dev.clock = max(dev.clock, dev.prefetched.pop(task))
+        else:
+            dev.events.append((dev.clock, _pack_bytes(config, costs, task), True))
+            totals.weights_in_bytes += costs.weight_bytes(task)
+            dev.clock = max(dev.clock, _copy(dev, costs.weight_bytes(task), links, inbound=True))
+    elif kind is Kind.SWAP_IN:
+        nbytes = costs.stash_bytes(task)
+        dev.events.append((dev.clock, nbytes, True))
+        dev.stash_in[(mb, task)] = nbytes
+        totals.stash_bytes += nbytes
+        dev.clock = max(dev.clock, _copy(dev, nbytes, links, inbound=True))
+    elif kind is Kind.SWAP_OUT and mb >= 0:
+        nbytes = costs.stash_bytes(task)
+        start = dev.clock
+        done = _copy(dev, nbytes, links, inbound=False)
+        dev.events += [(start, nbytes, True), (done, -nbytes, True)]
+    elif kind is Kind.SWAP_OUT:
+        w = costs.weight_bytes(task)
+        if config.tasks[task].role == FORWARD:
+            dev.events.append((dev.clock, -w, True))   # unchanged weights are dropped, not copied
+        else:
+            dev.events.append((dev.clock, -w, True))
+            done = _copy(dev, w, links, inbound=False)
+            dev.events.append((done, -w, True))
+            dev.grads_out[task] = done
+            totals.gradients_out_bytes += w
+    elif kind is Kind.UPDATE:
+        dev.clock = max(dev.clock, dev.grads_out.pop(task, dev.clock))
+        dev.clock += costs.update_s(task)
+    elif kind in (Kind.FWD, Kind.BWD):
+        _compute(config, dev, kind, mb, task, costs)
+    else:
+        raise PlannerError(f"harmony estimate: action {a} is not part of harmony_pp")
+    return True
+
+
+def _compute(config: HarmonyConfig, dev: _Device, kind: Kind, mb: int, task: int, costs: ActionCosts) -> None:
+    role = config.tasks[task].role
+    start = dev.clock
+    seconds = costs.forward_s(task) if kind is Kind.FWD else costs.backward_s(task)
+    dev.clock += seconds
+    dev.busy += seconds
+    acts = costs.activation_bytes(task)
+    if kind is Kind.FWD and role != FORWARD:         # the jit pack keeps them for its backward
+        dev.events.append((start, acts, False))
+    elif kind is Kind.BWD and role != BACKWARD:
+        dev.events.append((dev.clock, -acts, False))
+    else:
+        dev.events += [(start, acts, False), (dev.clock, -acts, False)]
+    if kind is Kind.BWD and (mb, task) in dev.stash_in:
+        dev.events.append((dev.clock, -dev.stash_in.pop((mb, task)), True))
+
+
+def _peak(events: list[tuple[float, float, bool]], managed_only: bool) -> float:
+    """Largest running sum; at equal times releases come first (the tier frees before it takes)."""
+    level = peak = 0.0
+    for _, delta, _ in sorted((e for e in events if e[2] or not managed_only), key=lambda e: (e[0], e[1])):
+        level += delta
+        peak = max(peak, level)
+    return peak

@@ -14,8 +14,7 @@ from __future__ import annotations
 from .cluster_sheet import calibration
 from .errors import PlannerError
 from .harmony_estimator import Links
-from .harmony_search import HarmonySearch, Scored, harmony_search
-from .harmony_tasks import TaskCosts
+from .harmony_search import HarmonySearch, HostUpdate, Scored, harmony_search
 from .inputs import Inputs
 from .ranking import Candidate, SearchResult
 
@@ -60,20 +59,19 @@ def harmony_links(inputs: Inputs, devices: int) -> Links:
     return Links(float(swap), level.bandwidth, level.latency, synchronous=cluster.runtime_device == "cpu")
 
 
-def harmony_costs(inputs: Inputs) -> tuple[TaskCosts, str]:
+def host_update(inputs: Inputs) -> tuple[HostUpdate, str]:
     sheet = calibration(inputs.cluster)
     if sheet is None:
-        return TaskCosts.of(inputs.profile), "host optimizer step not priced (no measured sheet: cluster=measured)"
+        return HostUpdate(), "host optimizer step not priced (no measured sheet: cluster=measured)"
     opt = sheet["optimizer"]
-    return TaskCosts.of(inputs.profile, float(opt["seconds_per_parameter_byte"]), float(opt["step_overhead_s"])), ""
+    return HostUpdate(float(opt["seconds_per_parameter_byte"]), float(opt["step_overhead_s"])), ""
 
 
 def run_harmony(inputs: Inputs) -> tuple[HarmonySearch, tuple[str, ...]]:
     devices = harmony_devices(inputs)
-    costs, note = harmony_costs(inputs)
-    sizes_cap = inputs.micro_batch or inputs.max_micro_batch
-    search = harmony_search(costs, harmony_links(inputs, devices), devices, inputs.global_batch,
-                            harmony_budget(inputs), sizes_cap, inputs.recompute, inputs.top_k,
+    host, note = host_update(inputs)
+    search = harmony_search(inputs.profile, harmony_links(inputs, devices), devices, inputs.global_batch,
+                            harmony_budget(inputs), inputs.max_micro_batch, host, inputs.top_k,
                             fixed_micro=inputs.micro_batch)
     return search, (note,) if note else ()
 
@@ -83,7 +81,7 @@ def candidate(inputs: Inputs, scored: Scored, budget: float) -> Candidate:
     time, n, batch = est.iteration_s, cfg.devices, cfg.minibatch
     idle = 1.0 - sum(est.compute_s) / (n * time) if time > 0 else 0.0
     return Candidate(
-        ALGORITHM, n, 1, 1, 1, SCHEDULE, cfg.u_b, batch // cfg.u_b, batch, cfg.recompute, (), time, batch / time,
+        ALGORITHM, n, 1, 1, 1, SCHEDULE, cfg.micro, cfg.microbatches, batch, True, (), time, batch / time,
         inputs.hardware_flops(batch) / (time * n) / 1e12, idle, scored.peak_bytes, budget,
         {"compute": max(est.compute_s)}, model_tflops_per_device=inputs.model_flops(batch) / (time * n) / 1e12)
 

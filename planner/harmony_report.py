@@ -25,20 +25,23 @@ def harmony_table(outcome: Outcome, peak_flops: float) -> str:
         f"{outcome.reason}",
         _row("schedule", f"harmony_pp: wrap-around pipeline over {h.devices} devices (task i on device i mod "
                          f"{h.devices})"),
-        _row("forward", f"U_F={h.u_f} ({c.global_batch // h.u_f} micro-batches per group), "
-                        f"P_F {_packs(h.packs_f)}"),
-        _row("backward", f"U_B={h.u_b} ({c.global_batch // h.u_b} micro-batches per group), "
-                         f"P_B {_packs(h.packs_b)} (the last is the jit pack)"),
-        _row("recomputation", "per pack (pack inputs kept)" if h.recompute else "none (activations stashed)"),
+        _row("micro-batch", f"b={c.micro}, m={c.num_microbatches} micro-batches per iteration"),
+        _row("forward", f"U_F={h.forward_group} micro-batches per task group, P_F {_packs(h.forward_packs)}"),
+        _row("backward", f"U_B={h.backward_group} micro-batches per task group, P_B {_packs(h.backward_packs)} "
+                         f"(the last, shared with P_F, is the jit pack)"),
+        _row("recomputation", "per backward pack from its stashed input (the jit pack keeps its activations)"),
         _row("iteration time", f"{c.iteration_time:.4g} s (event-driven estimate)"),
         _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
         _row("TFLOP/s per device", _tflops(c, peak_flops)),
         _row("device memory", f"peak {max(est.peak_bytes) / GIB:.3g} of {h.device_budget_bytes / GIB:.3g} GiB "
-                              f"budget (per device: {', '.join(f'{b / GIB:.3g}' for b in est.peak_bytes)})"),
+                              f"budget with activations, {max(est.peak_managed_bytes) / GIB:.3g} GiB of weights, "
+                              f"gradients and stashes (per device: "
+                              f"{', '.join(f'{b / GIB:.3g}' for b in est.peak_bytes)})"),
         _row("idle", f"{c.bubble_fraction:.1%} of device time not computing (swaps, sends, pipeline fill)"),
         _row("bytes moved", f"weights in {swaps['weights_in'] / GIB:.3g} GiB, gradients out "
-                            f"{swaps['gradients_out'] / GIB:.3g} GiB, all swaps in/out {swaps['in'] / GIB:.3g}/"
-                            f"{swaps['out'] / GIB:.3g} GiB, device-to-device {swaps['p2p'] / GIB:.3g} GiB"),
+                            f"{swaps['gradients_out'] / GIB:.3g} GiB (|W| = {info['weight_bytes'] / GIB:.3g} GiB), "
+                            f"stashes {swaps['stashes_each_way'] / GIB:.3g} GiB each way, device-to-device "
+                            f"{swaps['device_to_device'] / GIB:.3g} GiB"),
     ]
     for note in info.get("notes", []):
         lines.append(f"  note: {note}")

@@ -1,14 +1,11 @@
-"""One Harmony configuration (U_F, P_F, U_B, P_B) as the estimator's task list, with the costs of
-each task from the layer profile (Harmony's task graph generator, its Algorithm 3).
+"""A planned Harmony configuration as the runtime's schedule IR, and the per-action costs of its
+tasks from the layer profile.
 
-The wrap-around pipeline: the tasks are the forward packs in layer order, then the backward packs
-in reverse (P_FB = P_F + reverse(P_B)); task i runs on device i mod N. The backward packs' last
-pack is the jit pack: its forward runs straight before its backward, micro-batch by micro-batch,
-so P_F covers only the layers before it. Every task runs over the whole mini-batch as a group of
-micro-batches (D / U_F forward, D / U_B backward). A forward pack swaps in its weights and swaps
-out what its backward will need (the pack input with recomputation, else its activations); a
-backward pack swaps in its weights and those stashes, recomputes, and swaps out its gradients, on
-which the host runs the pack's update.
+The planner's configuration is (b, U_F, P_F, U_B, P_B) on N devices: the micro-batch size b
+(samples), the micro-batches per forward / backward task group (U_F, U_B; the runtime swaps a
+pack's weights in once per group), the forward packs before the jit pack and the backward packs
+(whose last is the jit pack, run forward and backward in one task). ``ir_config`` turns it into
+``pipedream.schedules.harmony.HarmonyConfig``, whose ``harmony_pp`` lists the estimator simulates.
 """
 from __future__ import annotations
 
@@ -16,105 +13,90 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .harmony_estimator import Item, Task
-from .harmony_packing import LayerBytes, Pack, backward_pack_bytes, forward_pack_bytes, stash_per_sample
+from pipedream.schedules.harmony import BACKWARD, FORWARD, HarmonyConfig
+
+from .harmony_estimator import ActionCosts
+from .harmony_packing import LayerBytes, Pack
 from .profile import Profile
 
 
 @dataclass(frozen=True)
-class HarmonyConfig:
-    u_f: int
-    packs_f: tuple[Pack, ...]
-    u_b: int
-    packs_b: tuple[Pack, ...]
+class PlannedConfig:
+    micro: int                    # b, samples per micro-batch
+    u_f: int                      # micro-batches per forward task group
+    packs_f: tuple[Pack, ...]     # forward packs before the jit pack
+    u_b: int                      # micro-batches per backward task group
+    packs_b: tuple[Pack, ...]     # backward packs; the last is the jit pack
     devices: int
     minibatch: int
-    recompute: bool = True
+
+    @property
+    def microbatches(self) -> int:
+        return self.minibatch // self.micro
+
+    def brief(self) -> str:
+        return f"b={self.micro} U_F={self.u_f} |P_F|={len(self.packs_f) + 1} U_B={self.u_b} |P_B|={len(self.packs_b)}"
 
     def describe(self) -> str:
         def show(packs):
             return " ".join(f"[{s},{e})" for s, e in packs)
-        rec = " recompute" if self.recompute else ""
-        return (f"U_F={self.u_f} P_F={show(self.packs_f) or '-'} U_B={self.u_b} P_B={show(self.packs_b)} "
-                f"N={self.devices}{rec}")
-
-    def brief(self) -> str:
-        return (f"U_F={self.u_f} |P_F|={len(self.packs_f)} U_B={self.u_b} |P_B|={len(self.packs_b)}"
-                + (" recompute" if self.recompute else ""))
+        return (f"b={self.micro} U_F={self.u_f} P_F={show(self.forward_packs)} U_B={self.u_b} "
+                f"P_B={show(self.packs_b)} N={self.devices}")
 
     @property
-    def task_packs(self) -> list[tuple[str, Pack]]:
-        """P_FB: the forward packs, then the backward packs from the last (the jit pack) to the first."""
-        return [("F", p) for p in self.packs_f] + [("B", p) for p in reversed(self.packs_b)]
+    def forward_packs(self) -> tuple[Pack, ...]:
+        """P_F as the runtime takes it: ending with the jit pack."""
+        return self.packs_f + (self.packs_b[-1],)
 
 
-@dataclass(frozen=True)
-class TaskCosts:
-    """What a task's costs are computed from: the profile, its byte columns and the host update rate."""
-
-    profile: Profile
-    layers: LayerBytes
-    host_update_s_per_byte: float = 0.0   # optimizer step on the host per parameter byte
-    host_update_overhead_s: float = 0.0   # per update call
-
-    @classmethod
-    def of(cls, profile: Profile, per_byte: float = 0.0, overhead: float = 0.0) -> "TaskCosts":
-        return cls(profile, LayerBytes.from_profile(profile), per_byte, overhead)
-
-    def seconds(self, micro: int, pack: Pack) -> tuple[float, float]:
-        fwd, bwd = self.profile.times(micro)
-        s, e = pack
-        return float(fwd[s:e].sum()), float(bwd[s:e].sum())
+def ir_config(cfg: PlannedConfig) -> HarmonyConfig:
+    return HarmonyConfig(cfg.packs_b[-1][1], cfg.forward_packs, cfg.packs_b, cfg.microbatches, cfg.u_f, cfg.u_b,
+                         cfg.devices)
 
 
-def _covering(sample_lo: int, sample_hi: int, micro: int) -> range:
-    """Micro-batches of size ``micro`` that hold samples [lo, hi)."""
-    return range(sample_lo // micro, (sample_hi - 1) // micro + 1)
+class ProfileCosts(ActionCosts):
+    """Per task and micro-batch of ``micro`` samples, from the profile's per-layer columns. A
+    backward task recomputes its pack's forward (the runtime keeps only pack inputs); the jit
+    pack does not. A forward task keeps no graph (its backward recomputes), so only its largest
+    layer's activations are live at once; the others hold the whole pack's. The host update:
+    ``overhead + per_byte x`` the pack's parameter bytes."""
 
+    def __init__(self, profile: Profile, config: HarmonyConfig, micro: int, update_per_byte: float = 0.0,
+                 update_overhead: float = 0.0):
+        self.layers = LayerBytes.from_profile(profile)
+        fwd, bwd = profile.times(micro)
+        prefix = lambda col: np.concatenate(([0.0], np.cumsum(col)))  # noqa: E731 - local helper
+        f, b, w, act = prefix(fwd), prefix(bwd), prefix(self.layers.weights), prefix(self.layers.activations)
+        self._rows = []
+        for task in config.tasks:
+            s, e = task.layers
+            recompute = task.role == BACKWARD
+            self._rows.append((f[e] - f[s], b[e] - b[s] + (f[e] - f[s] if recompute else 0.0), w[e] - w[s],
+                               micro * float(self.layers.inputs[s]), micro * float(self.layers.outputs[e - 1]),
+                               micro * (float(self.layers.activations[s:e].max()) if task.role == FORWARD
+                                        else act[e] - act[s]),
+                               update_overhead + update_per_byte * (w[e] - w[s]) if w[e] > w[s] else 0.0))
 
-def build_tasks(cfg: HarmonyConfig, costs: TaskCosts) -> list[Task]:
-    plan = cfg.task_packs
-    n_f = len(cfg.packs_f)
-    tasks: list[Task] = []
-    weights = costs.layers.weights
-    for i, (kind, pack) in enumerate(plan):
-        s, e = pack
-        device = i % cfg.devices
-        send_to = (i + 1) % cfg.devices if i + 1 < len(plan) else None
-        pack_weights = float(weights[s:e].sum())
-        stash = stash_per_sample(costs.layers, pack, cfg.recompute)
-        if kind == "F":
-            fwd, _ = costs.seconds(cfg.u_f, pack)
-            items = tuple(Item(fwd, cfg.u_f * float(costs.layers.outputs[e - 1]), cfg.u_f * stash,
-                               ((i - 1, j),) if i > 0 else ())
-                          for j in range(cfg.minibatch // cfg.u_f))
-            tasks.append(Task(i, device, "F", items, pack_weights,
-                              resident_bytes=forward_pack_bytes(costs.layers, pack, cfg.u_f, cfg.recompute),
-                              send_to=send_to))
-            continue
-        fwd, bwd = costs.seconds(cfg.u_b, pack)
-        jit = i == n_f
-        seconds = fwd + bwd if (jit or cfg.recompute) else bwd
-        grad_bytes = cfg.u_b * float(costs.layers.inputs[s])
-        items = []
-        for j in range(cfg.minibatch // cfg.u_b):
-            if jit and n_f:
-                needs = tuple((i - 1, k) for k in _covering(j * cfg.u_b, (j + 1) * cfg.u_b, cfg.u_f))
-            else:
-                needs = ((i - 1, j),) if i > 0 else ()
-            items.append(Item(seconds, grad_bytes, 0.0, needs))
-        stash_samples = 0 if jit else cfg.minibatch
-        stash_in = stash_samples * stash
-        update = (costs.host_update_overhead_s + costs.host_update_s_per_byte * pack_weights) if pack_weights else 0.0
-        tasks.append(Task(i, device, "B", tuple(items), pack_weights + stash_in, swap_out_bytes=pack_weights,
-                          resident_bytes=backward_pack_bytes(costs.layers, pack, cfg.u_b, stash_samples, cfg.recompute),
-                          host_update_s=update, send_to=send_to))
-    return tasks
+    def forward_s(self, task: int) -> float:
+        return self._rows[task][0]
 
+    def backward_s(self, task: int) -> float:
+        return self._rows[task][1]
 
-def swap_volume(cfg: HarmonyConfig, weights: np.ndarray) -> dict[str, float]:
-    """Weight bytes moved per iteration: swap-ins of forward and backward packs and the gradients
-    swapped out (3|W| less the jit pack's second swap-in)."""
-    def w(packs):
-        return float(sum(weights[s:e].sum() for s, e in packs))
-    return {"weights_in": w(cfg.packs_f) + w(cfg.packs_b), "gradients_out": w(cfg.packs_b)}
+    def weight_bytes(self, task: int) -> float:
+        return self._rows[task][2]
+
+    def stash_bytes(self, task: int) -> float:
+        return self._rows[task][3]
+
+    def input_grad_bytes(self, task: int) -> float:
+        return self._rows[task][3]
+
+    def output_bytes(self, task: int) -> float:
+        return self._rows[task][4]
+
+    def activation_bytes(self, task: int) -> float:
+        return self._rows[task][5]
+
+    def update_s(self, task: int) -> float:
+        return self._rows[task][6]

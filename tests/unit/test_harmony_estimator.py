@@ -1,58 +1,77 @@
-"""Harmony's event-driven estimator on small task lists whose times are worked out by hand, and the
-configuration search on a 120-layer model."""
+"""Harmony's event-driven estimator on the runtime's own harmony_pp action lists, with times and
+bytes worked out by hand, and the configuration search on a 120-layer model."""
 from __future__ import annotations
 
 import pytest
 
-from planner.harmony_estimator import Item, Links, Task, estimate
-from planner.harmony_packing import LayerBytes
-from planner.harmony_search import harmony_search
-from planner.harmony_tasks import HarmonyConfig, TaskCosts, build_tasks, swap_volume
+from pipedream.schedules.harmony import harmony_config, harmony_pp
 from planner.errors import DoesNotFitError
+from planner.harmony_estimator import ActionCosts, Links, estimate
+from planner.harmony_search import harmony_search
 from planner.profile import LayerProfile, Profile
 
-LINKS = Links(swap_bandwidth=10.0, p2p_bandwidth=5.0)
+
+class HandCosts(ActionCosts):
+    """Task 0: forward [0,1); task 1: the jit pack [1,2); task 2: backward [0,1)."""
+
+    def forward_s(self, task):
+        return {0: 1.0, 1: 2.0}[task]
+
+    def backward_s(self, task):
+        return {1: 3.0, 2: 4.0}[task]
+
+    def weight_bytes(self, task):
+        return {0: 10.0, 1: 20.0, 2: 10.0}[task]
+
+    def stash_bytes(self, task):
+        return 5.0
+
+    def output_bytes(self, task):
+        return 2.0
+
+    def input_grad_bytes(self, task):
+        return 2.0
+
+    def activation_bytes(self, task):
+        return 1.0
+
+    def update_s(self, task):
+        return 0.5
 
 
-def test_one_device_swap_overlaps_the_previous_task():
-    # task 0: swap-in 20 B at 10 B/s = 2 s, then items 1 s + 1 s -> computes [2, 4]
-    # task 1: its swap-in (30 B = 3 s) is issued when task 0 starts computing (t = 2) and the
-    #   copy stream is free (t = 2): done at 5; items need task 0's (same device, no send): 5..6..7
-    # task 1 then swaps out 10 B of gradients: 7 + 1 = 8, and the host update 0.5 s: 8.5
-    tasks = [Task(0, 0, "F", (Item(1.0), Item(1.0)), 20.0, resident_bytes=20.0, send_to=0),
-             Task(1, 0, "B", (Item(1.0, needs=((0, 0),)), Item(1.0, needs=((0, 1),))), 30.0, 10.0, 30.0, 0.5)]
-    est = estimate(tasks, 1, LINKS)
-    assert est.task_spans == [(2.0, 4.0), (5.0, 7.0)]
-    assert est.iteration_s == pytest.approx(8.5)
-    # task 0 holds 20 B over [0, 4], task 1 30 B over [2, 8]: both resident over [2, 4] -> 50
-    assert est.peak_bytes == [50.0]
-    assert est.swap_in_bytes == 50.0 and est.swap_out_bytes == 10.0
+def test_two_devices_by_hand():
+    config = harmony_config(2, 2, 2, [1, 1], [1, 1])
+    lists = harmony_pp(config)
+    assert " ".join(map(str, lists[0])) == "SI F0 SO0.2 SA0 PF.2 F1 SO1.2 SA1 SO SI.2 SI0.2 RG0.2 B0.2 SI1.2 RG1.2 B1.2 SO.2 U.2"
+    assert " ".join(map(str, lists[1])) == "SI.1 RA0.1 F0.1 B0.1 SG0.1 RA1.1 F1.1 B1.1 SG1.1 SO.1 U.1"
+    est = estimate(config, lists, HandCosts(), Links(swap_bandwidth=10.0, p2p_bandwidth=2.0))
+    # swaps at 10 B/s, sends of 2 B at 2 B/s = 1 s each.
+    # device 0: SI 10 B [0,1]; F0 [1,2]; SO0.2 5 B [2,2.5] on the copy stream; SA0 [2,3];
+    #   PF.2 10 B [2,3]; F1 [2,3]; SO1.2 [3,3.5]; SA1 [3,4]; SO (forward: weights dropped);
+    #   SI.2 prefetched, done at 3; SI0.2 5 B [3,3.5]; RG0.2 arrives at 9; B0.2 [9,13];
+    #   SI1.2 [13,13.5]; RG1.2 arrives at 14; B1.2 [14,18]; SO.2 gradients 10 B [18,19]; U.2 [19,19.5]
+    # device 1: SI.1 20 B [0,2]; RA0.1 at 3; F0.1 [3,5]; B0.1 [5,8]; SG0.1 [8,9]; RA1.1 (at 4);
+    #   F1.1 [8,10]; B1.1 [10,13]; SG1.1 [13,14]; SO.1 gradients 20 B [13,15]; U.1 [15,15.5]
+    assert est.iteration_s == pytest.approx(19.5)
+    assert est.compute_s == [10.0, 10.0]
+    # weights in: SI 10 + PF.2 10 + SI.1 20; gradients out 10 + 20; stashes 2 x 5; sends 4 x 2
+    assert (est.weights_in_bytes, est.gradients_out_bytes, est.stash_bytes, est.p2p_bytes) == (40, 30, 10, 8)
+    # device 0 at t = 2: task 0's weights 10 + the stash going out 5 + task 2's weights and
+    #   gradients 20 (prefetched) = 35 managed; with F1's activations (1) 36
+    # device 1: the jit pack's weights and gradients 40; with one micro-batch's activations 41
+    assert est.peak_managed_bytes == [35.0, 40.0]
+    assert est.peak_bytes == [36.0, 41.0]
 
 
-def test_synchronous_copies_block_compute_and_a_tight_budget_delays_prefetch():
-    tasks = [Task(0, 0, "F", (Item(1.0), Item(1.0)), 20.0, resident_bytes=20.0, send_to=0),
-             Task(1, 0, "B", (Item(1.0, needs=((0, 0),)), Item(1.0, needs=((0, 1),))), 30.0, 10.0, 30.0, 0.5)]
-    # CPU: swap-in [0,2], items [2,4]; task 1's swap-in on the compute stream [4,7], items [7,9],
-    # gradients out [9,10] then the update [10,10.5]; task 0 released at 4 before task 1 takes 30 B
-    est = estimate(tasks, 1, Links(10.0, 5.0, synchronous=True))
-    assert est.task_spans == [(2.0, 4.0), (7.0, 9.0)] and est.iteration_s == pytest.approx(10.5)
-    assert est.peak_bytes == [30.0]
-    # copy streams but a 40 B budget: 20 + 30 > 40, so task 1's swap-in waits for task 0's release
-    # at 4: [4,7], items [7,9], gradients out [9,10], update [10,10.5]
-    est = estimate(tasks, 1, LINKS, budget=40.0)
-    assert est.task_spans == [(2.0, 4.0), (7.0, 9.0)] and est.peak_bytes == [30.0]
-
-
-def test_two_devices_pipeline_micro_batches_through_sends():
-    # device 0: task 0, no swap, items 2 s each, each sends 10 B at 5 B/s = 2 s on its send stream:
-    #   item 0 ends 2, arrives 4; item 1 ends 4, arrives 6
-    # device 1: task 1 (swap-in 0), items 1 s: item 0 at 4..5, item 1 at 6..7
-    tasks = [Task(0, 0, "F", (Item(2.0, 10.0), Item(2.0, 10.0)), 0.0, send_to=1),
-             Task(1, 1, "F", (Item(1.0, needs=((0, 0),)), Item(1.0, needs=((0, 1),))), 0.0)]
-    est = estimate(tasks, 2, LINKS)
-    assert est.task_spans == [(0.0, 4.0), (4.0, 7.0)]
-    assert est.iteration_s == 7.0
-    assert est.p2p_bytes == 20.0 and est.compute_s == [4.0, 2.0]
+def test_synchronous_copies_run_on_the_compute_stream():
+    config = harmony_config(2, 1, 1, [1, 1], [1, 1])
+    lists = harmony_pp(config)
+    assert " ".join(map(str, lists[0])) == "PF.1 SI F0 SO0.2 SO SI.1 F0.1 PF.2 B0.1 SO.1 U.1 SI.2 SI0.2 B0.2 SO.2 U.2"
+    est = estimate(config, lists, HandCosts(), Links(10.0, 2.0, synchronous=True))
+    # one stream: PF.1 20 B 2 s, SI 10 B 1 s, F0 1, SO0.2 0.5, F0.1 2, PF.2 1, B0.1 3, SO.1 2, U.1 0.5,
+    # SI0.2 0.5, B0.2 4, SO.2 1, U.2 0.5: 19 s in all, nothing overlaps
+    assert est.iteration_s == pytest.approx(19.0)
+    assert est.compute_s == [10.0]
 
 
 def toy_profile(n: int, fwd: float = 1.0, weights: float = 100.0) -> Profile:
@@ -62,39 +81,22 @@ def toy_profile(n: int, fwd: float = 1.0, weights: float = 100.0) -> Profile:
     return Profile("toy", "dev", "analytic", "fp32", 1, (1, 2), layers)
 
 
-def test_task_list_of_a_configuration_by_hand():
-    # 4 layers, packs F: [0,2), B: [0,2) [2,4) (the jit pack [2,4)), 2 devices, D = 2, U_F = U_B = 1
-    costs = TaskCosts.of(toy_profile(4), per_byte=0.01)
-    cfg = HarmonyConfig(1, ((0, 2),), 1, ((0, 2), (2, 4)), 2, 2, True)
-    tasks = build_tasks(cfg, costs)
-    assert [(t.kind, t.device) for t in tasks] == [("F", 0), ("B", 1), ("B", 0)]
-    # forward [0,2): 2 layers x 1 s per micro-batch; sends 1 B per sample; stashes its input (0: the data)
-    assert [i.seconds for i in tasks[0].items] == [2.0, 2.0]
-    # jit pack [2,4): forward 2 s + backward 4 s per micro-batch, no stashes to bring in
-    assert [i.seconds for i in tasks[1].items] == [6.0, 6.0] and tasks[1].swap_in_bytes == 200.0
-    # backward [0,2) with recomputation: 2 + 4 s; host update 0.01 s per byte x 200 B = 2 s
-    assert tasks[2].items[0].seconds == 6.0 and tasks[2].host_update_s == pytest.approx(2.0)
-    # links: swap 100 B/s, p2p 1 B/s
-    est = estimate(tasks, 2, Links(100.0, 1.0))
-    # t0 (dev 0): swap-in 2 s -> items [2,4] [4,6]; sends 1 B (1 s): arrivals 5, 7
-    # t1 (dev 1): swap-in [0,2]; items wait for arrivals: [5,11] [11,17]; sends 1 B each: arrive 12, 18;
-    #             gradients out 200 B = 2 s: 19; update 2 s on host: 21
-    # t2 (dev 0): swap-in issued at t0's start (2), 2 s -> 4; items [12,18] [18,24];
-    #             gradients out [24,26], update [26,28]
-    assert est.task_spans == [(2.0, 6.0), (5.0, 17.0), (12.0, 24.0)]
-    assert est.iteration_s == pytest.approx(28.0)
-    assert swap_volume(cfg, costs.layers.weights) == {"weights_in": 600.0, "gradients_out": 400.0}
-
-
 def test_search_on_120_layers_stays_in_budget_and_refuses_impossible_ones():
-    costs = TaskCosts.of(toy_profile(120))
-    budget = 3000.0  # bytes: a backward pack of k layers needs 200 k + activations; halves for prefetch
-    result = harmony_search(costs, Links(1e3, 1e3), 4, 8, budget, max_micro=8)
-    best = result.best
-    assert best.peak_bytes <= budget and result.considered >= 4
-    packs = best.config.packs_f + best.config.packs_b
-    assert all(LayerBytes.from_profile(costs.profile).weights[s:e].sum() * 2 <= budget for s, e in best.config.packs_b)
-    assert packs and best.config.packs_b[0][0] == 0 and best.config.packs_b[-1][1] == 120
-    # layer 1: weights 100 + gradients 100 + one sample's activations 2, input 1, output 1 = 204
-    with pytest.raises(DoesNotFitError, match=r"layer 1 \(l1\) alone needs 204 bytes .* > the budget"):
-        harmony_search(costs, Links(1e3, 1e3), 4, 8, 203.0)
+    profile = toy_profile(120)
+    budget = 3000.0  # bytes: a backward pack of k layers holds 200 k of weights and gradients
+    result = harmony_search(profile, Links(1e3, 1e3), 4, 8, budget, max_micro=8)
+    best = result.best.config
+    assert max(result.best.estimate.peak_bytes) <= budget and result.considered >= 4
+    assert best.packs_b[0][0] == 0 and best.packs_b[-1][1] == 120
+    assert best.forward_packs[-1] == best.packs_b[-1]
+    assert all(200 * (e - s) <= budget for s, e in best.packs_b)
+    # 3|W| of weights per iteration: forward packs in, backward packs in, gradients out (the jit
+    # pack comes in once)
+    w = 100.0 * 120
+    jit = 100.0 * (best.packs_b[-1][1] - best.packs_b[-1][0])
+    assert result.best.estimate.weights_in_bytes == pytest.approx(2 * w - jit)
+    assert result.best.estimate.gradients_out_bytes == pytest.approx(w)
+    # layer 1: weights 100 + gradients 100 + one sample's activations 2, input 1, output 1, and
+    # its stashed input 1 = 205
+    with pytest.raises(DoesNotFitError, match=r"layer 1 \(l1\) alone needs 205 bytes .* > the budget"):
+        harmony_search(profile, Links(1e3, 1e3), 4, 8, 204.0)

@@ -36,9 +36,10 @@ def test_harmony_plan_round_trips_through_the_plan_file(tmp_path):
     out = make_plan(inputs(budget=weights / 4), "harmony")
     plan, h = out.plan, out.plan.harmony
     assert plan.schedule == "harmony_pp" and plan.world_size == 4 and plan.stages == ()
-    assert h.packs_b[0][0] == 0 and h.packs_b[-1][1] == SPEC.num_layers + 2  # embedding + blocks + head
-    assert (h.packs_f[-1][1] if h.packs_f else 0) == h.packs_b[-1][0]       # P_F stops before the jit pack
+    assert h.backward_packs[0][0] == 0 and h.backward_packs[-1][1] == SPEC.num_layers + 2  # embedding + blocks + head
+    assert h.forward_packs[-1] == h.backward_packs[-1]                                     # the jit pack
     assert max(plan.planner["peak_bytes_per_device"]) <= weights / 4
+    assert plan.batch.micro * plan.batch.num_microbatches == 16 and h.forward_group == plan.batch.num_microbatches
     path = tmp_path / "plan.json"
     plan.save(path)
     assert load_plan(path) == plan
@@ -66,11 +67,13 @@ def test_bad_harmony_sections():
     base = {"version": 1, "model": {"name": "m", "num_layers": 4}, "cluster": {"num_devices": 2},
             "parallel": {"pp": 2, "tp": 1, "dp": 1}, "schedule": "harmony_pp",
             "batch": {"global": 4, "micro": 2, "num_microbatches": 2}, "recompute": "full", "stages": [],
-            "harmony": {"u_f": 2, "packs_f": [[0, 2]], "u_b": 2, "packs_b": [[0, 2], [2, 4]], "devices": 2,
-                        "device_budget_bytes": 1e9}}
+            "harmony": {"forward_packs": [[0, 2], [2, 4]], "backward_packs": [[0, 1], [1, 2], [2, 4]],
+                        "forward_group": 2, "backward_group": 1, "devices": 2, "device_budget_bytes": 1e9}}
     assert plan_from_json(base).world_size == 2
-    for change, message in [({"packs_b": [[0, 2], [3, 4]]}, "must split"), ({"packs_f": [[0, 3]]}, "must cover"),
-                            ({"u_f": 3}, "must divide"), ({"device_budget_bytes": -1}, "positive")]:
+    for change, message in [({"backward_packs": [[0, 2], [3, 4]]}, "must split"),
+                            ({"forward_packs": [[0, 3]]}, "covers \\[0, 3\\)"),
+                            ({"forward_packs": [[0, 1], [1, 4]]}, "must be the same"),
+                            ({"forward_group": 3}, "between 1 and 2"), ({"device_budget_bytes": -1}, "positive")]:
         with pytest.raises(PlanError, match=message):
             plan_from_json({**base, "harmony": {**base["harmony"], **change}})
     with pytest.raises(PlanError, match="missing harmony"):
