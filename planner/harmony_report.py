@@ -7,6 +7,10 @@ from .ranking import GIB
 from .report import _row, _tflops, count
 
 
+def _size(nbytes: float) -> str:
+    return f"{nbytes / GIB:.3g} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.3g} MiB"
+
+
 def _packs(packs, limit: int = 8) -> str:
     shown = [f"[{s},{e})" for s, e in packs]
     if len(shown) > limit:
@@ -33,15 +37,14 @@ def harmony_table(outcome: Outcome, peak_flops: float) -> str:
         _row("iteration time", f"{c.iteration_time:.4g} s (event-driven estimate)"),
         _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
         _row("TFLOP/s per device", _tflops(c, peak_flops)),
-        _row("device memory", f"peak {max(est.peak_bytes) / GIB:.3g} of {h.device_budget_bytes / GIB:.3g} GiB "
-                              f"budget with activations, {max(est.peak_managed_bytes) / GIB:.3g} GiB of weights, "
-                              f"gradients and stashes (per device: "
-                              f"{', '.join(f'{b / GIB:.3g}' for b in est.peak_bytes)})"),
+        _row("device memory", f"peak {_size(max(est.peak_bytes))} of the {_size(h.device_budget_bytes)} budget with "
+                              f"activations, {_size(max(est.peak_managed_bytes))} of weights, gradients and stashes "
+                              f"(per device: {', '.join(_size(b) for b in est.peak_bytes)})"),
         _row("idle", f"{c.bubble_fraction:.1%} of device time not computing (swaps, sends, pipeline fill)"),
-        _row("bytes moved", f"weights in {swaps['weights_in'] / GIB:.3g} GiB, gradients out "
-                            f"{swaps['gradients_out'] / GIB:.3g} GiB (|W| = {info['weight_bytes'] / GIB:.3g} GiB), "
-                            f"stashes {swaps['stashes_each_way'] / GIB:.3g} GiB each way, device-to-device "
-                            f"{swaps['device_to_device'] / GIB:.3g} GiB"),
+        _row("bytes moved", f"weights in {_size(swaps['weights_in'])}, gradients out "
+                            f"{_size(swaps['gradients_out'])} (|W| = {_size(info['weight_bytes'])}), "
+                            f"stashes {_size(swaps['stashes_each_way'])} each way, device-to-device "
+                            f"{_size(swaps['device_to_device'])}"),
     ]
     for note in info.get("notes", []):
         lines.append(f"  note: {note}")

@@ -85,3 +85,21 @@ def test_cli_refuses_an_impossible_budget(capsys):
                  "planner.device_budget_bytes=1000"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.count("\n") == 0 and err.startswith("error: memory.device_budget_bytes=1000")
+
+
+def test_a_harmony_plan_folds_into_the_runtime_keys(tmp_path, capsys):
+    from pipedream.plan_config import apply_plan, check_plan_world_size
+    from tests.training_harness import compose_config
+
+    path = tmp_path / "harmony.json"
+    assert main(["model=gpt_tiny", "cluster=local_cpu", "train.global_batch_size=8", "planner.algorithm=harmony",
+                 "planner.device_budget_bytes=6000000", f"planner.out={path}"]) == 0, capsys.readouterr().err
+    plan = load_plan(path)
+    cfg = apply_plan(compose_config(["model=gpt_tiny", f"parallel.plan={path}"]))
+    check_plan_world_size(compose_config(["model=gpt_tiny", f"parallel.plan={path}"]), plan.harmony.devices)
+    assert cfg.schedule.name == "harmony_pp" and cfg.parallel.pp == plan.harmony.devices
+    assert cfg.schedule.forward_packs == [e - s for s, e in plan.harmony.forward_packs]
+    assert cfg.schedule.backward_packs == [e - s for s, e in plan.harmony.backward_packs]
+    assert cfg.schedule.backward_group == plan.harmony.backward_group
+    assert cfg.memory.device_budget_bytes == 6000000 and cfg.train.micro_batch_size == plan.batch.micro
+    assert sum(cfg.schedule.forward_packs) == sum(cfg.schedule.backward_packs) == plan.model.num_layers
