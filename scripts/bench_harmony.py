@@ -22,8 +22,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -35,7 +33,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_load import cpu_busy_jiffies, other_load  # noqa: E402
 from bench_runtime_report import machine, write_report  # noqa: E402
 
 SECTION = "bench_harmony"
@@ -150,22 +147,13 @@ def write_plan(row: Row, budget: float, path: Path) -> None:
 
 
 def train(plan_path: Path, run_dir: Path, steps: int) -> dict:
-    cmd = [sys.executable, "-m", "launcher", *MODEL, "cluster=local_cpu", f"parallel.plan={plan_path}",
-           f"train.steps={steps}", "train.eval_every=0", "trace.enabled=false", "train.progress=false",
-           f"train.log_every={steps}", f"train.run_dir={run_dir}", "train.overwrite=true", "data=synthetic",
-           "launcher.check_memory=false", f"launcher.master_port={29300 + os.getpid() % 300}"]
-    before, child = cpu_busy_jiffies(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1200)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:  # recorded, not fatal: one failing configuration must not lose the others
-        lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")] or proc.stderr.splitlines()
-        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:300], "wall_s": wall}
-    own = (after.ru_utime + after.ru_stime) - (child.ru_utime + child.ru_stime)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {"step_s": summary["median_step_time_s"], "wall_s": wall,
-            "other_load": other_load(before, cpu_busy_jiffies(), own), "ranks": summary.get("ranks", [])}
+    from bench_planner_fidelity import launch_plan
+
+    out = launch_plan(list(MODEL), plan_path, run_dir, steps, 29300, 1200)
+    if "error" in out:
+        return out
+    summary = out.pop("summary")
+    return {"step_s": summary["median_step_time_s"], **out, "ranks": summary.get("ranks", [])}
 
 
 def planner_choice(sheet_path: Path, out: Path, budget: float) -> tuple[Row, float]:
