@@ -100,3 +100,21 @@ def test_search_on_120_layers_stays_in_budget_and_refuses_impossible_ones():
     # its stashed input 1 = 205
     with pytest.raises(DoesNotFitError, match=r"layer 1 \(l1\) alone needs 205 bytes .* > the budget"):
         harmony_search(profile, Links(1e3, 1e3), 4, 8, 204.0)
+
+
+def test_profile_costs_by_hand():
+    from planner.harmony_tasks import PlannedConfig, ProfileCosts, ir_config
+
+    # 4 layers of the toy profile at b = 2: forward 2 s, backward 4 s per layer; weights 100 B;
+    # activations 2 B, outputs 1 B per sample. P_F = [0,2) + the jit pack [2,4); P_B = [0,1) [1,2) [2,4)
+    cfg = PlannedConfig(2, 1, ((0, 2),), 1, ((0, 1), (1, 2), (2, 4)), 2, 2)
+    ir = ir_config(cfg)
+    assert [(t.role, t.layers) for t in ir.tasks] == [("forward", (0, 2)), ("forward+backward", (2, 4)),
+                                                       ("backward", (1, 2)), ("backward", (0, 1))]
+    costs = ProfileCosts(toy_profile(4), ir, 2, update_per_byte=0.01, update_overhead=0.5)
+    assert costs.forward_s(0) == 4.0 and costs.backward_s(1) == 8.0   # the jit pack does not recompute
+    assert costs.backward_s(2) == 4.0 + 2.0                           # a backward pack does
+    assert costs.activation_bytes(0) == 2 * 2.0                       # a forward: its largest layer's
+    assert costs.activation_bytes(1) == 2 * 4.0                       # the jit pack: all of its layers'
+    assert costs.stash_bytes(2) == 2 * 1.0 and costs.stash_bytes(3) == 0.0  # layer 0's input is the data
+    assert costs.output_bytes(0) == 2.0 and costs.update_s(1) == pytest.approx(0.5 + 0.01 * 200)
