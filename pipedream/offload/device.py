@@ -14,12 +14,14 @@ from typing import Hashable
 
 import torch
 
+from ..errors import ConfigError
 from .counters import Direction, SwapCounters, TensorClass
 from .host import HostTier
 
 
-class DeviceBudgetError(MemoryError):
-    """A swap-in or allocation would exceed the device budget."""
+class DeviceBudgetError(ConfigError):
+    """A swap-in or allocation would exceed the device budget: the budget (or the packing) is the
+    user's choice, so it is reported as one configuration line."""
 
 
 def device_capacity_bytes(device: torch.device) -> int:

@@ -25,6 +25,8 @@ def _file_name(key: Hashable) -> str:
 
 class HostTier:
     def __init__(self, shared_dir: str | os.PathLike | None = None, pin: bool = False):
+        """``pin`` (CUDA only): page-locked process memory, so copies to the device can run
+        asynchronously; shared-memory tensors are not pinned."""
         self.shared_dir = Path(shared_dir) if shared_dir is not None else None
         self.pin = pin and torch.cuda.is_available()
         self._tensors: dict[Hashable, torch.Tensor] = {}
@@ -58,8 +60,6 @@ class HostTier:
             elif not path.exists():
                 raise FileNotFoundError(f"shared host tensor {key!r} does not exist at {path}")
             tensor = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
-            if self.pin:
-                torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
         self._tensors[key] = tensor
         return tensor
 
@@ -68,6 +68,16 @@ class HostTier:
         tensor = self.allocate(key, value.shape, value.dtype, create=create)
         tensor.copy_(value.detach())
         return tensor
+
+    def unlink(self, key: Hashable) -> None:
+        """Remove ``key``'s shared-memory file but keep this process's mapping (the memory lives
+        until every process that mapped it lets go): no file outlives the run."""
+        if self.shared_dir is not None:
+            (self.shared_dir / _file_name(key)).unlink(missing_ok=True)
+
+    def forget(self, key: Hashable) -> None:
+        """Drop this process's reference to ``key`` (its memory goes once nothing else holds it)."""
+        self._tensors.pop(key, None)
 
     def resident_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors.values())

@@ -17,7 +17,8 @@ In each device's action list ``Action.chunk`` is the task index i, and:
 - ``F<mb>.i`` / ``B<mb>.i``: the pack's forward / backward (a backward task recomputes its pack
   from the stashed input first); ``U.i``: the pack's update, after its last backward;
 - ``SO<mb>.j`` (on the forward device) / ``SI<mb>.j`` (on the backward device): the input of
-  backward task j for micro-batch mb, stashed to the host tier and brought back for the recompute;
+  backward task j for micro-batch mb, stashed to the host tier and brought back for the recompute
+  (after the forward's stashes come its send; the stash is read after ``RG<mb>.j`` has arrived);
 - ``SA``/``RA`` and ``SG``/``RG``: a pack's output / input gradient sent device-to-device to task
   i + 1 (none when both tasks share a device, N = 1).
 """
@@ -204,9 +205,10 @@ def _add_prefetch(groups: list[list[Action]]) -> list[Action]:
     return out
 
 
-def _sends_after_stashes(actions: list[Action]) -> list[Action]:
-    """A forward's output is sent after its stashes are written, so whoever reads a stash (after
-    a chain of messages that starts with that send) finds it complete."""
+def _stash_order(actions: list[Action]) -> list[Action]:
+    """A forward's output is sent after its stashes are written, and a backward task reads its
+    stash only once the output gradient has arrived: that message ends a chain that starts with
+    the send, so the stash is complete when it is read (on any device)."""
     out = list(actions)
     for k in range(len(out) - 1):
         if out[k].kind is Kind.SEND_ACT:
@@ -214,6 +216,8 @@ def _sends_after_stashes(actions: list[Action]) -> list[Action]:
             while end < len(out) and out[end].kind is Kind.SWAP_OUT and out[end].microbatch >= 0:
                 end += 1
             out[k:end] = out[k + 1:end] + [out[k]]
+        elif out[k].kind is Kind.SWAP_IN and out[k].microbatch >= 0 and out[k + 1].kind is Kind.RECV_GRAD:
+            out[k], out[k + 1] = out[k + 1], out[k]
     return out
 
 
@@ -224,7 +228,7 @@ def harmony_pp(config: HarmonyConfig) -> list[list[Action]]:
         per_device[task.device] += _task_compute(config, task)
     compute = [_add_prefetch(groups) for groups in per_device]
     with_messages = add_communication(compute, config.devices, len(config.tasks), config.placement())
-    return [_sends_after_stashes(actions) for actions in with_messages]
+    return [_stash_order(actions) for actions in with_messages]
 
 
 def describe(config: HarmonyConfig) -> str:

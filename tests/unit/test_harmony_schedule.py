@@ -128,6 +128,10 @@ def test_messages_pair_in_order_and_forwards_wait_for_their_input(case):
                 assert need in actions[:k]
             if a.kind is Kind.SEND_ACT:   # sent after the stashes of the same forward are out
                 assert actions[k - 1].kind in (Kind.FWD, Kind.SWAP_OUT)
+            if a.kind is Kind.SWAP_IN and a.microbatch >= 0 and need is None:
+                # a stash is read only after the gradient that follows its writing has been posted
+                gradient = placement.needs(device, Action(Kind.BWD, a.microbatch, a.chunk))
+                assert gradient is None or gradient in actions[:k]
 
 
 def test_jit_pack_runs_each_backward_straight_after_its_forward():
