@@ -33,6 +33,7 @@ class Links:
     p2p_latency: float = 0.0
     swap_latency: float = 0.0
     synchronous: bool = False     # copies block the compute stream (the CPU runtime)
+    compute_slots: int | None = None   # devices that can work at once (CPU processes on shared cores); None: all
 
     def swap_s(self, nbytes: float) -> float:
         return 0.0 if nbytes <= 0 else self.swap_latency + nbytes / self.swap_bandwidth
@@ -85,16 +86,21 @@ def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCost
     devices = [_Device() for _ in lists]
     arrivals: dict[tuple[Kind, int, int], float] = {}
     totals = Estimate(0.0, [], [], [])
+    slots = [0.0] * links.compute_slots if links.compute_slots else None
     remaining = sum(len(a) for a in lists)
     while remaining:
         moved = 0
-        for d, (dev, actions) in enumerate(zip(devices, lists)):
-            while dev.pos < len(actions):
-                action = actions[dev.pos]
-                if not _step(config, dev, action, costs, links, arrivals, totals):
-                    break
+        if slots is not None:   # one action at a time, the earliest to start on any device
+            d, dev = _earliest(devices, lists, arrivals)
+            if dev is not None and _step(config, dev, lists[d][dev.pos], costs, links, arrivals, totals, slots):
                 dev.pos += 1
-                moved += 1
+                moved = 1
+        else:
+            for dev, actions in zip(devices, lists):
+                while dev.pos < len(actions) and _step(config, dev, actions[dev.pos], costs, links, arrivals, totals,
+                                                       None):
+                    dev.pos += 1
+                    moved += 1
         if not moved:
             stuck = [f"device {d}: {lists[d][dev.pos]}" for d, dev in enumerate(devices) if dev.pos < len(lists[d])]
             raise PlannerError(f"harmony estimate: the action lists wait on each other ({'; '.join(stuck)})")
@@ -106,11 +112,37 @@ def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCost
     return totals
 
 
-def _copy(dev: _Device, nbytes: float, links: Links, inbound: bool) -> float:
+def _earliest(devices: list[_Device], lists: list[list[Action]], arrivals: dict) -> tuple[int, _Device | None]:
+    """The device whose next action can start first (a receive only once its message is sent)."""
+    best, when = (-1, None), float("inf")
+    for d, dev in enumerate(devices):
+        if dev.pos >= len(lists[d]):
+            continue
+        a = lists[d][dev.pos]
+        start = dev.clock
+        if a.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+            arrival = arrivals.get((a.kind, a.microbatch, a.chunk))
+            start = float("inf") if arrival is None else max(start, arrival)
+        if start < when:
+            best, when = (d, dev), start
+    return best
+
+
+def _work(dev: _Device, seconds: float, slots: list[float] | None) -> None:
+    """``seconds`` of work on the device's stream, in a free compute slot if slots are limited."""
+    if slots is not None and seconds > 0:
+        k = min(range(len(slots)), key=slots.__getitem__)
+        dev.clock = max(dev.clock, slots[k]) + seconds
+        slots[k] = dev.clock
+    else:
+        dev.clock += seconds
+
+
+def _copy(dev: _Device, nbytes: float, links: Links, inbound: bool, slots: list[float] | None = None) -> float:
     """Start a copy at the compute clock; returns when it ends (the clock moves only if synchronous)."""
     seconds = links.swap_s(nbytes)
     if links.synchronous:
-        dev.clock += seconds
+        _work(dev, seconds, slots)
         return dev.clock
     if inbound:
         dev.h2d = max(dev.h2d, dev.clock) + seconds
@@ -126,7 +158,7 @@ def _pack_bytes(config: HarmonyConfig, costs: ActionCosts, task: int) -> float:
 
 
 def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, links: Links,
-          arrivals: dict, totals: Estimate) -> bool:
+          arrivals: dict, totals: Estimate, slots: list[float] | None) -> bool:
     """Run action ``a`` on ``dev``; False if it must wait for a message not yet sent."""
     kind, mb, task = a.kind, a.microbatch, a.chunk
     if kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
@@ -143,24 +175,24 @@ def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, li
     elif kind is Kind.PREFETCH:
         dev.events.append((dev.clock, _pack_bytes(config, costs, task), True))
         totals.weights_in_bytes += costs.weight_bytes(task)
-        dev.prefetched[task] = _copy(dev, costs.weight_bytes(task), links, inbound=True)
+        dev.prefetched[task] = _copy(dev, costs.weight_bytes(task), links, True, slots)
     elif kind is Kind.SWAP_IN and mb < 0:
         if task in dev.prefetched:
             dev.clock = max(dev.clock, dev.prefetched.pop(task))
         else:
             dev.events.append((dev.clock, _pack_bytes(config, costs, task), True))
             totals.weights_in_bytes += costs.weight_bytes(task)
-            dev.clock = max(dev.clock, _copy(dev, costs.weight_bytes(task), links, inbound=True))
+            dev.clock = max(dev.clock, _copy(dev, costs.weight_bytes(task), links, True, slots))
     elif kind is Kind.SWAP_IN:
         nbytes = costs.stash_bytes(task)
         dev.events.append((dev.clock, nbytes, True))
         dev.stash_in[(mb, task)] = nbytes
         totals.stash_bytes += nbytes
-        dev.clock = max(dev.clock, _copy(dev, nbytes, links, inbound=True))
+        dev.clock = max(dev.clock, _copy(dev, nbytes, links, True, slots))
     elif kind is Kind.SWAP_OUT and mb >= 0:
         nbytes = costs.stash_bytes(task)
         start = dev.clock
-        done = _copy(dev, nbytes, links, inbound=False)
+        done = _copy(dev, nbytes, links, False, slots)
         dev.events += [(start, nbytes, True), (done, -nbytes, True)]
     elif kind is Kind.SWAP_OUT:
         w = costs.weight_bytes(task)
@@ -168,25 +200,26 @@ def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, li
             dev.events.append((dev.clock, -w, True))   # unchanged weights are dropped, not copied
         else:
             dev.events.append((dev.clock, -w, True))
-            done = _copy(dev, w, links, inbound=False)
+            done = _copy(dev, w, links, False, slots)
             dev.events.append((done, -w, True))
             dev.grads_out[task] = done
             totals.gradients_out_bytes += w
     elif kind is Kind.UPDATE:
         dev.clock = max(dev.clock, dev.grads_out.pop(task, dev.clock))
-        dev.clock += costs.update_s(task)
+        _work(dev, costs.update_s(task), slots)
     elif kind in (Kind.FWD, Kind.BWD):
-        _compute(config, dev, kind, mb, task, costs)
+        _compute(config, dev, kind, mb, task, costs, slots)
     else:
         raise PlannerError(f"harmony estimate: action {a} is not part of harmony_pp")
     return True
 
 
-def _compute(config: HarmonyConfig, dev: _Device, kind: Kind, mb: int, task: int, costs: ActionCosts) -> None:
+def _compute(config: HarmonyConfig, dev: _Device, kind: Kind, mb: int, task: int, costs: ActionCosts,
+             slots: list[float] | None) -> None:
     role = config.tasks[task].role
-    start = dev.clock
     seconds = costs.forward_s(task) if kind is Kind.FWD else costs.backward_s(task)
-    dev.clock += seconds
+    _work(dev, seconds, slots)
+    start = dev.clock - seconds
     dev.busy += seconds
     acts = costs.activation_bytes(task)
     if kind is Kind.FWD and role != FORWARD:         # the jit pack keeps them for its backward

@@ -6,10 +6,13 @@ mini-batch (``train.global_batch_size``), the devices of one server, the device 
 (``planner.device_budget_bytes``, else the device's memory less the planner's reserve), the
 host<->device swap bandwidth (the cluster's ``host_bandwidth_gbit_s``; a measured sheet's
 ``device.swap_bandwidth``; for CPU clusters without either, half the sheet's copy bandwidth), the
-point-to-point link between the devices, and the host's optimizer step per parameter byte from a
-measured sheet (without one the host update is not priced, and the plan says so).
+point-to-point link between the devices, the host's optimizer step per parameter byte from a
+measured sheet (without one the host update is not priced, and the plan says so), and on CPU
+clusters how many processes compute at once (``cpu_slots``).
 """
 from __future__ import annotations
+
+import os
 
 from .cluster_sheet import calibration
 from .errors import PlannerError
@@ -56,7 +59,17 @@ def harmony_links(inputs: Inputs, devices: int) -> Links:
         raise PlannerError(f"cluster {cluster.name} has no host_bandwidth_gbit_s (host <-> device bytes per second "
                            f"per device, e.g. 504 for PCIe 5.0 x16): add it to the cluster config for Harmony")
     level = cluster.level_for_span(devices)
-    return Links(float(swap), level.bandwidth, level.latency, synchronous=cluster.runtime_device == "cpu")
+    cpu = cluster.runtime_device == "cpu"
+    return Links(float(swap), level.bandwidth, level.latency, synchronous=cpu, compute_slots=cpu_slots(sheet) if cpu else None)
+
+
+def cpu_slots(sheet) -> int:
+    """How many CPU processes compute at once at the profile's speed: the calibration's processes
+    over how much slower a matmul ran with all of them busy than alone (measured; on a shared
+    machine the other users' load is in it); this machine's cores without a sheet."""
+    if sheet is None:
+        return os.cpu_count() or 1
+    return max(1, round(int(sheet["processes"]) / max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)))
 
 
 def host_update(inputs: Inputs) -> tuple[HostUpdate, str]:

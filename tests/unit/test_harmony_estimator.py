@@ -119,3 +119,15 @@ def test_profile_costs_by_hand():
     assert costs.activation_bytes(1) == 2 * 4.0                       # the jit pack: all of its layers'
     assert costs.stash_bytes(2) == 2 * 1.0 and costs.stash_bytes(3) == 0.0  # layer 0's input is the data
     assert costs.output_bytes(0) == 2.0 and costs.update_s(1) == pytest.approx(0.5 + 0.01 * 200)
+
+
+def test_one_compute_slot_serialises_the_devices():
+    config = harmony_config(2, 2, 2, [1, 1], [1, 1])
+    lists = harmony_pp(config)
+    free = estimate(config, lists, HandCosts(), Links(10.0, 2.0, synchronous=True))
+    shared = estimate(config, lists, HandCosts(), Links(10.0, 2.0, synchronous=True, compute_slots=1))
+    # with one slot no two devices work at once: the iteration is at least all work done in series
+    # (compute 10 + 10; copies: weights in 4, gradients out 3, stashes 1 + 1; updates 0.5 + 0.5: 30 s)
+    work = 20.0 + (40 + 30 + 10 + 10) / 10.0 + 2 * 0.5
+    assert shared.iteration_s >= work - 1e-9 > free.iteration_s
+    assert shared.compute_s == free.compute_s == [10.0, 10.0]
