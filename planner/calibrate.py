@@ -230,7 +230,7 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     data = {
         "schema": SCHEMA,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "threads": threads, "processes": processes,
+        "host": platform.node(), "threads": threads, "processes": processes, "cores": os.cpu_count(),
         "device": {"flops_fp32": net["concurrent_flops"], "memory_bytes": _total_ram_bytes(),
                    "memory_bandwidth": bandwidth,
                    # a swap copies a tensor into another: bytes moved per second, read + write counted once

@@ -4,6 +4,7 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
 
     {"schema": "pipedream-cluster-sheet/1", "measured_at": str, "host": str, "threads": int,
      "processes": int,                       # processes per node the network was measured with
+     "cores": int,                           # the machine's CPU cores (os.cpu_count)
      "device": {"flops_fp32": float,         # one thread's fp32 matmul FLOP/s, every process busy
                 "memory_bytes": float,       # RAM of the machine
                 "memory_bandwidth": float,   # one process copying a large tensor (read + write)

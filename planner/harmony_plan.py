@@ -66,10 +66,12 @@ def harmony_links(inputs: Inputs, devices: int) -> Links:
 def cpu_slots(sheet) -> int:
     """How many CPU processes compute at once at the profile's speed: the calibration's processes
     over how much slower a matmul ran with all of them busy than alone (measured; on a shared
-    machine the other users' load is in it); this machine's cores without a sheet."""
+    machine the other users' load is in it), at most the machine's cores; the cores without a sheet."""
+    cores = int((sheet or {}).get("cores") or os.cpu_count() or 1)
     if sheet is None:
-        return os.cpu_count() or 1
-    return max(1, round(int(sheet["processes"]) / max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)))
+        return cores
+    parallel = int(sheet["processes"]) / max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)
+    return max(1, min(cores, round(parallel)))
 
 
 def host_update(inputs: Inputs) -> tuple[HostUpdate, str]:

@@ -75,7 +75,7 @@ def check_budget(profile: Profile, budget: float, micro: int = 1) -> None:
     worst = max(range(len(need)), key=need.__getitem__)
     if need[worst] > budget:
         raise DoesNotFitError(
-            f"memory.device_budget_bytes={budget:.4g}: layer {worst} ({profile.layers[worst].name}) alone needs "
+            f"planner.device_budget_bytes={budget:.4g}: layer {worst} ({profile.layers[worst].name}) alone needs "
             f"{need[worst]:.4g} bytes (weights, gradients, one sample's activations) > the budget; raise the budget "
             f"to at least {need[worst]:.4g} bytes or use a smaller model")
 
@@ -108,7 +108,7 @@ def harmony_search(profile: Profile, links: Links, devices: int, minibatch: int,
     elapsed = time.perf_counter() - start
     if not scored:
         raise DoesNotFitError(
-            f"harmony: none of {considered} configurations stays within memory.device_budget_bytes={budget:.4g} "
+            f"harmony: none of {considered} configurations stays within planner.device_budget_bytes={budget:.4g} "
             f"({over} over it in simulation, the rest could not be packed); raise the budget or use a smaller "
             f"micro-batch (train.micro_batch_size)")
     ranked = sorted(scored.values(), key=lambda s: (s.iteration_s, s.peak_bytes))

@@ -84,7 +84,7 @@ def test_cli_refuses_an_impossible_budget(capsys):
     code = main(["model=gpt_small", "cluster=h200_x8", "cluster.nodes=1", "planner.algorithm=harmony",
                  "planner.device_budget_bytes=1000"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and err.count("\n") == 0 and err.startswith("error: memory.device_budget_bytes=1000")
+    assert code == 2 and err.count("\n") == 0 and err.startswith("error: planner.device_budget_bytes=1000")
 
 
 def test_a_harmony_plan_folds_into_the_runtime_keys(tmp_path, capsys):
