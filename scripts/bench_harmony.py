@@ -5,7 +5,8 @@ splits; whole and smaller task groups; the whole model as one jit pack, i.e. no 
 estimator (``planner.harmony_search.evaluate``: the runtime's own action lists, timed with the
 per-layer profile, the swap and point-to-point bandwidths and the optimizer step that ``python -m
 planner.calibrate`` measured here with as many processes as the configuration has devices) predicts
-the iteration time; the launcher then trains a plan file of exactly that configuration
+the iteration time (by default from a calibration taken just before the row's run, so both see the
+same phase of a shared machine); the launcher then trains a plan file of exactly that configuration
 (``parallel.plan=``, processes over Gloo, the "device" tier in RAM) and its summary gives the median
 step time after warm-up. The device budget of each run is the estimator's peak of managed bytes
 plus a quarter, below the model's weights, gradients and optimizer state where the packs allow.
@@ -197,28 +198,35 @@ def search_times() -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict:
+    from planner.harmony_plan import cpu_slots
+
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     rows = grid(args.quick)
-    sheets = {n: work / f"calibration_{max(n, 2)}.json" for n in {r.devices for r in rows} | {2}}
-    for n, path in sorted(sheets.items()):
-        calibrate(path, n, args.calibrate_repeats)
-    results = []
+    results, first_sheet = [], None
     for i, row in enumerate(rows + [None]):
+        devices = 2 if row is None else row.devices
+        sheet_path = work / (f"calibration_{max(devices, 2)}.json" if args.calibrate_once else f"calibration_row{i}.json")
+        if not args.calibrate_once:   # each row predicted from a calibration taken just before its run
+            sheet_path.unlink(missing_ok=True)
+        sheet = calibrate(sheet_path, devices, args.calibrate_repeats)
+        first_sheet = first_sheet or sheet
         if row is None:   # the planner's choice, at the budget of the 2-device rows
             budget = min(r["budget_bytes"] for r in results if r["devices"] == 2) if results else 4e6
-            row, seconds = planner_choice(sheets[2], work / "choice.json", budget)
+            row, seconds = planner_choice(sheet_path, work / "choice.json", budget)
             label = "planner's choice: "
         else:
             label, seconds = "", None
-        pred = predict(row, sheets[row.devices])
+        pred = predict(row, sheet_path)
         budget = pred["peak_managed_bytes"] * 1.25
         plan_path = work / f"plan{i}.json"
         write_plan(row, budget, plan_path)
         measured = train(plan_path, work / "run", args.steps)
         result = {"name": label + row.name, "row": asdict(row), "devices": row.devices, "budget_bytes": budget,
-                  "predicted": pred, **measured}
+                  "predicted": pred, **measured,
+                  "calibration": {"flops_fp32": sheet["device"]["flops_fp32"], "compute_slots": cpu_slots(sheet),
+                                  "other_cpu_share": sheet["machine_load"]["other_cpu_share"]}}
         if seconds is not None:
             result["search_seconds"] = seconds
         if "step_s" in measured:
@@ -227,11 +235,10 @@ def run(args: argparse.Namespace) -> dict:
         print(f"{result['name']}: predicted {pred['iteration_s'] * 1e3:.1f} ms, " +
               (f"failed: {measured['error']}" if "step_s" not in measured else
                f"measured {measured['step_s'] * 1e3:.1f} ms ({result['step_error'] * 100:+.0f}%)"), flush=True)
-    sheet = json.loads(sheets[2].read_text())
     return {"machine": machine(), "steps": args.steps, "global_batch": GLOBAL_BATCH, "model": list(MODEL),
-            "calibration": {k: v for k, v in sheet.items() if k != "profiles"}, "rows": results,
-            "search": search_times(), "wall_s": time.perf_counter() - started,
-            "command": " ".join(["scripts/bench_harmony.py", *sys.argv[1:]])}
+            "calibration": {k: v for k, v in first_sheet.items() if k != "profiles"}, "rows": results,
+            "calibrate_once": args.calibrate_once, "search": search_times(), "wall_s": time.perf_counter() - started,
+            "command": " ".join([".venv/bin/python scripts/bench_harmony.py", *sys.argv[1:]])}
 
 
 def markdown(data: dict) -> str:
@@ -249,16 +256,24 @@ def markdown(data: dict) -> str:
         f"measured per-layer profile, swap bandwidth ({cal['device'].get('swap_bandwidth', cal['device']['memory_bandwidth'] / 2) / 1e9:.2f} GB/s), "
         f"point-to-point {cal['p2p']['latency_s'] * 1e6:.0f} us + {cal['p2p']['bandwidth'] / 1e9:.2f} GB/s and optimizer "
         f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) of a calibration "
-        f"with as many processes as devices (2 for one device); copies are synchronous on CPU. Each run's "
-        f"`memory.device_budget_bytes` is the predicted peak of managed bytes + 25%.", "",
-        "| configuration | predicted | measured | error | budget | weights + grads + optimizer state | other load |",
-        "|---|---|---|---|---|---|---|"]
+        f"with as many processes as devices (2 for one device), "
+        + ("one per device count" if data.get("calibrate_once") else "taken just before each row's run (the first "
+           "one's numbers here)")
+        + "; copies are synchronous on CPU, and the processes share the compute slots the calibration measured. "
+        "Each run's `memory.device_budget_bytes` is the predicted peak of managed bytes + 25%.", "",
+        "| configuration | predicted | measured | error | budget | weights + grads + optimizer state | "
+        "calibration: GFLOP/s per process, slots, others' CPU | others' CPU in the run |",
+        "|---|---|---|---|---|---|---|---|"]
     for r in ok:
         p = r["predicted"]
+        c = r.get("calibration") or {}
+        cal_text = (f"{c['flops_fp32'] / 1e9:.1f}, {c['compute_slots']}, {(c['other_cpu_share'] or 0) * 100:.0f}%"
+                    if c else "")
         lines.append(f"| {r['name']} | {p['iteration_s'] * 1e3:.1f} ms | {r['step_s'] * 1e3:.1f} ms | "
                      f"{r['step_error'] * 100:+.0f}% | {r['budget_bytes'] / 2**20:.2f} MiB | "
-                     f"{(p['weights_and_state_bytes']) / 2**20:.2f} MiB | {(r.get('other_load') or 0) * 100:.0f}% |")
-    lines += [f"| {r['name']} | {r['predicted']['iteration_s'] * 1e3:.1f} ms | failed: {r['error']} | | | | |"
+                     f"{(p['weights_and_state_bytes']) / 2**20:.2f} MiB | {cal_text} | "
+                     f"{(r.get('other_load') or 0) * 100:.0f}% |")
+    lines += [f"| {r['name']} | {r['predicted']['iteration_s'] * 1e3:.1f} ms | failed: {r['error']} | | | | | |"
               for r in failed]
     if errors:
         lines += ["", f"Target: predicted within {TARGET:.0%} of measured for at least 8 configurations: "
@@ -276,7 +291,9 @@ def markdown(data: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--calibrate-repeats", type=int, default=5)
+    parser.add_argument("--calibrate-repeats", type=int, default=3)
+    parser.add_argument("--calibrate-once", action="store_true",
+                        help="one calibration per device count (kept in --work-dir) instead of one before each row")
     parser.add_argument("--quick", action="store_true", help="3 configurations and the planner's choice")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_harmony"))
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_harmony"))
