@@ -103,3 +103,13 @@ def test_a_harmony_plan_folds_into_the_runtime_keys(tmp_path, capsys):
     assert cfg.schedule.backward_group == plan.harmony.backward_group
     assert cfg.memory.device_budget_bytes == 6000000 and cfg.train.micro_batch_size == plan.batch.micro
     assert sum(cfg.schedule.forward_packs) == sum(cfg.schedule.backward_packs) == plan.model.num_layers
+
+
+def test_cpu_slots_from_the_calibration():
+    from planner.harmony_plan import cpu_slots
+
+    # 2 processes each 1.97x slower when both compute: about one at a time
+    assert cpu_slots({"processes": 2, "matmul_slowdown_all_busy": 1.97, "cores": 2}) == 1
+    # 4 processes no slower all busy (a loaded machine hides the contention): at most the cores
+    assert cpu_slots({"processes": 4, "matmul_slowdown_all_busy": 1.0, "cores": 2}) == 2
+    assert cpu_slots({"processes": 4, "matmul_slowdown_all_busy": 1.3, "cores": 16}) == 3
