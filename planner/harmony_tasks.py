@@ -35,7 +35,8 @@ class PlannedConfig:
         return self.minibatch // self.micro
 
     def brief(self) -> str:
-        return f"b={self.micro} U_F={self.u_f} |P_F|={len(self.packs_f) + 1} U_B={self.u_b} |P_B|={len(self.packs_b)}"
+        return (f"b={self.micro} U_F={self.u_f} P_F: {len(self.packs_f) + 1} packs, U_B={self.u_b} "
+                f"P_B: {len(self.packs_b)} packs")
 
     def describe(self) -> str:
         def show(packs):

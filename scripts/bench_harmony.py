@@ -283,8 +283,9 @@ def markdown(data: dict) -> str:
                   "budget |W| / 4, micro-batches up to 32):", "", "| model | layers | mini-batch | configurations | "
                   "seconds | best |", "|---|---|---|---|---|---|"]
     for s in data["search"]:
+        best = s["best"].replace("|", "\\|")   # older reports wrote |P_F|
         lines.append(f"| {s['model']} | {s['layers']} | {s['minibatch']} | {s['considered']} | {s['seconds']:.2f} | "
-                     f"{s['best']} |")
+                     f"{best} |")
     return "\n".join(lines) + "\n"
 
 
