@@ -23,6 +23,7 @@ from .errors import InvariantError
 from .groups import DirectedGroups
 from .harmony_state import PackState
 from .offload import DeviceTier, SwapCounters, TensorClass
+from .optim import NonFiniteError
 from .runner import StepResult
 from .schedules.actions import Action, Kind
 from .schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
@@ -292,7 +293,6 @@ class HarmonyRunner:
         self.steps += 1
         loss = loss_sum / count
         if not math.isfinite(loss):
-            from .optim import NonFiniteError
             raise NonFiniteError(f"training loss is {loss}: stopped; lower train.lr or check the data")
         return StepResult(loss=loss, grad_norm=math.nan, lr=lr)
 

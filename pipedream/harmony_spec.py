@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from .errors import ConfigError
 from .layout import ParallelLayout
 from .schedules import ScheduleError
-from .schedules.harmony import HarmonyConfig, harmony_config
+from .schedules.harmony import FORWARD, HarmonyConfig, harmony_config
 from .specs import Section
 
 PACK_KEYS = ("forward_packs", "backward_packs")
@@ -104,9 +104,9 @@ def _check_packs_fit(cfg: Any, config: HarmonyConfig, budget: int) -> None:
     sizes = [sum(p.numel() * p.element_size() for p in layers[i].parameters()) for i in range(config.num_layers)]
     for task in config.tasks:
         first, stop = task.layers
-        need = sum(sizes[first:stop]) * (1 if task.role == "forward" else 2)
+        need = sum(sizes[first:stop]) * (1 if task.role == FORWARD else 2)
         if need > budget:
-            what = "weights" if task.role == "forward" else "weights and gradients"
+            what = "weights" if task.role == FORWARD else "weights and gradients"
             raise ConfigError(f"memory.device_budget_bytes = {budget} is below the {need} bytes of {what} that task "
                               f"{task.index} ({task.role}, layers [{first}, {stop})) holds at once: raise it to at "
                               f"least {need} or split that pack (schedule.forward_packs, schedule.backward_packs)")
