@@ -24,6 +24,7 @@ from models.spec import LayerModel
 
 from .boundary import dtypes
 from .errors import ConfigError
+from .groups import build_p2p_groups
 from .harmony_runner import HarmonyExecutor, HarmonyRunner
 from .harmony_state import PackState
 from .offload import DeviceTier, HostTier
@@ -76,7 +77,7 @@ class HarmonyEngine:
         self.host_dir = shared_host_dir(rank)
         if rank == 0:
             weakref.finalize(self, shutil.rmtree, self.host_dir, True)
-        host = HostTier(self.host_dir, pin=device.type == "cuda")
+        host = HostTier(self.host_dir)
         self.tier = DeviceTier(host, device, spec.harmony.device_budget_bytes)
         self.state = PackState(modules, owned, host, self.tier, dist.barrier)
         # a rank that owns no layer still keeps the learning-rate schedule (an empty placeholder)
@@ -85,10 +86,13 @@ class HarmonyEngine:
         self.scheduler = build_scheduler(self.optimizer, train)
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
         layer_shapes = BoundaryShapes(model, [(i, i + 1) for i in range(model.num_layers)], input_dtype)
-        self.actions = harmony_pp(config)[rank]
+        schedules = harmony_pp(config)
+        self.actions = schedules[rank]
         self.eval_actions = evaluation_actions(self.actions, config)
-        executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes, recorder,
-                                   getattr(recorder, "clock", time.perf_counter))
+        # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL)
+        executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes,
+                                   build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter))
+        executor.connect(schedules)
         self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
                                     self._global_sums)
         # what the trainer and checkpoints read from an engine

@@ -20,8 +20,10 @@ import torch.distributed as dist
 
 from . import boundary
 from .errors import InvariantError
+from .groups import DirectedGroups
 from .harmony_state import PackState
 from .offload import DeviceTier, SwapCounters, TensorClass
+from .optim import NonFiniteError
 from .runner import StepResult
 from .schedules.actions import Action, Kind
 from .schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
@@ -47,8 +49,8 @@ class _Iteration:
 
 class HarmonyExecutor:
     def __init__(self, config: HarmonyConfig, rank: int, state: PackState, loss_fn: Callable, layer_shapes: BoundaryShapes,
-                 recorder=None, clock: Callable[[], float] = time.perf_counter):
-        self.config, self.rank, self.state, self.loss_fn = config, rank, state, loss_fn
+                 p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter):
+        self.config, self.rank, self.state, self.loss_fn, self.p2p = config, rank, state, loss_fn, p2p
         self.tier: DeviceTier = state.device
         self.layer_shapes = layer_shapes   # bounds: one layer each, so stage_input(shape, l) is layer l's input
         self.placement = config.placement()
@@ -71,6 +73,18 @@ class HarmonyExecutor:
 
     def _layers(self, task: int) -> range:
         return range(*self.config.tasks[task].layers)
+
+    def connect(self, schedules: list[list[Action]]) -> None:
+        """One small message on every channel the schedule uses, in one global order, before the
+        first iteration: NCCL creates its pair communicators where no rank waits on a compute."""
+        channels = sorted({(rank, self.placement.peer(rank, a)[0]) for rank, actions in enumerate(schedules)
+                           for a in actions if a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD)})
+        token = torch.zeros(1, device=self.tier.device)
+        for src, dst in channels:
+            if self.rank == src:
+                dist.send(token, dst, group=self.p2p.carrying(src, dst))
+            elif self.rank == dst:
+                dist.recv(token, src, group=self.p2p.carrying(src, dst))
 
     # --- the walk ----------------------------------------------------------------------------
     def run(self, actions: list[Action], batches: dict[int, Any], loss_scale: float, train: bool = True,
@@ -163,7 +177,8 @@ class HarmonyExecutor:
         kind = _ACT if a.kind is Kind.SEND_ACT else _GRAD
         tensor = it.outgoing.pop((kind, a.microbatch, a.chunk)).contiguous()
         dst, _ = self.placement.peer(self.rank, a)
-        it.sends.append((dist.isend(tensor, dst, tag=self._tag(kind, a.microbatch, a.chunk + 1)), tensor))
+        work = dist.isend(tensor, dst, group=self.p2p.carrying(self.rank, dst), tag=self._tag(kind, a.microbatch, a.chunk + 1))
+        it.sends.append((work, tensor))
         self.tier.record_device_to_device(TensorClass.ACTIVATIONS, tensor.nbytes)
 
     def _post_receive(self, a: Action, it: _Iteration) -> None:
@@ -172,8 +187,8 @@ class HarmonyExecutor:
         shape, dtype = self._spec(a.microbatch, first if kind == _ACT else stop)
         buffer = torch.empty(shape, dtype=dtype, device=self.tier.device)
         src, _ = self.placement.peer(self.rank, a)
-        it.incoming[(kind, a.microbatch, a.chunk)] = (dist.irecv(buffer, src, tag=self._tag(kind, a.microbatch, a.chunk)),
-                                                     buffer)
+        work = dist.irecv(buffer, src, group=self.p2p.carrying(src, self.rank), tag=self._tag(kind, a.microbatch, a.chunk))
+        it.incoming[(kind, a.microbatch, a.chunk)] = (work, buffer)
 
     def _take(self, kind: int, microbatch: int, task: int, it: _Iteration) -> tuple[torch.Tensor, float]:
         """The tensor task ``task`` consumes (a received message or a same-device hand-over), and
@@ -278,7 +293,6 @@ class HarmonyRunner:
         self.steps += 1
         loss = loss_sum / count
         if not math.isfinite(loss):
-            from .optim import NonFiniteError
             raise NonFiniteError(f"training loss is {loss}: stopped; lower train.lr or check the data")
         return StepResult(loss=loss, grad_norm=math.nan, lr=lr)
 

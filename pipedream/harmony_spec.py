@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 from .errors import ConfigError
 from .layout import ParallelLayout
 from .schedules import ScheduleError
-from .schedules.harmony import HarmonyConfig, harmony_config
+from .schedules.harmony import FORWARD, HarmonyConfig, harmony_config
 from .specs import Section
 
 PACK_KEYS = ("forward_packs", "backward_packs")
@@ -86,4 +86,27 @@ def harmony_spec(cfg: Any, layout: ParallelLayout, num_layers: int, microbatches
     except ScheduleError as error:
         raise ConfigError(f"schedule=harmony_pp: {error} (schedule.forward_packs, schedule.backward_packs, "
                           f"schedule.forward_group, schedule.backward_group)") from None
-    return HarmonySpec(config, _budget(cfg))
+    budget = _budget(cfg)
+    if budget is not None:
+        _check_packs_fit(cfg, config, budget)
+    return HarmonySpec(config, budget)
+
+
+def _check_packs_fit(cfg: Any, config: HarmonyConfig, budget: int) -> None:
+    """Every task needs its pack's weights (and, for a backward, their gradients) on the device
+    at once: a budget below that is refused before anything starts (sizes from the meta device)."""
+    import torch   # only here: the other checks need no torch
+
+    from models import build_model
+
+    with torch.device("meta"):
+        layers = build_model(cfg.model, seed=0).build()
+    sizes = [sum(p.numel() * p.element_size() for p in layers[i].parameters()) for i in range(config.num_layers)]
+    for task in config.tasks:
+        first, stop = task.layers
+        need = sum(sizes[first:stop]) * (1 if task.role == FORWARD else 2)
+        if need > budget:
+            what = "weights" if task.role == FORWARD else "weights and gradients"
+            raise ConfigError(f"memory.device_budget_bytes = {budget} is below the {need} bytes of {what} that task "
+                              f"{task.index} ({task.role}, layers [{first}, {stop})) holds at once: raise it to at "
+                              f"least {need} or split that pack (schedule.forward_packs, schedule.backward_packs)")

@@ -106,3 +106,18 @@ def test_vgg16_on_two_devices_matches_single_process(tmp_path):
     overrides = VGG + ["parallel.pp=2", f"memory.device_budget_bytes={budget}"]
     per_rank = run_workers(harmony_train_rank, 2, [(overrides, str(tmp_path / "run"))])
     check_run(per_rank, 0, overrides, budget, range(15, 16))
+
+
+@pytest.mark.slow
+def test_trace_records_swaps_and_a_small_budget_is_one_line(tmp_path):
+    import json
+
+    traced = GPT + ["parallel.pp=2", "trace.enabled=true", "train.steps=2", "trace.steps=[2]"]
+    per_rank = run_workers(harmony_train_rank, 2, [(traced, str(tmp_path / "traced"))])
+    events = json.loads((tmp_path / "traced" / "trace" / "trace.json").read_text())["traceEvents"]
+    names = {e["name"] for e in events if e.get("ph") == "X"}
+    assert {"SI", "SO.1", "F0", "SA0", "B0.7", "U.7", "SO0.14", "SI0.14"} <= names   # swaps, computes, messages, updates
+    assert {e["cat"] for e in events if e["name"].startswith(("SI", "SO", "PF"))} == {"swap"}
+    assert (tmp_path / "traced" / "trace" / "timeline.png").stat().st_size > 0
+    assert per_rank[0][0]["summary"]["trace"] is not None
+

@@ -179,3 +179,25 @@ def test_action_text_round_trips():
     for case in CONFIGS:
         for actions in build(case)[1]:
             assert parse_actions(format_actions(actions)) == actions
+
+
+def test_deadlock_free_under_nccl_rules_with_one_group_per_direction():
+    """What the runtime runs: each device's list, then the loss all-reduce of every rank (None)."""
+    from pipedream.simulate import DeadlockError
+    from pipedream.stream_model import check_stream_order
+    checked = 0
+    for layers, devices, m in itertools.product(range(1, 10), range(1, 6), (1, 2, 3, 4, 8)):
+        for forward_group, backward_group in {(1, 1), (m, m), (2 if m > 1 else 1, 1), (m, 1)}:
+            config = harmony_config(layers, m, devices, forward_group=forward_group, backward_group=backward_group)
+            orders = [actions + [None] for actions in harmony_pp(config)]
+            placement = config.placement()
+            for streams in ("direction", "channel"):
+                check_stream_order(orders, devices, len(config.tasks), streams=streams, peer=placement.peer,
+                                   needs=placement.needs)
+            checked += 1
+    assert checked > 500
+    # both directions on one stream per pair of ranks (one group) can hang: hence the two groups
+    config = harmony_config(2, 2, 2)
+    with pytest.raises(DeadlockError):
+        check_stream_order([a + [None] for a in harmony_pp(config)], 2, len(config.tasks), streams="pair",
+                           peer=config.placement().peer, needs=config.placement().needs)
