@@ -13,12 +13,14 @@ clusters how many processes compute at once (``cpu_slots``).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from .cluster_sheet import calibration
 from .errors import PlannerError
 from .harmony_estimator import Links
 from .harmony_search import HarmonySearch, HostUpdate, Scored, harmony_search
 from .inputs import Inputs
+from .profile import Profile
 from .ranking import Candidate, SearchResult
 
 ALGORITHM = "harmony"
@@ -82,10 +84,23 @@ def host_update(inputs: Inputs) -> tuple[HostUpdate, str]:
     return HostUpdate(float(opt["seconds_per_parameter_byte"]), float(opt["step_overhead_s"])), ""
 
 
+def harmony_profile(inputs: Inputs, devices: int) -> Profile:
+    """The profile as the run will see it. A measured CPU profile is timed with every calibrated
+    process computing at once; one device computes alone, which the calibration measured as
+    ``matmul_slowdown_all_busy`` times faster."""
+    sheet = calibration(inputs.cluster)
+    slowdown = max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0) if sheet else 1.0
+    if devices > 1 or inputs.cluster.runtime_device != "cpu" or inputs.profile.source != "measured" or slowdown == 1.0:
+        return inputs.profile
+    layers = tuple(replace(layer, forward_s=tuple(t / slowdown for t in layer.forward_s),
+                           backward_s=tuple(t / slowdown for t in layer.backward_s)) for layer in inputs.profile.layers)
+    return replace(inputs.profile, layers=layers)
+
+
 def run_harmony(inputs: Inputs) -> tuple[HarmonySearch, tuple[str, ...]]:
     devices = harmony_devices(inputs)
     host, note = host_update(inputs)
-    search = harmony_search(inputs.profile, harmony_links(inputs, devices), devices, inputs.global_batch,
+    search = harmony_search(harmony_profile(inputs, devices), harmony_links(inputs, devices), devices, inputs.global_batch,
                             harmony_budget(inputs), inputs.max_micro_batch, host, inputs.top_k,
                             fixed_micro=inputs.micro_batch)
     return search, (note,) if note else ()

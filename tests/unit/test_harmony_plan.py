@@ -113,3 +113,19 @@ def test_cpu_slots_from_the_calibration():
     # 4 processes no slower all busy (a loaded machine hides the contention): at most the cores
     assert cpu_slots({"processes": 4, "matmul_slowdown_all_busy": 1.0, "cores": 2}) == 2
     assert cpu_slots({"processes": 4, "matmul_slowdown_all_busy": 1.3, "cores": 16}) == 3
+
+
+def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
+    from types import MappingProxyType
+
+    from planner.harmony_plan import harmony_profile
+    from tests.planner_helpers import random_profile
+    import random
+
+    profile = replace(random_profile(random.Random(1), 3), source="measured")
+    sheet = {"matmul_slowdown_all_busy": 2.0, "processes": 2}
+    cluster = Cluster("m", H200, (Level("p2p", 2, 1e9),), 2, "cpu", MappingProxyType({"sheet": sheet}))
+    inp = Inputs("m", profile, cluster, 8)
+    alone = harmony_profile(inp, 1)
+    assert alone.layers[1].forward_s[0] == pytest.approx(profile.layers[1].forward_s[0] / 2)
+    assert harmony_profile(inp, 2) is profile   # two devices: the all-busy times, as calibrated
