@@ -279,6 +279,17 @@ def markdown(data: dict) -> str:
         lines += ["", f"Target: predicted within {TARGET:.0%} of measured for at least 8 configurations: "
                       f"{within} of {len(errors)} are (median |error| {statistics.median(errors) * 100:.1f}%, worst "
                       f"{max(errors) * 100:.1f}%): {'met' if within >= 8 else '**not met**'}."]
+    cals = [r["calibration"] for r in ok if r.get("calibration")]
+    if errors and cals:
+        signed = sorted(r["step_error"] for r in ok)
+        flops = [c["flops_fp32"] / 1e9 for c in cals]
+        others = [(c["other_cpu_share"] or 0) * 100 for c in cals]
+        lines += ["", f"What limits it here: the calibrations before the rows measured {min(flops):.0f} to "
+                      f"{max(flops):.0f} GFLOP/s per process while other processes used {min(others):.0f}% to "
+                      f"{max(others):.0f}% of the CPU, and each run meets the machine in another phase; the "
+                      f"predictions lean {'low' if signed[len(signed) // 2] < 0 else 'high'} (median signed error "
+                      f"{signed[len(signed) // 2] * 100:+.0f}%). Per-action overhead of the runtime (stash files "
+                      f"in shared memory, posting messages) is not in the per-layer profile."]
     lines += ["", "Search time (`planner.harmony_search.harmony_search`, analytic profiles, 8 x H200 with "
                   "budget |W| / 4, micro-batches up to 32):", "", "| model | layers | mini-batch | configurations | "
                   "seconds | best |", "|---|---|---|---|---|---|"]
