@@ -101,10 +101,11 @@ def test_four_devices_match_single_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_vgg16_on_two_devices_matches_single_process(tmp_path):
+@pytest.mark.parametrize("devices", [1, 2, 4])
+def test_vgg16_matches_single_process(tmp_path, devices):
     budget = budget_for(VGG, 1.9)   # its first classifier layer holds 3/4 of the weights
-    overrides = VGG + ["parallel.pp=2", f"memory.device_budget_bytes={budget}"]
-    per_rank = run_workers(harmony_train_rank, 2, [(overrides, str(tmp_path / "run"))])
+    overrides = VGG + [f"parallel.pp={devices}", f"memory.device_budget_bytes={budget}"]
+    per_rank = run_workers(harmony_train_rank, devices, [(overrides, str(tmp_path / "run"))], timeout=400)
     check_run(per_rank, 0, overrides, budget, range(15, 16))
 
 
