@@ -110,7 +110,7 @@ def test_vgg16_matches_single_process(tmp_path, devices):
 
 
 @pytest.mark.slow
-def test_trace_records_swaps_and_a_small_budget_is_one_line(tmp_path):
+def test_trace_records_swaps_and_updates(tmp_path):
     import json
 
     traced = GPT + ["parallel.pp=2", "trace.enabled=true", "train.steps=2", "trace.steps=[2]"]
@@ -122,3 +122,26 @@ def test_trace_records_swaps_and_a_small_budget_is_one_line(tmp_path):
     assert (tmp_path / "traced" / "trace" / "timeline.png").stat().st_size > 0
     assert per_rank[0][0]["summary"]["trace"] is not None
 
+
+
+@pytest.mark.slow
+def test_a_budget_that_holds_each_pack_but_not_its_stash_stops_with_one_line(tmp_path):
+    """The launcher admits a budget of exactly the largest backward pack's weights and gradients
+    (each pack fits); the stash that pack recomputes from does not, so the run stops at that
+    allocation with one line and the final-error exit code, never passing the budget."""
+    import torch
+
+    from models import build_model
+    from pipedream.config_loading import compose_config
+    from tests.processes import run_cli
+
+    job = ["schedule=harmony_pp", "parallel.pp=2", "train.grad_clip=0", "model.tie_embeddings=false",
+           "train.steps=2", "train.progress=false", f"train.run_dir={tmp_path}/run"]
+    with torch.device("meta"):
+        layers = build_model(compose_config(job).model, seed=0).build()
+    budget = 2 * max(sum(p.numel() * p.element_size() for p in layer.parameters()) for layer in layers.values())
+    done = run_cli("launcher", job + [f"memory.device_budget_bytes={budget}"], tmp_path)
+    assert done.code == 3, done.stderr_lines
+    errors = [line for line in done.stderr_lines if line.startswith("error: ")]
+    assert any(f"bytes of activations for ('s'," in line and f"exceed the device budget of {budget} bytes; raise "
+               f"memory.device_budget_bytes" in line for line in errors), done.stderr_lines
