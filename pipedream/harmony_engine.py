@@ -22,7 +22,7 @@ from torch import nn
 
 from models.spec import LayerModel
 
-from .boundary import dtypes
+from .boundary import dtypes, to_device
 from .errors import ConfigError
 from .groups import build_p2p_groups
 from .harmony_runner import HarmonyExecutor, HarmonyRunner
@@ -69,7 +69,7 @@ class HarmonyEngine:
         mine = [t for t in config.tasks if t.device == rank]
         layers = sorted({layer for t in mine for layer in range(*t.layers)})
         owned = {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)}
-        modules = {i: m.to(device) for i, m in model.build(layers).items()}
+        modules = model.build(layers)   # on the host: parameters reach the device only by swaps
         for i, module in modules.items():
             if any(True for _ in module.buffers()):
                 raise ConfigError(f"layer {i} of {model.name} has buffers (e.g. BatchNorm statistics), which "
@@ -114,15 +114,20 @@ class HarmonyEngine:
     def last_losses(self) -> dict[int, float]:
         return {}
 
+    def _on_device(self, batches: dict[int, Any]) -> dict[int, Any]:
+        if self.device.type == "cpu":
+            return batches
+        return {k: (to_device(x, self.device), to_device(y, self.device)) for k, (x, y) in batches.items()}
+
     def train_step(self, batches: dict[int, Any], grad_norm: bool = True) -> StepResult:
         for module in self.stage.chunks:
             module.train()
-        return self.runner.run_step(batches, grad_norm)
+        return self.runner.run_step(self._on_device(batches), grad_norm)
 
     def evaluate(self, batches: dict[int, Any]) -> float:
         for module in self.stage.chunks:
             module.eval()
-        return self.runner.evaluate(self.eval_actions, batches)
+        return self.runner.evaluate(self.eval_actions, self._on_device(batches))
 
     def drain(self) -> None:
         return None
