@@ -9,20 +9,17 @@ import time
 
 import pytest
 import torch
-from torch import nn
 
 from pipedream.device_clock import clock_for
 from pipedream.executor import Executor
-from pipedream.grad_accumulation import fuse_grad_accumulation
-from pipedream.layout import ParallelLayout
 from pipedream.schedules import build_schedule
-from pipedream.stage import Stage
-from pipedream.trace import TraceRecorder, chrome_trace, RankTrace, step_offsets
+from pipedream.trace import RankTrace, TraceRecorder, chrome_trace, step_offsets
 from pipedream.trace_clock import EventClock
-from tests.loopback import FakeClock, LoopbackNetwork, run_ranks
+from tests.loopback import FakeClock
+from tests.tick_stage import FORWARD_S, batches, tick_executor, traced_two_stage_step
 
 LAUNCH_S = 0.001   # host time to queue one piece of device work
-FORWARD_S, BACKWARD_S, SYNC_S, STEP_S, LATENCY_S = 2.0, 3.0, 0.5, 0.25, 1.0
+LATENCY_S = 1.0
 
 
 class FakeEvent:
@@ -62,43 +59,10 @@ class FakeStream:
         self.host.now = max(self.host.now, self.free_at)
 
 
-class _DeviceWork(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, stream: FakeStream) -> torch.Tensor:
-        stream.launch(FORWARD_S)
-        ctx.stream = stream
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        ctx.stream.launch(BACKWARD_S)
-        return grad, None
-
-
-class DeviceWork(nn.Module):
-    """Queues FORWARD_S of device work in its forward and BACKWARD_S in its backward."""
-
-    def __init__(self, stream: FakeStream):
-        super().__init__()
-        self.stream = stream
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _DeviceWork.apply(x, self.stream)
-
-
 def event_executor(stream: FakeStream, is_first: bool, is_last: bool, comm=None) -> tuple[Executor, TraceRecorder]:
-    chunk = nn.Sequential(nn.Linear(3, 3), DeviceWork(stream))
-    stage = Stage([chunk], [is_first], [is_last], nn.MSELoss())
-    fuse_grad_accumulation(chunk, stage.weight_grads)
+    """Every cost of ``tick_executor`` is device work queued on ``stream``."""
     recorder = TraceRecorder(EventClock(stream.record_event, stream.synchronize, host=stream.host))
-    executor = Executor(stage, comm, sync_grads=lambda: stream.launch(SYNC_S), step=lambda: stream.launch(STEP_S),
-                        recorder=recorder, clock=recorder.clock, sends_before_sync=True,
-                        weight_grads_after_send=True, weight_grads_delay=1)
-    return executor, recorder
-
-
-def batches(count: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    return {mb: (torch.ones(2, 3), torch.zeros(2, 3)) for mb in range(count)}
+    return tick_executor(stream.launch, recorder, is_first, is_last, comm), recorder
 
 
 def spans(recorder: TraceRecorder, index: int = 0) -> list[tuple[str, float, float, float]]:
@@ -151,19 +115,8 @@ def test_waits_show_how_long_the_compute_stream_stood_idle_and_boxes_tile_the_it
     """Each receive blocks the host for LATENCY_S. The last stage's first forward waits on an idle
     stream (a 1 s wait box); its second wait passes while the stream still runs B0, so the stream
     never waits (no box) although the host did."""
-    layout = ParallelLayout(pp=2)
-    network = LoopbackNetwork(layout)
-
-    def rank_run(rank: int) -> TraceRecorder:
-        host = FakeClock()
-        stream = FakeStream(host)
-        executor, recorder = event_executor(stream, rank == 0, rank == 1, network.comm(rank, host, LATENCY_S))
-        recorder.begin_step(1, traced=True)
-        executor.run(build_schedule("1f1b", 2, 2)[rank], batches(2), loss_scale=0.5)
-        recorder.end_step()
-        return recorder
-
-    first, last = run_ranks(rank_run, 2)
+    first, last = traced_two_stage_step(
+        lambda rank, host, comm: event_executor(FakeStream(host), rank == 0, rank == 1, comm), LATENCY_S)
     assert spans(last) == [
         ("F0", 0.0, 3.0, 1.0), ("B0", 3.0, 6.0, 0.0), ("SG0", 6.0, 6.0, 0.0),
         ("F1", 6.0, 8.0, 0.0), ("B1", 8.0, 11.0, 0.0), ("SG1", 11.0, 11.0, 0.0),
