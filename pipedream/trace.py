@@ -12,7 +12,7 @@ within the barrier's exit skew (tens of microseconds on one host, about one netw
 hosts) without assuming that hosts' clocks agree. Successive traced iterations are placed on rank
 0's clock (iteration k starts at rank 0's origin_k - origin_first).
 
-The clock is chosen once per rank (``device_clock.trace_clock``): ``perf_counter`` on CPU; on CUDA
+The clock is chosen once per rank (``device_clock.clock_for``): ``perf_counter`` on CPU; on CUDA
 an ``EventClock`` whose readings in traced iterations are CUDA events, which ``end_step`` resolves
 to seconds on the same host-clock axis after one synchronisation (``pipedream/trace_clock.py``).
 """
@@ -140,10 +140,11 @@ class TraceRecorder:
         self.totals.steps += 1
         if self._raw is None:
             return
-        # event readings become seconds here, after one wait for the device; host readings are seconds
-        seconds = self._events.resolver(self._origin) if self._events is not None else host_seconds
         if self._events is not None:
+            seconds = self._events.resolver(self._origin)   # one wait for the device, then event times
             self._events.stop_traced()
+        else:
+            seconds = host_seconds   # host readings are seconds already
         current = self.steps[-1]
         origin = current.origin
         current.end = seconds(end) - origin
