@@ -17,7 +17,7 @@ from models import build_model
 
 from .checkpoint import RunCheckpoints
 from .data import GlobalBatchOrder, build_datasets, microbatches
-from .device_clock import DeviceClock
+from .device_clock import clock_for
 from .distributed import DistContext
 from .engine import PipelineEngine, StepResult
 from .groups import build_groups
@@ -184,7 +184,7 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     """Trains on this rank. ``cfg`` supplies the model and data sections (read by ``models`` and
     ``data``) and the record of the run; every other setting comes from ``spec``."""
     check_tensorboard(spec.loop.tensorboard)
-    recorder = TraceRecorder(DeviceClock(ctx.device))   # the executor times its actions with it too
+    recorder = TraceRecorder(clock_for(ctx.device))   # the executor times its actions with it too
     engine = _build_engine(cfg, spec, ctx, recorder)
     loop = Loop(engine, ShardedData(cfg, spec, engine.coords.dp), recorder)
     run_dir = agree_on_run_dir(spec, ctx)
