@@ -12,7 +12,12 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.cluster
 * between two processes over Gloo: point-to-point one-way time vs message size (ping-pong) and
   all-reduce time vs size, each fitted as latency + bytes / bandwidth;
 * the optimizer step (gradient clipping, AdamW, zeroing) vs parameter bytes;
-* the resident set of a process that has imported the runtime and joined the process group.
+* the resident set of a process that has imported the runtime and joined the process group;
+* the model's layers split two ways (tensor parallelism, ``TP_DEGREE``) over two of the processes,
+  timed with the all-reduces inside them;
+* the runtime's own costs from traced two-stage runs of the model, one per schedule family
+  (``planner.calibrate_runtime``): per FWD/BWD action, per message, per step, and the resident set
+  of a rank beyond its base and its model.
 
 Re-running for another model keeps the sheet's other profiles. The other processes' share of the
 CPU while it measured is recorded: on a shared machine every number carries that noise.
@@ -294,7 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if processes < 2:
             raise PlannerError(f"cluster.devices_per_node={processes}: calibration measures messages between "
                                f"processes; use at least 2")
-        overrides = [a for a in (sys.argv[1:] if argv is None else argv) if a.lstrip("+~").startswith("model")]
+        overrides = ([a for a in (sys.argv[1:] if argv is None else argv) if a.lstrip("+~").startswith("model")]
+                     if p.calibrate_runtime else None)
         data = calibrate(cfg.model, list(p.calibrate_micro_batches), processes, int(p.calibrate_threads),
                          int(p.calibrate_repeats), previous, overrides)
     except (PlannerError, ValueError) as err:
@@ -311,7 +317,21 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{data['process_base_bytes'] / 2**20:.0f} MiB; profiles: "
           f"{sorted(e['model'] for e in data['profiles'].values())}; other processes used "
           f"{(data['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU meanwhile")
+    runtime = next((e.get("runtime", {}) for e in data["profiles"].values() if e.get("config") == plain_model(cfg)), {})
+    for family, cost in sorted((k, v) for k, v in runtime.items() if isinstance(v, dict) and "step_s" in v):
+        print(f"  runtime ({family} run): {cost['compute_action_s'] * 1e6:.0f} us per FWD/BWD action beyond the "
+              f"layers, {cost['message_s'] * 1e6:.0f} us per message, {cost['step_s'] * 1e3:.2f} ms per step")
+    for family, reason in runtime.get("errors", {}).items():
+        print(f"  runtime ({family} run) not measured: {reason}")
+    if "process_bytes" in runtime:
+        print(f"  process beyond its base and its model: {runtime['process_bytes'] / 2**20:.0f} MiB")
     return 0
+
+
+def plain_model(cfg: Any) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg.model, resolve=True)
 
 
 if __name__ == "__main__":
