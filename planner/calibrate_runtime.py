@@ -11,7 +11,8 @@ trained with the launcher and traced (``pipedream.trace``). Per rank and traced 
   synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share;
 * the peak RSS beyond the process's base and the model's bytes as the planner counts them.
 
-Each is averaged over ranks and traced iterations; the planner adds them where they occur
+Each is the median over ranks and traced iterations (one iteration stalled by another process on a
+shared machine does not set it); the planner adds them where they occur
 (``planner.runtime_costs``). Waits are the bubble, which the schedule's formula models.
 """
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .profile import profile_from_json
 from .uniform_cost import even_boundaries
 
 RUN_SCHEDULES = {"flush": "1f1b", "2bw": "2bw", "pipedream": "pipedream"}
-STEPS, TRACED = 7, (4, 5, 6, 7)
+STEPS, TRACED = 9, (4, 5, 6, 7, 8, 9)
 GLOBAL_BATCH, MICRO = 32, 4
 _ACTIONS = ("forward", "backward", "send", "recv", "wait")
 
@@ -80,8 +81,8 @@ def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float])
         outside = (first - iteration["ts"]) + (iteration["ts"] + iteration["dur"] - last)
         step_s.append(outside * 1e-6 - optimizer_s[rank])
     # below 0: the run computed faster than the profile (a quieter phase of a shared machine): none
-    return {"compute_action_s": max(0.0, statistics.fmean(action_s)),
-            "message_s": statistics.fmean(message_s or [0.0]), "step_s": max(0.0, statistics.fmean(step_s))}
+    return {"compute_action_s": max(0.0, statistics.median(action_s)),
+            "message_s": statistics.median(message_s or [0.0]), "step_s": max(0.0, statistics.median(step_s))}
 
 
 def planned_bytes(profile_json: dict, bounds: np.ndarray, schedule: str) -> list[float]:
