@@ -10,13 +10,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-TARGET_VS_TORCH = 1.10
-TARGET_OF_IDEAL = 0.95
-TARGET_ZERO_BUBBLE_VS_TORCH = 1.10
-TARGET_ZERO_BUBBLE_OF_IDEAL = 0.97
-OUR_ZERO_BUBBLE = ("pipedream zb_h2", "pipedream zbv", "pipedream dualpipev")
-TORCH_ZERO_BUBBLE = ("torch zbv", "torch interleaved_zb", "torch dualpipev")
-
 
 @dataclass
 class Stat:
@@ -83,43 +76,6 @@ def machine() -> dict[str, Any]:
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}"}
-
-
-def targets(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """The issue's two targets, on the MLP workload (the compute-heavy blocks)."""
-    if "mlp" not in data["workloads"]:
-        return []
-    cases = data["workloads"]["mlp"]["cases"]
-    ours = cases["pipedream 1f1b"]
-    return zero_bubble_targets(cases) + [
-        {"name": f"our 1f1b >= {TARGET_VS_TORCH:.2f}x the throughput of torch Schedule1F1B (MLP)",
-         "value": ours["vs_torch"]["median"], "goal": TARGET_VS_TORCH,
-         "met": ours["vs_torch"]["median"] >= TARGET_VS_TORCH, "format": "ratio"},
-        {"name": f"our 1f1b >= {TARGET_OF_IDEAL:.0%} of the ideal (2 stages, m=8, MLP)",
-         "value": ours["of_ideal"]["median"], "goal": TARGET_OF_IDEAL,
-         "met": ours["of_ideal"]["median"] >= TARGET_OF_IDEAL, "format": "percent"},
-    ]
-
-
-def zero_bubble_targets(cases: dict[str, Any]) -> list[dict[str, Any]]:
-    """Our best zero-bubble schedule against torch's best, and against the ideal from one core's
-    speed while both work (MLP)."""
-    ours = [name for name in OUR_ZERO_BUBBLE if name in cases]
-    theirs = [name for name in TORCH_ZERO_BUBBLE if name in cases]
-    if not ours or not theirs:
-        return []
-    best = min(ours, key=lambda n: cases[n]["step_time_s"]["median"])
-    rival = min(theirs, key=lambda n: cases[n]["step_time_s"]["median"])
-    ratio = cases[rival]["step_time_s"]["median"] / cases[best]["step_time_s"]["median"]
-    found = [{"name": f"our best zero-bubble ({best}) >= {TARGET_ZERO_BUBBLE_VS_TORCH:.2f}x torch's best ({rival}) (MLP)",
-              "value": ratio, "goal": TARGET_ZERO_BUBBLE_VS_TORCH, "met": ratio >= TARGET_ZERO_BUBBLE_VS_TORCH,
-              "format": "ratio"}]
-    if "of_ideal_both_cores" in cases[best]:
-        share = cases[best]["of_ideal_both_cores"]["median"]
-        found.append({"name": f"{best} >= {TARGET_ZERO_BUBBLE_OF_IDEAL:.0%} of the ideal [both cores] (MLP)",
-                      "value": share, "goal": TARGET_ZERO_BUBBLE_OF_IDEAL,
-                      "met": share >= TARGET_ZERO_BUBBLE_OF_IDEAL, "format": "percent"})
-    return found
 
 
 def _fmt_ms(stat: dict[str, float]) -> str:
