@@ -4,11 +4,12 @@ thread per process). Writes docs/bench_runtime.json and its section of docs/benc
 number measured here, never typed); also two traced iterations of our 1f1b per workload, as
 docs/img/bench_runtime/<workload>/ trace.json, timeline.png and timeline_predicted.png.
 
-Run: .venv/bin/python scripts/bench_runtime.py                 (every case; DURATION_FULL)
-     .venv/bin/python scripts/bench_runtime.py --targets-only  (only the cases the targets compare;
-                                                                 DURATION_TARGETS)
+Run: .venv/bin/python scripts/bench_runtime.py                 (every case)
+     .venv/bin/python scripts/bench_runtime.py --targets-only  (only the cases the targets compare:
+                                                                 about half the cases of the MLP)
      .venv/bin/python scripts/bench_runtime.py --quick         (smoke run, tiny models, < 30 s; writes
                                                                  nothing under docs/ unless --out-dir)
+The run's duration is printed at its end and recorded in the JSON (``duration_s``).
 
 Every case of a workload is built once and warmed up; then each round runs every case for a short
 block of iterations, one case after the other (the order reversed every other round), so all
