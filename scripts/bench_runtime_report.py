@@ -192,6 +192,24 @@ def both_cores(workload: dict[str, Any]) -> list[str]:
             f"{ours['max']:.0%})."]
 
 
+def global_check(workload: dict[str, Any]) -> list[str]:
+    """What the gradient norm over every rank before the update costs (the rows *[global check]*):
+    the most that post-validation, which steps first and checks afterwards, could save."""
+    cases = workload["cases"]
+    parts = []
+    for name in cases:
+        plain = name.split(" [")[0]
+        if name.endswith("[global check]") and plain in cases:
+            ratio = statistics.median(c / p for c, p in zip(cases[name]["times_s"], cases[plain]["times_s"]))
+            parts.append(f"{plain.split(' ', 1)[1]} {ratio:.3f}x")
+    if not parts:
+        return []
+    return ["The global check before the optimizer step (rows *[global check]*: `train.grad_clip=1e9`, the "
+            "gradient norm all-reduced over every rank, a bound no gradient reaches) costs, as step time with it / "
+            "without it per round (median): " + ", ".join(parts) + ". Post-validation (step first, undo when "
+            "the check fails) could save at most that."]
+
+
 def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
     m, s = data["machine"], data["settings"]
     load = data.get("other_load")
@@ -239,7 +257,7 @@ def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
                        f"{_fmt_ratio(row.get('vs_torch'))} | {_fmt_ratio(row.get('speedup_vs_single'))} | {ideal} | "
                        f"{_fmt_ratio(row.get('of_ideal'), percent=True)} |")
         out.append("")
-        lead = gains(w) + both_cores(w)
+        lead = gains(w) + both_cores(w) + global_check(w)
         out += lead + ([""] if lead else [])
         notes = trace_notes(w, s["pp"], images.get(name))
         out += notes + ([""] if notes else [])
