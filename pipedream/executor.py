@@ -128,7 +128,8 @@ class Executor:
         key = tuple(actions)
         cached = self._orders.get(id(actions))
         if cached is None or cached[0] != key:
-            cached = self._orders[id(actions)] = (key, issue_order(actions), any(a.kind is Kind.WEIGHT for a in actions))
+            split = any(a.kind is Kind.WEIGHT for a in actions)
+            cached = self._orders[id(actions)] = (key, issue_order(actions), split)
             if len(self._orders) > 4:   # the training and evaluation lists, and a few asynchronous windows
                 del self._orders[next(iter(self._orders))]
         return cached[1], cached[2]

@@ -95,8 +95,9 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     return {"report": report.as_dict() if report else None, "other_load": best_load}
 
 
-def _worker(rank: int, port: int, quick: bool, targets_only: bool, warmup: int, block: int, repeats: int, result_path: str,
-            trace_dir: str | None, max_other_load: float, tries: int, wait_budget_s: float) -> None:
+def _worker(rank: int, port: int, quick: bool, targets_only: bool, warmup: int, block: int, repeats: int,
+            result_path: str, trace_dir: str | None, max_other_load: float, tries: int,
+            wait_budget_s: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=PP, timeout=datetime.timedelta(seconds=600))
@@ -153,8 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
         trace_dir = str(trace_root) if trace_root else str(Path(tmp) / "trace")
-        mp.start_processes(_worker, args=(_free_port(), args.quick, args.targets_only, args.warmup, args.block, args.rounds,
-                                          result_path, trace_dir, args.max_other_load, args.tries,
+        mp.start_processes(_worker, args=(_free_port(), args.quick, args.targets_only, args.warmup, args.block,
+                                          args.rounds, result_path, trace_dir, args.max_other_load, args.tries,
                                           args.wait_budget),
                            nprocs=PP, join=True, start_method="spawn")
         raw = json.loads(Path(result_path).read_text(encoding="utf-8"))

@@ -81,7 +81,8 @@ def test_targets_only_keeps_the_cases_the_targets_compare() -> None:
     gpt = {c.name for c in cases("gpt", targets_only=True)}
     assert {"single-process", "single-process [both cores]", "pipedream 1f1b", "torch 1f1b", "pipedream zbv",
             "torch interleaved_zb"} <= mlp and "pipedream gpipe" not in mlp
-    assert {f"{r} {s}" for r in ("pipedream", "torch") for s in ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")} <= gpt
+    schedules = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
+    assert {f"{r} {s}" for r in ("pipedream", "torch") for s in schedules} <= gpt
     assert "pipedream zb_h2" in gpt and not any("[" in n and "both cores" not in n for n in gpt | mlp)
     assert {c.name for c in cases("gpt", targets_only=True)} < {c.name for c in cases("gpt")}
 
