@@ -14,11 +14,12 @@ from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_laye
 from models.vision_facts import VISION_MODELS, fewest_normalised_values
 
 from .errors import ConfigError
+from .harmony_spec import HarmonySpec, harmony_spec
 from .apex_support import check_apex
 from .layout import ParallelLayout, split_layers
 from .precision_spec import PrecisionSpec
 from .plugin_config import plugin_target
-from .schedules import (ASYNC_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
+from .schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
                         schedule_placement)
 from .specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
@@ -49,6 +50,7 @@ class RunSpec:
     loop: LoopSpec
     checkpoint: CheckpointSpec
     trace: TraceSpec
+    harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
 
 
 def _positive(cfg: Any, key: str) -> int:
@@ -173,8 +175,9 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     seq_len = _check_data(cfg, plugin_model)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
-    if schedule not in SCHEDULES:
-        raise ConfigError(f"schedule={schedule!r} is unknown: choose one of {', '.join(sorted(SCHEDULES))}")
+    if schedule not in SCHEDULES and schedule not in HARMONY_SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r} is unknown: choose one of "
+                          f"{', '.join(sorted(SCHEDULES) + sorted(HARMONY_SCHEDULES))}")
     granularity = _get(cfg, "recompute.granularity")
     if granularity not in RECOMPUTE:
         raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
@@ -220,9 +223,12 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     microbatches = global_batch // (layout.dp * micro)
     # before any schedule is built: pp = 10**12 must not build 10**12 action lists
     bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
+    harmony = None
     try:
         if replicas:
             pipedream_replicated(replicas, microbatches)
+        elif schedule in HARMONY_SCHEDULES:
+            harmony = harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")))
         else:
             build_schedule(schedule, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
@@ -240,4 +246,4 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                    scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
                    device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
-                   checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg))
+                   checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony)

@@ -18,7 +18,8 @@ Span = tuple[str, str, int, int, float, float]
 # Blue forwards and green backwards as in Megatron's figures; chunk c gets the c-th (lighter) shade.
 _SHADES = {"F": ("#1f4e9c", "#4f7fd0", "#8fb0e6", "#c5d6f4"),
            "B": ("#1b7a3a", "#3fa862", "#86cf9b", "#c2e8cc"),
-           "W": ("#7a5c1b", "#a8843f", "#cfb586", "#e8dcc2")}   # weight gradients: W actions or held back
+           "W": ("#7a5c1b", "#a8843f", "#cfb586", "#e8dcc2"),   # weight gradients: W actions or held back
+           "SI": ("#e08a1e",), "SO": ("#8e44ad",), "PF": ("#f3c27a",), "U": ("#c0392b",)}   # harmony_pp
 _OTHER = "#9e9e9e"
 
 
@@ -75,10 +76,12 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
     ax.set_ylim(-0.6, ranks - 0.4)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
-    names = {"F": "forward", "B": "backward", "W": "weight gradients (W)"}
+    names = {"F": "forward", "B": "backward", "W": "weight gradients (W)", "SI": "swap in", "SO": "swap out",
+             "PF": "prefetch", "U": "update"}
     interleaved = any(c > 0 for _, c in chunks)
     handles = [Patch(color=span_color(k, c), label=f"{names[k]}{f' chunk {c}' if interleaved else ''}")
-               for k, c in sorted(chunks, key=lambda kc: ("FBW".find(kc[0]), kc)) if k in names]
+               for k, c in sorted(chunks, key=lambda kc: (list(names).index(kc[0]) if kc[0] in names else 9, kc))
+               if k in names]
     others = sorted({k for k, _ in chunks if k not in names})
     if others:   # one grey entry for everything that is not compute
         handles.append(Patch(color=_OTHER, label=", ".join(others)))

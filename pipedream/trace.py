@@ -31,7 +31,8 @@ from .specs import TraceSpec
 from .trace_clock import EventClock, Reading, host_seconds
 
 _CATEGORY = {Kind.FWD: "forward", Kind.BWD: "backward", Kind.SEND_ACT: "send", Kind.SEND_GRAD: "send",
-             Kind.RECV_ACT: "recv", Kind.RECV_GRAD: "recv", Kind.SYNC_GRADS: "sync", Kind.STEP: "step"}
+             Kind.RECV_ACT: "recv", Kind.RECV_GRAD: "recv", Kind.SYNC_GRADS: "sync", Kind.STEP: "step",
+             Kind.SWAP_IN: "swap", Kind.SWAP_OUT: "swap", Kind.PREFETCH: "swap", Kind.UPDATE: "update"}
 WEIGHT_GRADS = "W"
 """Event kind of a backward's weight-gradient GEMMs run after its input gradient was sent
 (``Executor.weight_grads_after_send``): event ``W3`` belongs to ``B3``."""

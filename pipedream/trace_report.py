@@ -9,14 +9,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .schedules import (ASYNC_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Kind, ScheduleError, build_schedule,
+from .schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Kind, ScheduleError, build_schedule,
                         schedule_placement)
 from .simulate import Costs, DeadlockError, SimResult, simulate
 from .timeline_plot import Span, plot_timeline, spans_from_sim
 from .trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
 
 _COMPUTE = (Kind.FWD.value, Kind.BWD.value, WEIGHT_GRADS)
-_DRAWN = (*_COMPUTE, Kind.SYNC_GRADS.value, Kind.STEP.value)
+_DRAWN = (*_COMPUTE, Kind.SYNC_GRADS.value, Kind.STEP.value,
+          Kind.SWAP_IN.value, Kind.SWAP_OUT.value, Kind.PREFETCH.value, Kind.UPDATE.value)   # the last four: harmony_pp
 MS = 1e3
 
 
@@ -175,6 +176,8 @@ def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, p
     if draw:
         label = f"{schedule} pp={pp}{f' vpp={vpp}' if vpp > 1 else ''} m={microbatches}"
         rows = measured_spans(traces, step)
+        if schedule in HARMONY_SCHEDULES:   # an action's chunk is its task there, not a model chunk: one shade
+            rows = [[(label, kind, mb, 0, s, e) for label, kind, mb, _, s, e in row] for row in rows]
         width = _figure_width(rows)
         measured_png, predicted_png = out_dir / "timeline.png", out_dir / "timeline_predicted.png"
         plot_timeline(rows, str(measured_png), f"measured {label}, iteration {step}: {iteration * MS:.1f} ms",

@@ -46,6 +46,7 @@ class RankStats:
     comm: dict[str, float]          # per training step: bytes, receive waits, send posts, gradient sync
     peak_memory_bytes: dict[str, int]
     bubble_fraction: float | None = None   # measured in traced iterations (filled on rank 0)
+    memory: dict[str, Any] | None = None   # harmony_pp: device budget, peak resident bytes, swap volume
 
 
 @dataclass
@@ -72,6 +73,9 @@ def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceReco
     """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
     torch.manual_seed(spec.train.seed)
     dense = build_model(cfg.model, seed=spec.train.seed)
+    if spec.harmony is not None:
+        from .harmony_engine import HarmonyEngine
+        return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
     tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None
     model = build_model(cfg.model, seed=spec.train.seed, tp=tp) if tp is not None else dense
@@ -236,7 +240,8 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                       bytes_sent=_comm_bytes(engine)[0], bytes_received=_comm_bytes(engine)[1],
                       comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
                             "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
-                      peak_memory_bytes=peak_memory_bytes(ctx.device))
+                      peak_memory_bytes=peak_memory_bytes(ctx.device),
+                      memory=engine.memory_report() if hasattr(engine, "memory_report") else None)
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)
     traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)
