@@ -21,6 +21,8 @@ from .device_clock import DeviceClock
 from .distributed import DistContext
 from .engine import PipelineEngine, StepResult
 from .groups import build_groups
+from .multi_model import build_fused_model, multi_model_spec
+from .multi_model.training import StackedData
 from .metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                       peak_memory_bytes, warmup_steps)
 from .peak_flops import PeakFlops, peak_flops
@@ -71,7 +73,8 @@ def resolved_config(cfg: Any, run_dir: Path) -> dict[str, Any]:
 def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> PipelineEngine:
     """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
     torch.manual_seed(spec.train.seed)
-    dense = build_model(cfg.model, seed=spec.train.seed)
+    multi = multi_model_spec(cfg)
+    dense = build_fused_model(cfg, multi) if multi else build_model(cfg.model, seed=spec.train.seed)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
     tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None
     model = build_model(cfg.model, seed=spec.train.seed, tp=tp) if tp is not None else dense
@@ -124,10 +127,14 @@ class Loop:
     train_bytes: list[int] = field(default_factory=lambda: [0, 0])
     last_loss: float = math.nan
     val_loss: float = math.nan
+    models: list[dict[str, float]] | None = None   # a fused model set: each model's last record
 
     def evaluate(self) -> float:
         losses = [self.engine.evaluate(self.data.val_batches(i)) for i in range(self.data.val_steps)]
         self.val_loss = sum(losses) / len(losses)
+        if self.models is not None:
+            for record, val_loss in zip(self.models, self.engine.runner.eval_losses()):
+                record["val_loss"] = val_loss
         return self.val_loss
 
     def step(self, step: int, traced: bool, grad_norm: bool) -> tuple[StepResult, float]:
@@ -143,6 +150,7 @@ class Loop:
         self.train_bytes[1] += _comm_bytes(self.engine)[1] - received
         self.times.add(elapsed)
         self.last_loss = result.loss
+        self.models = result.models
         return result, elapsed
 
 
@@ -168,6 +176,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 record.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped_steps)
             if evaluating:
                 record["val_loss"] = loop.evaluate()
+            if loop.models is not None:
+                record["models"] = loop.models
             if writer and logged:
                 writer.log_step(record)
                 progress.set_postfix(loss=f"{result.loss:.3f}",
@@ -186,7 +196,10 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     check_tensorboard(spec.loop.tensorboard)
     recorder = TraceRecorder(DeviceClock(ctx.device))   # the executor times its actions with it too
     engine = _build_engine(cfg, spec, ctx, recorder)
-    loop = Loop(engine, ShardedData(cfg, spec, engine.coords.dp), recorder)
+    multi = multi_model_spec(cfg)
+    data = StackedData(cfg, spec, engine.coords.dp, multi, ShardedData) if multi else \
+        ShardedData(cfg, spec, engine.coords.dp)
+    loop = Loop(engine, data, recorder)
     run_dir = agree_on_run_dir(spec, ctx)
     config = resolved_config(cfg, run_dir)
     writer = RunWriter(run_dir, spec.loop.tensorboard) if ctx.rank == 0 else None
@@ -271,6 +284,9 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "trace": report.as_dict() if report else None,
         "final_train_loss": loop.last_loss,
         "final_val_loss": loop.val_loss,
+        **({"models": [{**vars(v), "final_train_loss": m["loss"], "final_val_loss": m.get("val_loss")}
+                       for v, m in zip(multi_model_spec(OmegaConf.create(config)).variants, loop.models)],
+            "fusion_timings_s": loop.engine.fusion_timings} if loop.models is not None else {}),
         "ranks": [vars(s) for s in gathered],
         "config": config,
     }
