@@ -99,3 +99,5 @@ def check_multi_model(cfg: Any, schedule: str, asynchronous: bool, tp: int, opti
     if str(cfg.precision.name) == "fp16":
         raise ConfigError("train.models with precision=fp16: one loss scale cannot serve several models: "
                           "use precision=bf16 or fp32")
+    from . import build_fused_model   # every layer runs fused once on the meta device
+    build_fused_model(cfg, spec)

@@ -11,12 +11,14 @@ from torch import nn
 from models import from_modules
 from models.mlp import mlp_model
 from pipedream.boundary import call_layer
+from pipedream.config_loading import compose_config
 from pipedream.errors import ConfigError
 from pipedream.multi_model import build_fused_model, multi_model_spec
 from pipedream.multi_model.degree import divisors, measure_fusion_groups, set_fusion_groups
 from pipedream.multi_model.export import is_fused_state, split_models
 from pipedream.multi_model.fused import NotFusableError, check_fusable, fuse_models
 from pipedream.multi_model.settings import MultiModelSpec, check_multi_model
+from pipedream.run_spec import build_run_spec
 
 
 def config(models, groups="auto", **train):
@@ -153,3 +155,12 @@ def test_export_splits_a_fused_state_into_single_models():
     state = {"0.models.0.fc1.weight": 1, "0.models.1.fc1.weight": 2, "1.models.1.fc2.bias": 3}
     assert is_fused_state(state) and not is_fused_state({"0.fc1.weight": 1})
     assert split_models(state) == [{"0.fc1.weight": 1}, {"0.fc1.weight": 2, "1.fc2.bias": 3}]
+
+
+def test_a_plugin_that_cannot_fuse_is_refused_before_any_process_group():
+    cfg = compose_config(["model._target_=tests.plugin_cases.accumulates_in_place", "data._target_=tests.plugin_cases.good_data",
+                          "parallel.pp=1", "train.global_batch_size=8", "train.micro_batch_size=2", "train.models=2"])
+    with pytest.raises(ConfigError) as error:
+        build_run_spec(cfg, 1)
+    assert str(error.value).startswith("train.models=2: layer 1 (AccumulateInPlace) cannot run fused under torch.vmap: ")
+    assert "train.models=null" in str(error.value) and "\n" not in str(error.value)
