@@ -15,6 +15,7 @@ from .actions import Action, Kind, format_actions, parse_action, parse_actions
 from .common import ScheduleError, peer_stage, virtual_stage
 from .dualpipev import dualpipev
 from .gpipe import gpipe
+from .harmony import HarmonyConfig, harmony_config, harmony_pp
 from .interleaved import interleaved
 from .one_f_one_b import one_f_one_b
 from .pipedream_async import pipedream, pipedream_replicated
@@ -40,6 +41,9 @@ ASYNC_SCHEDULES = frozenset({"pipedream", "2bw"})
 """No flush: the action lists span the whole run; weights have several versions."""
 SPLIT_BACKWARD_SCHEDULES = frozenset({"zb_h2", "zbv", "dualpipev"})
 """Their lists hold WEIGHT actions: every BWD is the input gradient only."""
+HARMONY_SCHEDULES = frozenset({"harmony_pp"})
+"""Memory-virtualised (harmony.py): built from a ``HarmonyConfig`` (layer packs, groups), not by
+``build_schedule``; packs wrap round the devices instead of sitting on fixed stages."""
 _PLACEMENTS = MappingProxyType({"zbv": ("vshape", 2), "dualpipev": ("vshape", 2)})   # name -> (placement, chunks per rank)
 
 
@@ -66,7 +70,7 @@ def build_schedule(name: str, pp: int, microbatches: int, vpp: int = 1, steps: i
     return known[name](pp, microbatches, vpp)
 
 
-__all__ = ["ASYNC_SCHEDULES", "Action", "Kind", "Placement", "ReplicatedPipeline", "SCHEDULES",
+__all__ = ["ASYNC_SCHEDULES", "Action", "HARMONY_SCHEDULES", "HarmonyConfig", "Kind", "Placement", "ReplicatedPipeline", "SCHEDULES",
            "SPLIT_BACKWARD_SCHEDULES", "ScheduleError", "all_schedules", "build_schedule", "format_actions",
-           "parse_action", "parse_actions", "peer_stage", "pipedream_replicated", "schedule_placement",
+           "harmony_config", "harmony_pp", "parse_action", "parse_actions", "peer_stage", "pipedream_replicated", "schedule_placement",
            "virtual_stage"]

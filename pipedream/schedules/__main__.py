@@ -5,6 +5,10 @@ Cells are ``F3``/``B3``/``W3`` (micro-batch 3; W is a weight gradient, listed by
 schedules or held back from a backward with ``--weight-grad-cost``), with the chunk as a letter
 when a rank has several (``F3a`` is chunk 0, ``F3b`` chunk 1); ``.`` is idle. Bad input: one line
 on stderr, exit code 2.
+
+``--schedule harmony_pp`` prints Harmony's task table and each device's action list instead
+(``--pp`` devices, ``--layers``, ``--forward-packs 2,2,1`` ... ; see pipedream/schedules/harmony.py):
+``python -m pipedream.schedules --schedule harmony_pp --pp 2 --microbatches 4 --layers 6``.
 """
 from __future__ import annotations
 
@@ -13,9 +17,10 @@ import math
 import string
 import sys
 
-from pipedream.schedules import (ASYNC_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ScheduleError, all_schedules,
-                                 build_schedule, schedule_placement)
-from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, ScheduleError,
+                                 all_schedules, build_schedule, harmony_config, harmony_pp, schedule_placement)
+from pipedream.schedules.actions import Action, Kind, format_actions
+from pipedream.schedules.harmony import describe
 from pipedream.simulate import Costs, SimResult, simulate
 
 
@@ -83,9 +88,30 @@ def summary(result: SimResult, microbatches: int, fill_share: float | None = Non
     return "\n".join(lines)
 
 
+def _sizes(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(part) for part in text.split(",")]
+    except ValueError:
+        raise ScheduleError(f"{text!r}: give layers per pack as comma-separated integers, e.g. 2,2,1") from None
+
+
+def harmony_text(args) -> str:
+    """Harmony's task table, then each device's actions in order."""
+    if args.layers is None:
+        raise ScheduleError("--schedule harmony_pp needs --layers (the model's layer count)")
+    config = harmony_config(args.layers, args.microbatches, args.pp, _sizes(args.forward_packs),
+                            _sizes(args.backward_packs), args.forward_group, args.backward_group)
+    lines = [describe(config)]
+    lines += [f"device {d}: {format_actions(actions)}" for d, actions in enumerate(harmony_pp(config))]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = _Parser(prog="python -m pipedream.schedules", description=__doc__.splitlines()[0])
-    parser.add_argument("--schedule", required=True, help=f"one of {', '.join(sorted(all_schedules()))}")
+    parser.add_argument("--schedule", required=True,
+                        help=f"one of {', '.join(sorted(all_schedules()) + sorted(HARMONY_SCHEDULES))}")
     parser.add_argument("--pp", type=int, required=True, help="pipeline ranks")
     parser.add_argument("--microbatches", type=int, required=True, help="micro-batches per iteration")
     parser.add_argument("--vpp", type=int, default=1, help="model chunks per rank (interleaved)")
@@ -97,8 +123,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="weight-gradient time / forward time, added to the backward (default 1 for "
                              "the zero-bubble schedules, which list W; 0 for the others, whose backward is whole)")
     parser.add_argument("--png", help="also draw the timeline to this PNG file")
+    parser.add_argument("--layers", type=int, help="harmony_pp: the model's layer count")
+    parser.add_argument("--forward-packs", help="harmony_pp: layers per forward pack, e.g. 2,2,1 (default 1 each)")
+    parser.add_argument("--backward-packs", help="harmony_pp: layers per backward pack (default 1 each)")
+    parser.add_argument("--forward-group", type=int, help="harmony_pp: micro-batches per forward task (default all)")
+    parser.add_argument("--backward-group", type=int, help="harmony_pp: micro-batches per backward task (default all)")
     try:
         args = parser.parse_args(argv)
+        if args.schedule in HARMONY_SCHEDULES:
+            print(harmony_text(args))
+            return 0
         if not args.backward_cost > 0:
             raise ScheduleError(f"--backward-cost = {args.backward_cost} must be > 0")
         explicit_w = args.schedule in SPLIT_BACKWARD_SCHEDULES

@@ -20,6 +20,11 @@ class Kind(enum.Enum):
     RECV_GRAD = "RG"
     SYNC_GRADS = "SYNC"
     STEP = "STEP"
+    # memory-virtualised schedules (harmony.py): chunk is the task, microbatch -1 the pack's state
+    UPDATE = "U"         # the optimizer update of a task's layer pack (on the host tier)
+    SWAP_IN = "SI"       # pack weights to the device; with a micro-batch: its stashed pack input
+    SWAP_OUT = "SO"      # pack state off the device (gradients to the host); with a micro-batch: a stash
+    PREFETCH = "PF"      # start the next task's weight swap-in early (side stream on CUDA)
 
 
 COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD, Kind.WEIGHT})
@@ -41,13 +46,13 @@ class Action:
 
     def __str__(self) -> str:
         if self.microbatch < 0:
-            return self.kind.value
+            return f"{self.kind.value}.{self.chunk}" if self.chunk else self.kind.value
         if self.chunk:
             return f"{self.kind.value}{self.microbatch}.{self.chunk}"
         return f"{self.kind.value}{self.microbatch}"
 
 
-_ACTION_RE = re.compile(r"^(SYNC|STEP|SA|RA|SG|RG|F|B|W)(?:(\d+)(?:\.(\d+))?)?$")
+_ACTION_RE = re.compile(r"^(SYNC|STEP|SA|RA|SG|RG|SI|SO|PF|F|B|W|U)(\d+)?(?:\.(\d+))?$")
 
 
 def parse_action(text: str) -> Action:
@@ -56,10 +61,7 @@ def parse_action(text: str) -> Action:
     if not match:
         raise ValueError(f"cannot parse action {text!r}: expected e.g. F3, B2.1, W2.1, SA0, SYNC, STEP")
     code, microbatch, chunk = match.groups()
-    kind = Kind(code)
-    if microbatch is None:
-        return Action(kind)
-    return Action(kind, int(microbatch), int(chunk or 0))
+    return Action(Kind(code), -1 if microbatch is None else int(microbatch), int(chunk or 0))
 
 
 def format_actions(actions: list[Action]) -> str:

@@ -1,0 +1,81 @@
+"""The host tier: master copies of tensors, by key, in process memory or in shared memory.
+
+With ``shared_dir`` every tensor is a file in that folder mapped with ``torch.from_file(...,
+shared=True)``: every process on the server that opens the same folder sees the same bytes, so any
+process can swap a tensor in that another one wrote (one server's host memory, as Harmony uses it).
+Who writes when is the caller's protocol; this class only allocates, maps and removes.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+from typing import Hashable
+
+import torch
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def _file_name(key: Hashable) -> str:
+    parts = key if isinstance(key, tuple) else (key,)
+    return _UNSAFE.sub("-", "_".join(str(p) for p in parts)) + ".bin"
+
+
+class HostTier:
+    def __init__(self, shared_dir: str | os.PathLike | None = None, pin: bool = False):
+        self.shared_dir = Path(shared_dir) if shared_dir is not None else None
+        self.pin = pin and torch.cuda.is_available()
+        self._tensors: dict[Hashable, torch.Tensor] = {}
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._tensors
+
+    def keys(self):
+        return self._tensors.keys()
+
+    def get(self, key: Hashable) -> torch.Tensor:
+        try:
+            return self._tensors[key]
+        except KeyError:
+            raise KeyError(f"host tier holds no tensor {key!r}") from None
+
+    def allocate(self, key: Hashable, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype = torch.float32,
+                 *, create: bool = True) -> torch.Tensor:
+        """A host tensor for ``key`` (zeros when created). In shared memory ``create=False`` maps a
+        file another process created (same shape and dtype) instead of truncating it."""
+        shape = tuple(int(s) for s in shape)
+        if self.shared_dir is None:
+            tensor = torch.zeros(shape, dtype=dtype, pin_memory=self.pin)
+        else:
+            path = self.shared_dir / _file_name(key)
+            numel = math.prod(shape)
+            if create:
+                self.shared_dir.mkdir(parents=True, exist_ok=True)
+                with open(path, "wb") as f:  # zero-filled, the full size, before anyone maps it
+                    f.truncate(numel * torch.empty((), dtype=dtype).element_size())
+            elif not path.exists():
+                raise FileNotFoundError(f"shared host tensor {key!r} does not exist at {path}")
+            tensor = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+            if self.pin:
+                torch.cuda.cudart().cudaHostRegister(tensor.data_ptr(), tensor.nbytes, 0)
+        self._tensors[key] = tensor
+        return tensor
+
+    def put(self, key: Hashable, value: torch.Tensor, *, create: bool = True) -> torch.Tensor:
+        """Allocate ``key`` with ``value``'s shape and dtype and copy ``value`` into it."""
+        tensor = self.allocate(key, value.shape, value.dtype, create=create)
+        tensor.copy_(value.detach())
+        return tensor
+
+    def resident_bytes(self) -> int:
+        return sum(t.nbytes for t in self._tensors.values())
+
+    def remove_files(self) -> None:
+        """Delete this tier's shared-memory files (call once, from one process, after the others
+        are done); a process-memory tier just forgets its tensors."""
+        if self.shared_dir is not None:
+            for key in list(self._tensors):
+                (self.shared_dir / _file_name(key)).unlink(missing_ok=True)
+        self._tensors.clear()

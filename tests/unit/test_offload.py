@@ -1,0 +1,133 @@
+"""The host and device tiers (pipedream.offload): copies, byte counters, resident accounting and
+the budget, on CPU (where both tiers are RAM)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pipedream.offload import DeviceBudgetError, DeviceTier, Direction, HostTier, SwapCounters, TensorClass
+
+W, G, A = TensorClass.WEIGHTS, TensorClass.GRADIENTS, TensorClass.ACTIVATIONS
+H2D, D2H, D2D = Direction.HOST_TO_DEVICE, Direction.DEVICE_TO_HOST, Direction.DEVICE_TO_DEVICE
+
+
+def tiers(budget=None, shared_dir=None):
+    host = HostTier(shared_dir)
+    host.put(("w", 0), torch.arange(6, dtype=torch.float32).view(2, 3))   # 24 bytes
+    host.put(("w", 1), torch.ones(4))                                      # 16 bytes
+    return host, DeviceTier(host, "cpu", budget)
+
+
+def test_swap_in_copies_and_counts_host_to_device_bytes():
+    host, device = tiers()
+    weight = device.swap_in(("w", 0), W)
+    assert torch.equal(weight, host.get(("w", 0)))
+    assert weight.data_ptr() != host.get(("w", 0)).data_ptr()   # a copy, not a view of the master
+    assert device.counters.bytes(W, H2D) == 24
+    assert device.resident_bytes == 24
+    device.swap_in(("w", 0), W)                                   # already resident: no second copy
+    assert device.counters.bytes(W, H2D) == 24
+
+
+def test_swap_out_writes_back_or_drops():
+    host, device = tiers()
+    weight = device.swap_in(("w", 0), W)
+    weight.add_(1.0)
+    device.swap_out(("w", 0), write_back=False)                   # read-only use: the master is unchanged
+    assert host.get(("w", 0))[0, 0].item() == 0.0
+    assert device.counters.bytes(W, D2H) == 0 and device.resident_bytes == 0
+    weight = device.swap_in(("w", 0), W)
+    weight.add_(1.0)
+    device.swap_out(("w", 0))
+    assert host.get(("w", 0))[0, 0].item() == 1.0
+    assert device.counters.bytes(W, D2H) == 24
+
+
+def test_tensors_made_on_the_device_are_counted_and_written_to_a_new_host_key():
+    host, device = tiers()
+    grad = device.allocate(("g", 0), (2, 3), torch.float32, G)
+    grad.fill_(2.0)
+    assert device.resident_bytes == 24
+    device.swap_out(("g", 0))
+    assert torch.equal(host.get(("g", 0)), torch.full((2, 3), 2.0))
+    assert device.counters.bytes(G, D2H) == 24
+    received = device.adopt(("act", 3), torch.zeros(5), A)
+    assert device.resident_bytes == 20 and device.release(("act", 3)) is received
+    assert device.resident_bytes == 0
+
+
+def test_peak_resident_bytes_is_the_high_water_mark():
+    _, device = tiers()
+    device.swap_in(("w", 0), W)
+    device.swap_in(("w", 1), W)
+    device.swap_out(("w", 0), write_back=False)
+    assert (device.resident_bytes, device.peak_resident_bytes) == (16, 40)
+    device.reset_peak()
+    assert device.peak_resident_bytes == 16
+
+
+def test_the_budget_is_never_exceeded():
+    _, device = tiers(budget=30)
+    device.swap_in(("w", 0), W)
+    with pytest.raises(DeviceBudgetError, match="exceed the device budget of 30 bytes"):
+        device.swap_in(("w", 1), W)
+    with pytest.raises(DeviceBudgetError):
+        device.allocate(("g", 0), (2,), torch.float32, G)
+    assert device.resident_bytes == 24 and device.peak_resident_bytes == 24
+    device.swap_out(("w", 0), write_back=False)
+    device.swap_in(("w", 1), W)                                   # fits once the first one left
+    assert device.peak_resident_bytes == 24
+
+
+def test_prefetch_only_when_it_fits_and_swap_in_then_uses_it():
+    _, device = tiers(budget=30)
+    device.swap_in(("w", 0), W)
+    assert device.prefetch(("w", 1), W) is False                  # 24 + 16 > 30: left to the swap-in
+    assert device.counters.bytes(W, H2D) == 24
+    device.swap_out(("w", 0), write_back=False)
+    assert device.prefetch(("w", 1), W) is True
+    assert device.prefetch(("w", 1), W) is False                  # already there
+    assert torch.equal(device.swap_in(("w", 1), W), torch.ones(4))
+    assert device.counters.bytes(W, H2D) == 24 + 16               # prefetch counted once
+
+
+def test_device_to_device_and_counter_intervals():
+    _, device = tiers()
+    before = device.counters.snapshot()
+    device.swap_in(("w", 1), W)
+    device.record_device_to_device(A, 100)
+    interval = device.counters.since(before)
+    assert interval.bytes(W, H2D) == 16 and interval.bytes(A, D2D) == 100
+    table = interval.as_dict()
+    assert table["activations"]["device_to_device"] == 100 and table["optimizer_state"]["host_to_device"] == 0
+    assert interval.total() == 116 and interval.total(W) == 16
+    with pytest.raises(ValueError):
+        SwapCounters().add(W, H2D, -1)
+
+
+def test_errors_name_the_key():
+    _, device = tiers()
+    with pytest.raises(KeyError, match="not on the device"):
+        device.swap_out(("w", 0))
+    with pytest.raises(KeyError, match="host tier holds no tensor"):
+        device.swap_in(("w", 9), W)
+    device.swap_in(("w", 0), W)
+    with pytest.raises(KeyError, match="already on the device"):
+        device.adopt(("w", 0), torch.zeros(1), W)
+    with pytest.raises(ValueError, match="must be > 0"):
+        DeviceTier(HostTier(), "cpu", 0)
+
+
+def test_shared_host_tier_is_one_copy_for_every_mapping(tmp_path):
+    writer, device = tiers(shared_dir=tmp_path)
+    reader = HostTier(tmp_path)
+    mapped = reader.allocate(("w", 0), (2, 3), create=False)      # another process would do this
+    assert torch.equal(mapped, writer.get(("w", 0)))
+    weight = device.swap_in(("w", 0), W)
+    weight.mul_(10.0)
+    device.swap_out(("w", 0))
+    assert mapped[0, 1].item() == 10.0                            # the write-back is seen through the other mapping
+    with pytest.raises(FileNotFoundError):
+        reader.allocate(("missing",), (1,), create=False)
+    writer.remove_files()
+    assert not list(tmp_path.iterdir())
