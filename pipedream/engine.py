@@ -17,7 +17,7 @@ from .executor import Batch, Executor
 from .grad_accumulation import fuse_grad_accumulation
 from .groups import ProcessGroups, layer_owner
 from .loss_scaler import LossScaler
-from .multi_model.degree import choose_fusion_groups
+from .multi_model.budget import prepare_fused_stage
 from .multi_model.fused import FusedLayerModel
 from .multi_model.training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from .precision import MixedPrecision
@@ -101,8 +101,7 @@ class PipelineEngine:
             parts.comm = self.comm
         self.parts = parts
         self.runner: Runner = MultiModelRunner(parts, multi) if multi else runner(parts)
-        self.fusion_timings = choose_fusion_groups(self, multi.settings.count, multi.settings.fusion_groups) \
-            if multi else {}
+        self.fused_stage = prepare_fused_stage(self, multi.settings) if multi else None
 
     @property
     def executor(self) -> Executor:

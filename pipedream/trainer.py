@@ -220,7 +220,11 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     if math.isnan(loop.val_loss):
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
-    summary = _summary(loop, spec, throughput, peak, gathered, report, config)
+    fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
+    if engine.fused_stage is not None:
+        fused_stages = [None] * ctx.world_size
+        dist.all_gather_object(fused_stages, engine.fused_stage.report())
+    summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
     if writer:
         path = writer.write_summary(summary)
         writer.close()
@@ -266,7 +270,7 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
 
 
 def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops | None, gathered: list[RankStats],
-             report: TraceReport | None, config: dict[str, Any]) -> dict[str, Any]:
+             report: TraceReport | None, config: dict[str, Any], fused_stages: list | None = None) -> dict[str, Any]:
     median = loop.times.median_after_warmup()
     return {
         "steps": spec.train.steps,
@@ -286,7 +290,7 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "final_val_loss": loop.val_loss,
         **({"models": [{**vars(v), "final_train_loss": m["loss"], "final_val_loss": m.get("val_loss")}
                        for v, m in zip(multi_model_spec(OmegaConf.create(config)).variants, loop.models)],
-            "fusion_timings_s": loop.engine.fusion_timings} if loop.models is not None else {}),
+            "fused_stages": fused_stages} if loop.models is not None else {}),
         "ranks": [vars(s) for s in gathered],
         "config": config,
     }

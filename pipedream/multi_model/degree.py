@@ -32,6 +32,22 @@ def _random_like_spec(spec: Any, generator: torch.Generator, device: torch.devic
     return torch.zeros(shape, dtype=dtype, device=device)
 
 
+def stage_inputs(engine: Any) -> list[boundary.Boundary]:
+    """A training micro-batch for each of ``engine``'s chunks: a real one for the first stage,
+    random values of the boundary's shapes for the others."""
+    generator = torch.Generator().manual_seed(0)
+    example = engine.model.make_batch(engine.spec.micro_batch, generator)[0]
+    key = boundary.shape_key(example)
+    inputs = []
+    for virtual_stage in engine.virtual_stages:
+        if virtual_stage == 0:
+            inputs.append(boundary.to_device(example, engine.device))
+        else:
+            inputs.append(_random_like_spec(engine.boundaries.stage_input(key, virtual_stage), generator,
+                                            engine.device))
+    return inputs
+
+
 def _time_once(chunks: list[torch.nn.Module], inputs: list[boundary.Boundary]) -> float:
     started = time.perf_counter()
     for chunk, value in zip(chunks, inputs):
@@ -65,16 +81,6 @@ def choose_fusion_groups(engine: Any, count: int, given: int | None) -> dict[int
     if given is not None:
         set_fusion_groups(layers, given)
         return {}
-    generator = torch.Generator().manual_seed(0)
-    example = engine.model.make_batch(engine.spec.micro_batch, generator)[0]
-    key = boundary.shape_key(example)
-    inputs = []
-    for chunk_index, virtual_stage in enumerate(engine.virtual_stages):
-        if virtual_stage == 0:
-            inputs.append(boundary.to_device(example, engine.device))
-        else:
-            inputs.append(_random_like_spec(engine.boundaries.stage_input(key, virtual_stage), generator,
-                                            engine.device))
-    timings = measure_fusion_groups(list(engine.stage.chunks), inputs, count)
+    timings = measure_fusion_groups(list(engine.stage.chunks), stage_inputs(engine), count)
     set_fusion_groups(layers, min(timings, key=timings.get))
     return timings

@@ -109,11 +109,18 @@ class FusedLayer(nn.Module):
         def one_model(state: dict[str, torch.Tensor], *args: Any) -> Any:
             return functional_call(template, state, args)
 
-        state = self._stacked_state(start, stop)
+        def run(state: dict[str, torch.Tensor], *group_inputs: Any) -> Any:
+            outputs = torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *group_inputs)
+            self._write_back_buffers(state, start, stop)
+            return outputs
+
         group_inputs = tuple(model_slice(x, start, stop) for x in inputs)
-        outputs = torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *group_inputs)
-        self._write_back_buffers(state, start, stop)
-        return outputs
+        memory = self.__dict__.get("memory")   # a device budget: pipedream.multi_model.memory
+        if memory is None:
+            return run(self._stacked_state(start, stop), *group_inputs)
+        parameters = [p for member in self.models[start:stop] for p in member.parameters()]
+        return memory.run(self.layer_index, start // (stop - start), run, lambda: self._stacked_state(start, stop),
+                          group_inputs, parameters)
 
     def _write_back_buffers(self, state: dict[str, torch.Tensor], start: int, stop: int) -> None:
         """A layer that updates its buffers in place (batch-norm running statistics) updated the

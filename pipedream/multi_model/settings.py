@@ -25,6 +25,7 @@ class ModelVariant:
 class MultiModelSpec:
     variants: tuple[ModelVariant, ...]
     fusion_groups: int | None      # None: chosen by a timing at start-up
+    device_budget_bytes: int | None = None   # memory.device_budget_bytes: swap or recompute feature maps
 
     @property
     def count(self) -> int:
@@ -74,12 +75,14 @@ def multi_model_spec(cfg: Any) -> MultiModelSpec | None:
         raise ConfigError("train.models is an empty list: give at least one model (or null for one)")
     variants = tuple(_variant(i, o, seed, lr, weight_decay) for i, o in enumerate(overrides))
     groups = cfg.train.get("fusion_groups", "auto")
-    if groups == "auto":
-        return MultiModelSpec(variants, None)
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or len(variants) % groups:
+    if groups != "auto" and (isinstance(groups, bool) or not isinstance(groups, int) or groups < 1
+                             or len(variants) % groups):
         raise ConfigError(f"train.fusion_groups = {groups!r} must be auto or a positive divisor of the "
                           f"{len(variants)} models: e.g. train.fusion_groups=1 (all fused)")
-    return MultiModelSpec(variants, groups)
+    budget = (cfg.get("memory") or {}).get("device_budget_bytes")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+        raise ConfigError(f"memory.device_budget_bytes = {budget!r} must be a positive number of bytes or null")
+    return MultiModelSpec(variants, None if groups == "auto" else groups, budget)
 
 
 def check_multi_model(cfg: Any, schedule: str, asynchronous: bool, tp: int, optim_impl: str) -> None:

@@ -81,12 +81,15 @@ class MultiModelRunner(FlushRunner):
     def __init__(self, parts: Any, model: FusedLayerModel):
         super().__init__(parts)
         self.model = model
+        self.memory = None   # a FeatureMapMemory under a device budget (budget.prepare_fused_stage)
 
     def run_step(self, batches: dict, grad_norm: bool) -> StepResult:
         losses = self.model.losses
         losses.take(True)
         lrs = [group["lr"] for group in self.parts.optimizer.param_groups[::2]]
         result = super().run_step(batches, grad_norm)
+        if self.memory is not None:
+            self.memory.end_step()
         sums, calls = losses.take(True)
         per_model = self.parts.global_sums(*sums, float(calls))
         norms = self.parts.gradients.last_norms if not math.isnan(result.grad_norm) else [math.nan] * len(sums)
