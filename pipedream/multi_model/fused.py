@@ -10,7 +10,6 @@ and memory only, never values.
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -18,6 +17,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
+from models.contract import meta_copy
 from models.spec import LayerModel
 
 from .settings import MultiModelSpec
@@ -27,17 +27,6 @@ MODEL_DIM = 0   # stacked inputs, outputs, parameters: model k at index k of dim
 
 class NotFusableError(ValueError):
     """A layer whose K copies cannot run as one operator; the message says which and why."""
-
-
-def _meta_template(module: nn.Module) -> nn.Module:
-    """The module's structure with meta parameters and buffers: ``functional_call`` replaces all
-    of them, so the template holds no data."""
-    memo: dict[int, Any] = {}
-    for param in module.parameters():
-        memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)
-    for buffer in module.buffers():
-        memo[id(buffer)] = torch.empty_like(buffer, device="meta")
-    return copy.deepcopy(module, memo)
 
 
 def _signature(module: nn.Module) -> list[tuple[str, str, tuple, torch.dtype]]:
@@ -91,7 +80,9 @@ class FusedLayer(nn.Module):
         self.models = nn.ModuleList(layers)
         self.layer_index = layer_index
         self.groups = groups
-        self.__dict__["_template"] = _meta_template(layers[0])   # not a submodule: no state of its own
+        # functional_call replaces every parameter and buffer: the template holds no data, and is
+        # not a submodule, so it has no state of its own
+        self.__dict__["_template"] = meta_copy(layers[0])
 
     def _stacked_state(self, start: int, stop: int) -> dict[str, torch.Tensor]:
         members = self.models[start:stop]
