@@ -81,7 +81,8 @@ def multi_model_spec(cfg: Any) -> MultiModelSpec | None:
                           f"{len(variants)} models: e.g. train.fusion_groups=1 (all fused)")
     budget = (cfg.get("memory") or {}).get("device_budget_bytes")
     if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-        raise ConfigError(f"memory.device_budget_bytes = {budget!r} must be a positive number of bytes or null")
+        raise ConfigError(f"memory.device_budget_bytes = {budget!r} must be a positive number of bytes: e.g. "
+                          f"memory.device_budget_bytes=2000000000, or null for no budget")
     return MultiModelSpec(variants, None if groups == "auto" else groups, budget)
 
 
