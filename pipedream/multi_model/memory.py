@@ -11,6 +11,7 @@ A group's bytes are released when gradients reach its inputs and stacked weights
 from __future__ import annotations
 
 import itertools
+import weakref
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -34,14 +35,19 @@ class GroupCall:
     decision: Decision
     counted: list[Any] = field(default_factory=list)     # keys held in the device tier
     swapped: list[Any] = field(default_factory=list)     # keys held in the host tier
-    storages: set[int] = field(default_factory=set)
+    views: dict[tuple, Any] = field(default_factory=dict)   # view -> (key, weak reference to the tensor)
     nbytes: int = 0                                       # feature-map bytes its forward saved
+    saved: int = 0                                        # tensors held so far (numbers their keys)
     started_s: float = 0.0
     forward_s: float = 0.0
 
 
 def _storage(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage().data_ptr()
+
+
+def _view(tensor: torch.Tensor) -> tuple:
+    return (_storage(tensor), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
 
 
 class _BackwardStart(torch.autograd.Function):
@@ -111,19 +117,23 @@ class FeatureMapMemory:
         def pack(tensor: torch.Tensor) -> Any:
             if tensor.device.type == "meta" or _storage(tensor) in self._param_storages:
                 return ("as is", tensor)
-            key = (call.id, len(call.counted) + len(call.swapped))
-            if decision is Decision.SWAP:
-                self.tier.host.put(key, tensor)
-                self.tier.counters.add(ACTIVATIONS, Direction.DEVICE_TO_HOST, tensor.nbytes)
-                call.swapped.append(key)
+            # a tensor saved twice is held once; a swapped tensor's memory may be reused by a
+            # later one (same address), so only a still-living tensor matches
+            view = _view(tensor)
+            held, alive = call.views.get(view, (None, None))
+            if held is None or alive() is not tensor:
+                held = (call.id, call.saved)
+                call.saved += 1
+                call.views[view] = (held, weakref.ref(tensor))
                 call.nbytes += tensor.nbytes
-                return ("swapped", key)
-            if _storage(tensor) not in call.storages:   # a storage saved twice is held once
-                call.storages.add(_storage(tensor))
-                self.tier.adopt(key, tensor.detach(), ACTIVATIONS)
-                call.counted.append(key)
-                call.nbytes += tensor.nbytes
-            return ("as is", tensor)
+                if decision is Decision.SWAP:
+                    self.tier.host.put(held, tensor)
+                    self.tier.counters.add(ACTIVATIONS, Direction.DEVICE_TO_HOST, tensor.nbytes)
+                    call.swapped.append(held)
+                else:
+                    self.tier.adopt(held, tensor.detach(), ACTIVATIONS)
+                    call.counted.append(held)
+            return ("swapped", held) if decision is Decision.SWAP else ("as is", tensor)
 
         def unpack(packed: Any) -> torch.Tensor:
             kind, value = packed

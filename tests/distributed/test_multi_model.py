@@ -70,25 +70,26 @@ def test_resumed_fused_run_exports_each_model(tmp_path):
             torch.testing.assert_close(exported[name], value, rtol=1e-5, atol=1e-5)
 
 
-def _memory_run(tmp_path: Path, name: str, pp: int, budget: int) -> list:
-    fused = BASE + [f"parallel.pp={pp}", f"train.models={OVERRIDES[2]}", "train.fusion_groups=2",
-                    f"memory.device_budget_bytes={budget}"]
+def _memory_run(tmp_path: Path, name: str, pp: int, budget: int, layout: list[str]) -> list:
+    fused = BASE + layout + [f"parallel.pp={pp}", f"train.models={OVERRIDES[2]}", "train.fusion_groups=2",
+                             f"memory.device_budget_bytes={budget}"]
     return run_workers(train_rank, pp, [(fused, str(tmp_path / name))])
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("pp", [1, 2])
-def test_a_budget_below_the_unoptimised_peak_is_kept_and_training_still_matches(tmp_path, pp):
+@pytest.mark.parametrize("pp,layout", [(1, []), (2, []), (2, ["schedule=interleaved", "parallel.vpp=2"])],
+                         ids=["pp1", "pp2", "interleaved"])
+def test_a_budget_below_the_unoptimised_peak_is_kept_and_training_still_matches(tmp_path, pp, layout):
     """First the peak with every feature map kept (a budget nothing reaches), then a budget between
     the smallest feasible peak and that: the device tier's own count stays within it on every
     rank, some maps are swapped or recomputed, and each model still trains as alone."""
-    unbounded = _memory_run(tmp_path, "unbounded", pp, 1 << 40)[0][0]["summary"]["fused_stages"]
+    unbounded = _memory_run(tmp_path, "unbounded", pp, 1 << 40, layout)[0][0]["summary"]["fused_stages"]
     assert all(stage["decisions"] == {} for stage in unbounded)
     peaks = [stage["peak_resident_bytes"] for stage in unbounded]
     # the memory simulator predicts the tier's count exactly when everything is kept
     assert peaks == [stage["simulated_unoptimised_peak_bytes"] for stage in unbounded]
     budget = int(max(peaks) * 0.8)
-    per_rank = _memory_run(tmp_path, "budget", pp, budget)
+    per_rank = _memory_run(tmp_path, "budget", pp, budget, layout)
     stages = per_rank[0][0]["summary"]["fused_stages"]
     for stage, unoptimised in zip(stages, peaks):
         assert stage["peak_resident_bytes"] <= stage["simulated_peak_bytes"] <= budget
