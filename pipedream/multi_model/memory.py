@@ -76,7 +76,9 @@ class _Recompute(torch.autograd.Function):
     def forward(ctx, manager: "FeatureMapMemory", call: GroupCall, run: Callable[..., Any], count: int,
                 *tensors: torch.Tensor):
         ctx.manager, ctx.call, ctx.run, ctx.count = manager, call, run, count
-        ctx.rng = torch.get_rng_state()
+        ctx.device = tensors[0].device
+        ctx.rng = torch.get_rng_state()   # dropout draws the same masks again (as torch.utils.checkpoint)
+        ctx.device_rng = torch.cuda.get_rng_state(ctx.device) if ctx.device.type == "cuda" else None
         ctx.save_for_backward(*tensors[:count])
         ctx.parameters = len(tensors) - count
         with torch.no_grad():
@@ -85,8 +87,11 @@ class _Recompute(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads: torch.Tensor):
         inputs = [t.detach().requires_grad_(t.requires_grad) for t in ctx.saved_tensors[:ctx.count]]
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), ctx.manager.hooks(ctx.call, Decision.KEEP):
+        devices = [ctx.device] if ctx.device_rng is not None else []
+        with torch.random.fork_rng(devices=devices), torch.enable_grad(), ctx.manager.hooks(ctx.call, Decision.KEEP):
             torch.set_rng_state(ctx.rng)
+            if ctx.device_rng is not None:
+                torch.cuda.set_rng_state(ctx.device_rng, ctx.device)
             outputs = ctx.run(*inputs)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad and g is not None]

@@ -90,3 +90,29 @@ def test_kept_maps_are_counted_and_a_budget_breach_stops_the_step():
     from pipedream.offload import DeviceBudgetError
     with pytest.raises(DeviceBudgetError):
         _run({}, budget=weights + 16)
+
+
+def test_a_recomputed_group_draws_the_same_dropout_masks():
+    import torch.nn.functional as F
+    from torch import nn
+
+    from models import from_modules
+
+    def grads(decision):
+        torch.manual_seed(0)
+        members = [from_modules(nn.Sequential(nn.Linear(4, 6), nn.Dropout(0.5), nn.Linear(6, 2)), F.mse_loss,
+                                (torch.randn(2, 4), torch.randn(2, 2))) for _ in range(2)]
+        layers = fuse_models(members, MultiModelSpec((), None)).build()
+        params = [p for layer in layers.values() for p in layer.parameters()]
+        memory = FeatureMapMemory(DeviceTier(HostTier(), "cpu", 1 << 40), {(1, 0): decision}, params)
+        for layer in layers.values():
+            layer.__dict__["memory"] = memory
+        value = torch.randn(2, 5, 4, generator=torch.Generator().manual_seed(2))
+        torch.manual_seed(3)
+        for i in range(3):
+            value = call_layer(layers[i], value)
+        value.sum().backward()
+        return [p.grad for p in params]
+
+    for kept, recomputed in zip(grads(Decision.KEEP), grads(Decision.RECOMPUTE)):
+        assert torch.equal(kept, recomputed)
