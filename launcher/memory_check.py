@@ -2,7 +2,7 @@
 CPU), summed over the processes started on this machine, from the planner's per-layer model sizes."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -89,6 +89,19 @@ def available_memory() -> tuple[float, str]:
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")), "installed"
 
 
+def for_model_set(estimate: MemoryEstimate, cfg: Any) -> MemoryEstimate:
+    """``train.models=K``: every process holds K models' weights, gradients, optimizer state and
+    activations (the runtime's own memory once)."""
+    from pipedream.multi_model.settings import multi_model_spec
+
+    models = multi_model_spec(cfg)
+    if models is None:
+        return estimate
+    k = models.count
+    return replace(estimate, weights=estimate.weights * k, gradients=estimate.gradients * k,
+                   optimizer=estimate.optimizer * k, activations=estimate.activations * k)
+
+
 def check_memory(label: str, cfg: Any, spec: Any, processes: int, available: float | None = None) -> str | None:
     """Raises ConfigError when the run cannot fit; returns a note when the check does not apply."""
     if cfg.model.get("_target_"):
@@ -99,7 +112,7 @@ def check_memory(label: str, cfg: Any, spec: Any, processes: int, available: flo
     model_cfg = OmegaConf.to_container(cfg.model, resolve=True)
     from planner.errors import PlannerError
     try:
-        estimate = estimate_memory(model_cfg, spec, processes)
+        estimate = for_model_set(estimate_memory(model_cfg, spec, processes), cfg)
     except PlannerError as error:
         return f"memory pre-check: skipped ({error})"
     kind = "available"

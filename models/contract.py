@@ -39,6 +39,11 @@ def _fresh_copy(module: nn.Module) -> nn.Module:
     inference) a copy on the meta device, without copying any data."""
     if torch.get_default_device().type != "meta":
         return copy.deepcopy(module)
+    return meta_copy(module)
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """The module's structure with meta parameters and buffers (no data copied)."""
     memo: dict[int, Any] = {}
     for param in module.parameters():
         memo[id(param)] = nn.Parameter(torch.empty_like(param, device="meta"), requires_grad=param.requires_grad)

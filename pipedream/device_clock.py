@@ -1,22 +1,25 @@
-"""The trace's clock. On CUDA a kernel launch returns before the kernel runs, so host timestamps
-would measure launches; in traced iterations (``exact``) this clock first waits for the current
-stream's queued work, so an action's span is the time the device spent on it. Only the compute
-stream is waited for: the point-to-point and collective streams may hold a receive whose sender
-waits on this rank. Outside traced iterations, and on CPU, it is the plain host clock."""
+"""The clock a rank's trace recorder and executor share, chosen once from the rank's device:
+``time.perf_counter`` on CPU, where work is done when the call returns; on CUDA an
+``EventClock`` (``pipedream/trace_clock.py``) that stamps traced iterations with timing events on
+the current (compute) stream and otherwise reads the host clock. The point-to-point and collective
+streams get no events: the compute stream shows their cost where it waits for them."""
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import torch
 
+from .trace_clock import EventClock
 
-class DeviceClock:
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        self.device = device
-        self.exact = False   # set by the trace recorder for the iterations it keeps
 
-    def __call__(self) -> float:
-        if self.exact and self.cuda:
-            torch.cuda.current_stream(self.device).synchronize()
-        return time.perf_counter()
+def clock_for(device: torch.device) -> Callable[[], float] | EventClock:
+    if device.type != "cuda":
+        return time.perf_counter
+
+    def record_event() -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(device))
+        return event
+
+    return EventClock(record_event, lambda: torch.cuda.current_stream(device).synchronize())

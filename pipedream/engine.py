@@ -4,6 +4,7 @@ asynchronous), and runs training steps and evaluation through it."""
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
 import torch
 from torch import nn
@@ -16,6 +17,9 @@ from .executor import Batch, Executor
 from .grad_accumulation import fuse_grad_accumulation
 from .groups import ProcessGroups, layer_owner
 from .loss_scaler import LossScaler
+from .multi_model.budget import prepare_fused_stage
+from .multi_model.fused import FusedLayerModel
+from .multi_model.training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from .precision import MixedPrecision
 from .optim import GradientSync, TiedCopy, build_optimizer, build_scheduler
 from .run_spec import RunSpec
@@ -44,6 +48,7 @@ class PipelineEngine:
         dense description) then serves shape inference, since boundary tensors are dense."""
         self.spec, self.model, self.rank, self.device = spec, model, rank, device
         self.tp = tp
+        multi = model if isinstance(model, FusedLayerModel) else None   # a fused model set (multi_model/)
         layout = spec.layout
         self.coords = layout.coords(rank)
         self.virtual_stages = [layout.virtual_stage(self.coords.pp, c) for c in range(layout.vpp)]
@@ -60,18 +65,20 @@ class PipelineEngine:
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            precision.fp32_loss(model.loss_fn), recompute=spec.recompute, autocast=precision.autocast)
-        if train.fuse_grad_accumulation:
+        if train.fuse_grad_accumulation and multi is None:   # fused layers run their Linears under vmap
             for chunk in chunks:
                 fuse_grad_accumulation(chunk, self.stage.weight_grads)
         self.params = self.stage.parameters()
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
         runner = runner_class(spec.schedule)
-        self.optimizer = build_optimizer(optim, self.params, float(train.lr))
+        self.optimizer = build_multi_optimizer(optim, self.params, multi.settings) if multi else \
+            build_optimizer(optim, self.params, float(train.lr))
         self.scheduler = build_scheduler(self.optimizer, train, runner.updates_per_step(spec, self.topology,
                                                                                          schedule_rank))
         norm_group = groups.pp if layout.pp > 1 and runner.global_grad_norm else None
-        self.gradients = GradientSync(self.params, groups.dp, layout.stage_replica_count(self.coords.pp),
+        sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
+        self.gradients = sync(self.params, groups.dp, layout.stage_replica_count(self.coords.pp),
                                       self._tied_copies(built, groups), norm_group,
                                       tp_group=groups.tp if layout.tp > 1 else None)
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
@@ -93,7 +100,8 @@ class PipelineEngine:
             self.comm.connect()
             parts.comm = self.comm
         self.parts = parts
-        self.runner: Runner = runner(parts)
+        self.runner: Runner = MultiModelRunner(parts, multi) if multi else runner(parts)
+        self.fused_stage = prepare_fused_stage(self, multi.settings) if multi else None
 
     @property
     def executor(self) -> Executor:

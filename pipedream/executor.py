@@ -67,6 +67,7 @@ class Executor:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
         self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
+        self._orders: dict[int, tuple[tuple[Action, ...], list[Action], bool]] = {}   # id(actions) -> order
 
     def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
             train: bool = True, weights: WeightStore | None = None) -> IterationResult:
@@ -75,8 +76,8 @@ class Executor:
         With ``train=False`` forwards run without a graph (evaluation); ``weights`` gives every
         forward and backward its weight version."""
         result = IterationResult()
-        split = any(a.kind is Kind.WEIGHT for a in actions)
-        for action in issue_order(actions):
+        order, split = self._issue_order(actions)
+        for action in order:
             kind = action.kind
             if kind is Kind.RECV_ACT:
                 self.comm.post_recv_activation(action.microbatch, action.chunk)
@@ -120,6 +121,18 @@ class Executor:
         if self.comm is not None:
             self.comm.wait_sends()
         return result
+
+    def _issue_order(self, actions: list[Action]) -> tuple[list[Action], bool]:
+        """The issue order of ``actions`` and whether it splits backwards (W actions), kept for the
+        list a runner passes every step (recomputed when the list changes)."""
+        key = tuple(actions)
+        cached = self._orders.get(id(actions))
+        if cached is None or cached[0] != key:
+            split = any(a.kind is Kind.WEIGHT for a in actions)
+            cached = self._orders[id(actions)] = (key, issue_order(actions), split)
+            if len(self._orders) > 4:   # the training and evaluation lists, and a few asynchronous windows
+                del self._orders[next(iter(self._orders))]
+        return cached[1], cached[2]
 
     def _run_weight_grads(self, keep: int) -> None:
         """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""

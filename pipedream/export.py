@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .checkpoint_integrity import checkpoint_problem
+from .multi_model.export import is_fused_state, model_paths, split_models
 from .specs import default_checkpoint_root
 
 
@@ -57,6 +58,14 @@ def export(run_dir: Path, out: Path | None = None, step: int | None = None) -> l
     import torch   # after the choice: a bad request fails at once
     state = consolidate(checkpoint)
     out = out or run_dir / "model.pt"
+    if is_fused_state(state):   # a fused set (train.models): one file per model, model_<k>.pt
+        models = split_models(state)
+        return [path for model, path in zip(models, model_paths(out, len(models))) for path in _save(model, path)]
+    return _save(state, out)
+
+
+def _save(state: dict[str, Any], out: Path) -> list[Path]:
+    import torch
     torch.save(state, out)
     written = [out]
     try:

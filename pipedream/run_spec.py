@@ -17,6 +17,7 @@ from .errors import ConfigError
 from .harmony_spec import HarmonySpec, harmony_spec
 from .apex_support import check_apex
 from .layout import ParallelLayout, split_layers
+from .multi_model.settings import check_multi_model
 from .precision_spec import PrecisionSpec
 from .plugin_config import plugin_target
 from .schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
@@ -236,6 +237,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     precision = PrecisionSpec.from_config(cfg, schedule, schedule in ASYNC_SCHEDULES)
     device = str(Section(cfg, "cluster").raw("device"))
     check_apex(optim.impl, device)
+    check_multi_model(cfg, schedule, schedule in ASYNC_SCHEDULES, layout.tp, optim.impl)
     if schedule in ASYNC_SCHEDULES and plugin_model is not None:
         _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:

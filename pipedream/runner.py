@@ -35,6 +35,7 @@ class StepResult:
     loss: float
     grad_norm: float     # NaN when the step did not need it (flush schedules without clipping)
     lr: float
+    models: list[dict[str, float]] | None = None   # a fused model set: each model's loss, grad_norm, lr
 
 
 @dataclass

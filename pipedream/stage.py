@@ -62,6 +62,10 @@ class _SavedBytesCounter:
         return tensor
 
 
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 class Stage:
     """Runs forward and backward of this rank's chunks, one micro-batch at a time.
 
@@ -87,6 +91,7 @@ class Stage:
         self.stats = StashStats()
         self.weight_grads = WeightGradQueue()
         self._awaiting_weight: dict[tuple[int, int], int] = {}   # split backwards -> bytes held until W
+        self._saved_bytes: dict[tuple, int] = {}   # (chunk, input shapes, dtypes, own weights) -> bytes
         self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
 
     def parameters(self) -> list[nn.Parameter]:
@@ -104,11 +109,13 @@ class Stage:
         Inputs and outputs are a tensor or a tuple of tensors (``boundary``)."""
         if not self.is_first[chunk]:
             inputs = boundary.stage_input(inputs)
-        weight_ptrs = self._parameter_ptrs
-        if weights is not None:
-            weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
-        counter = _SavedBytesCounter(weight_ptrs)
-        with torch.autograd.graph.saved_tensors_hooks(counter.pack, lambda t: t):
+        # The bytes saved for backward depend on the graph only, which the chunk, its input's shapes
+        # and dtypes and the weight source fix: they are counted once per such key (the counting
+        # hooks cost a Python call per saved tensor, which small layers notice).
+        key = (chunk, boundary.shape_key(inputs), boundary.dtypes(inputs), weights is None)
+        nbytes = self._saved_bytes.get(key)
+        counter = None if nbytes is not None else self._counter(weights)
+        with nullcontext() if counter is None else torch.autograd.graph.saved_tensors_hooks(counter.pack, _same):
             if self.recompute:
                 outputs = checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
             else:
@@ -116,12 +123,19 @@ class Stage:
             if self.is_last[chunk]:
                 loss = self.loss_fn(outputs, target)
                 outputs = loss * loss_scale
-        for held in (*boundary.tensors(inputs), *boundary.tensors(outputs)):
-            counter.pack(held)   # the stash holds the inputs and outputs too (each storage counted once)
-        nbytes = counter.total
+        if counter is not None:
+            for held in (*boundary.tensors(inputs), *boundary.tensors(outputs)):
+                counter.pack(held)   # the stash holds the inputs and outputs too (each storage counted once)
+            nbytes = self._saved_bytes[key] = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
         self.stats.add(chunk, nbytes)
         return loss.detach() if self.is_last[chunk] else boundary.detach(outputs)
+
+    def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
+        weight_ptrs = self._parameter_ptrs
+        if weights is not None:
+            weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
+        return _SavedBytesCounter(weight_ptrs)
 
     def _run_chunk(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
         with self.autocast():

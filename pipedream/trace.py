@@ -11,6 +11,10 @@ its own ``perf_counter`` reading taken right after it leaves that barrier. Ranks
 within the barrier's exit skew (tens of microseconds on one host, about one network latency across
 hosts) without assuming that hosts' clocks agree. Successive traced iterations are placed on rank
 0's clock (iteration k starts at rank 0's origin_k - origin_first).
+
+The clock is chosen once per rank (``device_clock.clock_for``): ``perf_counter`` on CPU; on CUDA
+an ``EventClock`` whose readings in traced iterations are CUDA events, which ``end_step`` resolves
+to seconds on the same host-clock axis after one synchronisation (``pipedream/trace_clock.py``).
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ import torch.distributed as dist
 
 from .schedules import Action, Kind
 from .specs import TraceSpec
+from .trace_clock import EventClock, Reading, host_seconds
 
 _CATEGORY = {Kind.FWD: "forward", Kind.BWD: "backward", Kind.SEND_ACT: "send", Kind.SEND_GRAD: "send",
              Kind.RECV_ACT: "recv", Kind.RECV_GRAD: "recv", Kind.SYNC_GRADS: "sync", Kind.STEP: "step",
@@ -90,27 +95,33 @@ class RankTrace:
 class TraceRecorder:
     """The executor's ``recorder``. Ignores actions outside training steps (evaluation)."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, clock: Callable[[], float] | EventClock = time.perf_counter):
         self.clock = clock
         self.totals = CommTotals()
         self.steps: list[StepTrace] = []
         self._in_step = False
-        self._raw: list[tuple[Action | str, float, float, float]] | None = None
+        self._events = clock if isinstance(clock, EventClock) else None   # readings to resolve
+        self._origin: Reading = 0.0
+        self._raw: list[tuple[Action | str, Reading, Reading, Reading]] | None = None
 
     def begin_step(self, step: int, traced: bool, barrier: Callable[[], None] | None = None) -> None:
         """``traced``: keep this iteration's events; ``barrier`` aligns the ranks' origins first."""
         self._in_step = True
-        if hasattr(self.clock, "exact"):   # a DeviceClock: device-synchronised times while traced
-            self.clock.exact = traced
         if traced:
+            if self._events is not None:
+                self._events.start_traced()
             if barrier is not None:
                 barrier()
-            self.steps.append(StepTrace(step, self.clock()))
+            self._origin = self.clock()
+            self.steps.append(StepTrace(step, host_seconds(self._origin)))
             self._raw = []
 
-    def record(self, action: Action, start: float, end: float, wait: float) -> None:
+    def record(self, action: Action, start: Reading, end: Reading, wait: Reading) -> None:
         if not self._in_step:
             return
+        if self._raw is not None:
+            self._raw.append((action, start, end, wait))
+            start, end, wait = host_seconds(start), host_seconds(end), host_seconds(wait)
         kind = action.kind
         if kind is Kind.FWD or kind is Kind.BWD:
             self.totals.recv_wait_s += wait
@@ -118,10 +129,8 @@ class TraceRecorder:
             self.totals.send_s += end - start
         elif kind is Kind.SYNC_GRADS:
             self.totals.sync_grads_s += end - start
-        if self._raw is not None:
-            self._raw.append((action, start, end, wait))
 
-    def record_weight_grads(self, microbatch: int, chunk: int, start: float, end: float) -> None:
+    def record_weight_grads(self, microbatch: int, chunk: int, start: Reading, end: Reading) -> None:
         if self._in_step and self._raw is not None:
             backward = str(Action(Kind.BWD, microbatch, chunk))
             self._raw.append((WEIGHT_GRADS + backward[1:], start, end, 0.0))
@@ -129,15 +138,18 @@ class TraceRecorder:
     def end_step(self) -> None:
         end = self.clock()
         self._in_step = False
-        if hasattr(self.clock, "exact"):
-            self.clock.exact = False
         self.totals.steps += 1
         if self._raw is None:
             return
+        if self._events is not None:
+            seconds = self._events.resolver(self._origin)   # one wait for the device, then event times
+            self._events.stop_traced()
+        else:
+            seconds = host_seconds   # host readings are seconds already
         current = self.steps[-1]
         origin = current.origin
-        current.end = end - origin
-        current.events = [_event(a, s - origin, e - origin, w) for a, s, e, w in self._raw]
+        current.end = seconds(end) - origin
+        current.events = [_event(a, seconds(s) - origin, seconds(e) - origin, seconds(w)) for a, s, e, w in self._raw]
         self._raw = None
 
 

@@ -17,10 +17,12 @@ from models import build_model
 
 from .checkpoint import RunCheckpoints
 from .data import GlobalBatchOrder, build_datasets, microbatches
-from .device_clock import DeviceClock
+from .device_clock import clock_for
 from .distributed import DistContext
 from .engine import PipelineEngine, StepResult
 from .groups import build_groups
+from .multi_model import build_fused_model, multi_model_spec
+from .multi_model.training import StackedData
 from .metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                       peak_memory_bytes, warmup_steps)
 from .peak_flops import PeakFlops, peak_flops
@@ -72,7 +74,8 @@ def resolved_config(cfg: Any, run_dir: Path) -> dict[str, Any]:
 def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> PipelineEngine:
     """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
     torch.manual_seed(spec.train.seed)
-    dense = build_model(cfg.model, seed=spec.train.seed)
+    multi = multi_model_spec(cfg)
+    dense = build_fused_model(cfg, multi) if multi else build_model(cfg.model, seed=spec.train.seed)
     if spec.harmony is not None:
         from .harmony_engine import HarmonyEngine
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
@@ -128,10 +131,14 @@ class Loop:
     train_bytes: list[int] = field(default_factory=lambda: [0, 0])
     last_loss: float = math.nan
     val_loss: float = math.nan
+    models: list[dict[str, float]] | None = None   # a fused model set: each model's last record
 
     def evaluate(self) -> float:
         losses = [self.engine.evaluate(self.data.val_batches(i)) for i in range(self.data.val_steps)]
         self.val_loss = sum(losses) / len(losses)
+        if self.models is not None:
+            for record, val_loss in zip(self.models, self.engine.runner.eval_losses()):
+                record["val_loss"] = val_loss
         return self.val_loss
 
     def step(self, step: int, traced: bool, grad_norm: bool) -> tuple[StepResult, float]:
@@ -147,6 +154,7 @@ class Loop:
         self.train_bytes[1] += _comm_bytes(self.engine)[1] - received
         self.times.add(elapsed)
         self.last_loss = result.loss
+        self.models = result.models
         return result, elapsed
 
 
@@ -172,6 +180,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 record.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped_steps)
             if evaluating:
                 record["val_loss"] = loop.evaluate()
+            if loop.models is not None:
+                record["models"] = loop.models
             if writer and logged:
                 writer.log_step(record)
                 progress.set_postfix(loss=f"{result.loss:.3f}",
@@ -188,9 +198,12 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     """Trains on this rank. ``cfg`` supplies the model and data sections (read by ``models`` and
     ``data``) and the record of the run; every other setting comes from ``spec``."""
     check_tensorboard(spec.loop.tensorboard)
-    recorder = TraceRecorder(DeviceClock(ctx.device))   # the executor times its actions with it too
+    recorder = TraceRecorder(clock_for(ctx.device))   # the executor times its actions with it too
     engine = _build_engine(cfg, spec, ctx, recorder)
-    loop = Loop(engine, ShardedData(cfg, spec, engine.coords.dp), recorder)
+    multi = multi_model_spec(cfg)
+    data = StackedData(cfg, spec, engine.coords.dp, multi, ShardedData) if multi else \
+        ShardedData(cfg, spec, engine.coords.dp)
+    loop = Loop(engine, data, recorder)
     run_dir = agree_on_run_dir(spec, ctx)
     config = resolved_config(cfg, run_dir)
     writer = RunWriter(run_dir, spec.loop.tensorboard) if ctx.rank == 0 else None
@@ -211,7 +224,11 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     if math.isnan(loop.val_loss):
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
-    summary = _summary(loop, spec, throughput, peak, gathered, report, config)
+    fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
+    if engine.fused_stage is not None:
+        fused_stages = [None] * ctx.world_size
+        dist.all_gather_object(fused_stages, engine.fused_stage.report())
+    summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
     if writer:
         path = writer.write_summary(summary)
         writer.close()
@@ -258,7 +275,7 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
 
 
 def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops | None, gathered: list[RankStats],
-             report: TraceReport | None, config: dict[str, Any]) -> dict[str, Any]:
+             report: TraceReport | None, config: dict[str, Any], fused_stages: list | None = None) -> dict[str, Any]:
     median = loop.times.median_after_warmup()
     return {
         "steps": spec.train.steps,
@@ -276,6 +293,9 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "trace": report.as_dict() if report else None,
         "final_train_loss": loop.last_loss,
         "final_val_loss": loop.val_loss,
+        **({"models": [{**vars(v), "final_train_loss": m["loss"], "final_val_loss": m.get("val_loss")}
+                       for v, m in zip(multi_model_spec(OmegaConf.create(config)).variants, loop.models)],
+            "fused_stages": fused_stages} if loop.models is not None else {}),
         "ranks": [vars(s) for s in gathered],
         "config": config,
     }

@@ -12,7 +12,12 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.cluster
 * between two processes over Gloo: point-to-point one-way time vs message size (ping-pong) and
   all-reduce time vs size, each fitted as latency + bytes / bandwidth;
 * the optimizer step (gradient clipping, AdamW, zeroing) vs parameter bytes;
-* the resident set of a process that has imported the runtime and joined the process group.
+* the resident set of a process that has imported the runtime and joined the process group;
+* the model's layers split two ways (tensor parallelism, ``TP_DEGREE``) over two of the processes,
+  timed with the all-reduces inside them;
+* the runtime's own costs from traced two-stage runs of the model, one per schedule family
+  (``planner.calibrate_runtime``): per FWD/BWD action, per message, per step, and the resident set
+  of a rank beyond its base and its model.
 
 Re-running for another model keeps the sheet's other profiles. The other processes' share of the
 CPU while it measured is recorded: on a shared machine every number carries that noise.
@@ -30,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .calibrate_runtime import measure_runtime
 from .cluster_sheet import SCHEMA, fit_line, model_fingerprint
 from .errors import PlannerError
 
@@ -37,6 +43,7 @@ from .errors import PlannerError
 # tiny messages stall on TCP acknowledgements, which a pipeline's activations never are)
 MESSAGE_SIZES = (4096, 65536, 524288, 4194304)
 OPTIMIZER_SIZES = (65536, 524288, 2097152)         # parameters
+TP_DEGREE = 2                                      # tensor-parallel layers measured at this degree
 
 
 def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
@@ -148,11 +155,35 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
     dist.barrier()
     profile = measure_profile(model_cfg, micro_batches, "cpu", warmup=2, repeats=repeats).to_json()
     dist.barrier()
-    result = {"p2p": p2p, "allreduce": allreduce, "base_rss": base_rss, "profile": profile,
+    profiles_tp = tensor_parallel_profiles(model_cfg, micro_batches, repeats, rank)
+    result = {"p2p": p2p, "allreduce": allreduce, "base_rss": base_rss, "profile": profile, "profiles_tp": profiles_tp,
               "concurrent_flops": statistics.median(concurrent),
               "slowdown": statistics.median(a / c for a, c in zip(alone, concurrent)) if alone else 1.0}
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
+
+
+def tensor_parallel_profiles(model_cfg: dict, micro_batches: list[int], repeats: int, rank: int) -> dict:
+    """The model's layers split two ways over ranks 0 and 1 (the others idle), timed with their
+    all-reduces; none if the model has no tensor-parallel split of 2."""
+    import torch.distributed as dist
+
+    from models import check_tensor_parallel_config
+    from pipedream.tensor_parallel import TensorParallel
+
+    from .measure import measure_profile
+
+    try:
+        check_tensor_parallel_config(model_cfg, TP_DEGREE)
+    except Exception:  # noqa: BLE001 - the model does not split: plan it without tensor parallelism
+        return {}
+    group = dist.new_group(list(range(TP_DEGREE)))
+    profile = None
+    if rank < TP_DEGREE:
+        context = TensorParallel(group=group, rank=rank, size=TP_DEGREE)
+        profile = measure_profile(model_cfg, micro_batches, "cpu", warmup=2, repeats=repeats, tp=context).to_json()
+    dist.barrier()
+    return {str(TP_DEGREE): profile} if profile is not None else {}
 
 
 def measure_network(processes: int, repeats: int, threads: int, model_cfg: dict,
@@ -177,7 +208,9 @@ def measure_network(processes: int, repeats: int, threads: int, model_cfg: dict,
                           "group": processes, "points": rank0["allreduce"]},
             "process_base_bytes": max(r["base_rss"] for r in ranks),
             "concurrent_flops": statistics.median(r["concurrent_flops"] for r in ranks),
-            "slowdown": rank0["slowdown"], "profile": mean_profile([r["profile"] for r in ranks])}
+            "slowdown": rank0["slowdown"], "profile": mean_profile([r["profile"] for r in ranks]),
+            "profiles_tp": {t: mean_profile([r["profiles_tp"][t] for r in ranks[:int(t)]])
+                            for t in rank0["profiles_tp"]}}
 
 
 def latency_bandwidth(points: list) -> tuple[float, float]:
@@ -215,7 +248,8 @@ def _own_cpu_s() -> float:
 
 
 def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, threads: int, repeats: int,
-              previous: dict | None = None) -> dict[str, Any]:
+              previous: dict | None = None, model_overrides: Sequence[str] | None = None) -> dict[str, Any]:
+    """``model_overrides``: the Hydra overrides that select the model, for the traced runs (None: none run)."""
     import torch
 
     from omegaconf import OmegaConf
@@ -246,8 +280,12 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     own_cpu = _own_cpu_s() - own0
     other = max(0.0, (busy1 - busy0 - own_cpu * ticks) / (total1 - total0)) if total1 > total0 else None
     data["machine_load"] = {"other_cpu_share": other, "workers_excluded": True, "load_average": list(os.getloadavg())}
-    data["profiles"][model_fingerprint(plain)] = {"model": str(plain.get("preset") or plain["name"]),
-                                                  "config": plain, "profile": net["profile"]}
+    entry = {"model": str(plain.get("preset") or plain["name"]), "config": plain, "profile": net["profile"],
+             "profiles_tp": net["profiles_tp"]}
+    if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
+        entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
+                                           data["process_base_bytes"])
+    data["profiles"][model_fingerprint(plain)] = entry
     return data
 
 
@@ -264,8 +302,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if processes < 2:
             raise PlannerError(f"cluster.devices_per_node={processes}: calibration measures messages between "
                                f"processes; use at least 2")
+        overrides = ([a for a in (sys.argv[1:] if argv is None else argv) if a.lstrip("+~").startswith("model")]
+                     if p.calibrate_runtime else None)
         data = calibrate(cfg.model, list(p.calibrate_micro_batches), processes, int(p.calibrate_threads),
-                         int(p.calibrate_repeats), previous)
+                         int(p.calibrate_repeats), previous, overrides)
     except (PlannerError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -280,7 +320,21 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{data['process_base_bytes'] / 2**20:.0f} MiB; profiles: "
           f"{sorted(e['model'] for e in data['profiles'].values())}; other processes used "
           f"{(data['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU meanwhile")
+    runtime = next((e.get("runtime", {}) for e in data["profiles"].values() if e.get("config") == plain_model(cfg)), {})
+    for family, cost in sorted((k, v) for k, v in runtime.items() if isinstance(v, dict) and "step_s" in v):
+        print(f"  runtime ({family} run): {cost['compute_action_s'] * 1e6:.0f} us per FWD/BWD action beyond the "
+              f"layers, {cost['message_s'] * 1e6:.0f} us per message, {cost['step_s'] * 1e3:.2f} ms per step")
+    for family, reason in runtime.get("errors", {}).items():
+        print(f"  runtime ({family} run) not measured: {reason}")
+    if "process_bytes" in runtime:
+        print(f"  process beyond its base and its model: {runtime['process_bytes'] / 2**20:.0f} MiB")
     return 0
+
+
+def plain_model(cfg: Any) -> dict:
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg.model, resolve=True)
 
 
 if __name__ == "__main__":

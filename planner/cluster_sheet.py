@@ -18,13 +18,17 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
      "matmul_slowdown_all_busy": float,      # for the record: a matmul with every process busy / alone
      "process_base_bytes": float,            # resident set of a training process before its model
      "machine_load": {"other_cpu_share": float, "load_average": [1, 5, 15 min]},
-     "profiles": {fingerprint: {"model": str, "profile": <pipedream-profile/1>}}}
+     "profiles": {fingerprint: {"model": str, "profile": <pipedream-profile/1>,
+                                "profiles_tp": {"2": <pipedream-profile/1 measured at t = 2>},
+                                "runtime": <planner.runtime_costs>}}}
 
 ``conf/cluster/measured.yaml`` names it (``cluster.calibration``, a path). The planner then uses:
 the per-layer profile measured for the model being planned (if the sheet has one for exactly this
 model configuration; its times scaled by ``compute_slowdown``), p2p latency and bandwidth as the
-single topology level, the all-reduce fit for data-parallel gradient sync, and the optimizer step
-per parameter byte (once per iteration; per micro-batch with PipeDream's weight stashing).
+single topology level, the all-reduce fit for data-parallel gradient sync, the optimizer step
+per parameter byte (once per iteration; per micro-batch with PipeDream's weight stashing), the
+tensor-parallel layers as measured at t > 1 (their all-reduces inside the layer times), and the
+runtime's own costs per action, message and step and its process's resident set.
 """
 from __future__ import annotations
 
@@ -41,6 +45,7 @@ from pipedream.devices import DeviceSheet
 from .errors import PlannerError
 from .hardware import Cluster, Level
 from .profile import Profile, profile_from_json
+from .runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, runtime_costs
 
 SCHEMA = "pipedream-cluster-sheet/1"
 
@@ -90,15 +95,34 @@ def calibration(cluster: Cluster) -> Mapping[str, Any] | None:
     return cluster.extra.get("sheet") if cluster.extra else None
 
 
+def _entry(cluster: Cluster, model_cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    data = calibration(cluster)
+    return None if data is None else data.get("profiles", {}).get(model_fingerprint(model_cfg))
+
+
 def measured_profile(cluster: Cluster, model_cfg: Mapping[str, Any]) -> Profile | None:
     """This model's profile from the sheet, its times scaled to every process computing at once."""
+    entry = _entry(cluster, model_cfg)
+    return None if entry is None else _scaled(cluster, entry["profile"])
+
+
+def measured_tp_profiles(cluster: Cluster, model_cfg: Mapping[str, Any]) -> dict[int, Profile]:
+    """This model's tensor-parallel profiles from the sheet, by degree (none without a sheet)."""
+    entry = _entry(cluster, model_cfg) or {}
+    return {int(t): _scaled(cluster, prof) for t, prof in entry.get("profiles_tp", {}).items()}
+
+
+def measured_runtime(cluster: Cluster, model_cfg: Mapping[str, Any]) -> RuntimeCosts:
+    """The runtime's own costs for this model (none without a sheet or without a traced run)."""
     data = calibration(cluster)
     if data is None:
-        return None
-    entry = data.get("profiles", {}).get(model_fingerprint(model_cfg))
-    if entry is None:
-        return None
-    profile = profile_from_json(entry["profile"])
+        return NO_RUNTIME_COSTS
+    return runtime_costs(_entry(cluster, model_cfg), float(data.get("process_base_bytes", 0.0)))
+
+
+def _scaled(cluster: Cluster, profile_json: Mapping[str, Any]) -> Profile:
+    data = calibration(cluster) or {}
+    profile = profile_from_json(profile_json)
     slow = float(data.get("compute_slowdown", 1.0))
     layers = tuple(replace(layer, forward_s=tuple(t * slow for t in layer.forward_s),
                            backward_s=tuple(t * slow for t in layer.backward_s)) for layer in profile.layers)

@@ -9,7 +9,7 @@ from pipedream.config_loading import compose_config, describe_missing_option
 
 from . import zero_bubble
 from .errors import PlannerError
-from .cluster_sheet import measured_profile
+from .cluster_sheet import measured_profile, measured_runtime, measured_tp_profiles
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
@@ -92,7 +92,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
         fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs),
-        device_budget=_budget(p.get("device_budget_bytes")))
+        device_budget=_budget(p.get("device_budget_bytes")), **_calibrated(cfg, cluster, profile))
 
 
 def _budget(value: Any) -> float | None:
@@ -102,6 +102,15 @@ def _budget(value: Any) -> float | None:
         raise PlannerError(f"planner.device_budget_bytes={value!r} must be a positive number of bytes or null "
                            f"(the device's memory less the reserve)")
     return float(value)
+
+
+def _calibrated(cfg: Any, cluster, profile: Profile) -> dict:
+    """Planned from the sheet's profile (cluster=measured): the sheet's runtime costs and tensor-parallel
+    profiles for the same model."""
+    if profile.source != "measured" or cfg.planner.get("profile") or cfg.planner.get("graph"):
+        return {}
+    model_cfg = _plain(cfg.model)
+    return {"runtime": measured_runtime(cluster, model_cfg), "tp_profiles": measured_tp_profiles(cluster, model_cfg)}
 
 
 def _schedules(values: Any) -> tuple[str, ...]:

@@ -1,13 +1,16 @@
 """Everything a search needs, resolved once from the config: model, profile, cluster, batch, limits."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
 
 from pipedream.devices import GIB
 
 from .hardware import Cluster
 from .model_specs import ModelSpec
 from .profile import Profile, analytic_profile
+from .runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Inputs:
     pin_dp: int | None = None  # fix the data-parallel degree (planner.dp)
     fewer_devices: bool = True  # PipeDream DP: leave devices unused when more would not help
     pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
+    runtime: RuntimeCosts = NO_RUNTIME_COSTS  # cluster=measured: the runtime's own costs (planner.runtime_costs)
+    tp_profiles: Mapping[int, Profile] = field(default_factory=lambda: MappingProxyType({}))  # measured at t > 1
     device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
 
     @property
@@ -48,7 +53,8 @@ class Inputs:
         """Tensor-parallel degrees: divisors of n that divide the head count and align with nodes
         (t divides the devices per node or is a multiple of it, so no group straddles a node edge)."""
         if self.spec is None or self.spec.max_tp == 1:
-            return [1] if self.pin_tp in (None, 1) else []
+            measured = [1, *sorted(self.tp_profiles)]  # a measured profile plans t > 1 only where calibrated
+            return [t for t in measured if self.pin_tp in (None, t) and self.cluster.num_devices % t == 0]
         limit = min(self.spec.max_tp, self.max_tp or self.cluster.num_devices)
         per_node = self.cluster.devices_per_node
         if self.pin_tp is not None:
@@ -57,6 +63,8 @@ class Inputs:
                 and (per_node % t == 0 or t % per_node == 0)]
 
     def profile_at(self, tp: int) -> Profile:
+        if tp in self.tp_profiles:
+            return self.tp_profiles[tp]
         if tp == 1 or self.spec is None:
             return self.profile
         return analytic_profile(self.spec, self.cluster.device, tp)

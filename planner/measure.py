@@ -91,14 +91,16 @@ def measure_layer(layer, inp, run, timed, warmup: int, repeats: int):
 
 
 def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: str | None = None,
-                    warmup: int = 2, repeats: int = 5) -> Profile:
+                    warmup: int = 2, repeats: int = 5, tp: Any = None) -> Profile:
+    """``tp``: a ``TensorParallel`` context: this rank's shard of every layer, timed with its
+    all-reduces (every rank of the group measures the same layers at the same time)."""
     import torch
 
     from models import build_model
     from pipedream.boundary import call_layer, nbytes, to_device
 
     device = torch.device(device_name or ("cuda" if torch.cuda.is_available() else "cpu"))
-    spec = build_model(model_cfg)
+    spec = build_model(model_cfg, tp=tp)
     layers = spec.build()
     for module in layers.values():
         module.to(device).train()
@@ -132,7 +134,7 @@ def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: s
     params = sum(p.numel() for p in spec.build_sequential().parameters())
     fwd_flops = sum(layer.flops for layer in profile_layers)
     label = model_cfg.get("preset") or model_cfg.get("name") or model_cfg.get("_target_")
-    return Profile(str(label), _device_label(device), "measured", "fp32", 1,
+    return Profile(str(label), _device_label(device), "measured", "fp32", 1 if tp is None else tp.size,
                    tuple(int(b) for b in micro_batches), tuple(profile_layers), int(params), 3 * fwd_flops,
                    4 * fwd_flops)
 

@@ -136,21 +136,22 @@ def _solve_level(prev: np.ndarray, params: np.ndarray, boundary: np.ndarray, cou
         if options.replication or m == 1:
             value[m] = np.where(mem_check(m, m), whole[m], INF)[rows]
             reps[m] = m
-        for r in (range(1, m) if options.replication else [1] if m > 1 else []):
+        used[m] = m
+        if options.fewer_devices and m > 1:  # m - 1 components' solution if faster than replicating on m ...
+            fewer = value[m - 1] < value[m] * (1 - 1e-9)
+            value[m] = np.where(fewer, value[m - 1], value[m])
+            used[m] = np.where(fewer, used[m - 1], m)
+        for r in (range(1, m) if options.replication else [1] if m > 1 else []):  # ... kept unless a split is faster
             last = np.where(mem_check(m, r), stage[r], INF)  # [s, j]
             head = np.maximum(value[m - r], cut(r)[None, :])  # [i, s]
             cand = np.maximum(head[:, :, None], last[None, :, :])  # [i, s, j]
             best = cand.argmin(axis=1)
             val = np.take_along_axis(cand, best[:, None, :], axis=1)[:, 0, :]
-            better = val < value[m]
+            better = val < value[m] * (1 - 1e-9)   # a tie keeps the earlier, fewer-device solution
             value[m] = np.where(better, val, value[m])
             split[m] = np.where(better, best, split[m])
             reps[m] = np.where(better, r, reps[m])
-        used[m] = m
-        if options.fewer_devices and m > 1:  # keep m - 1 components' solution unless m is faster
-            fewer = value[m - 1] <= value[m] * (1 - 1e-9)
-            value[m] = np.where(fewer, value[m - 1], value[m])
-            used[m] = np.where(fewer, used[m - 1], m)
+            used[m] = np.where(better, m, used[m])
     return _Level(count, rows, split, reps, used, value[count])
 
 

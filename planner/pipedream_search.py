@@ -70,7 +70,14 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     weights = inputs.profile.arrays["parameter_bytes"]
     update = max(float(optimizer_seconds(inputs.cluster, weights[st.start:st.end].sum())) / st.replicas
                  for st in stages)
-    per_input += update
+    # the runtime's own work per input (cluster=measured): a FWD and a BWD, a send and a receive per
+    # boundary side, spread over the stage's replicas; its per-step part over the step's inputs
+    overheads = inputs.runtime.for_schedule("pipedream")
+    last = len(stages) - 1
+    runtime = max(float(overheads.per_microbatch(2, 2 * ((i > 0) + (i < last)))) / st.replicas
+                  for i, st in enumerate(stages))
+    per_input += update + runtime + overheads.step_s / microbatches
+    mem += inputs.runtime.process_bytes
     time = per_input * microbatches
     devices = sum(st.replicas for st in stages)
     return Candidate(

@@ -45,7 +45,7 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                     if stats is None:
                         continue
                     for schedule in schedules:
-                        est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace)
+                        est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
                         rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec))
     return rank(inputs, "ptdp", rows)
 

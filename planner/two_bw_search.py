@@ -36,7 +36,7 @@ def two_bw_search(inputs: Inputs) -> SearchResult:
             stats = rank_stats(profile, inputs.cluster, 1, p, 1, d, rec, bs)
             if stats is None:
                 continue
-            est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace)
+            est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
             rows.add(est, bs, schedule, t=1, p=p, d=d, v=1, recompute=int(rec))
     notes = ("2BW relaxes the optimizer's semantics: weights lag by one version (W(t+1) = W(t) - lr grad f(W(t-1)))",)
     return rank(inputs, "2bw", rows, notes)

@@ -13,6 +13,7 @@ from .cluster_sheet import optimizer_seconds
 from .collectives import allreduce_time
 from .hardware import Cluster
 from .profile import Profile
+from .runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, messages_per_microbatch
 
 
 def even_boundaries(profile: Profile, parts: int) -> np.ndarray | None:
@@ -54,6 +55,7 @@ class RankStats:
     chunk_forward: np.ndarray  # (nb, v, p) per chunk, for the simulator
     chunk_backward: np.ndarray
     boundary_bytes: np.ndarray  # (nb, v, p) output bytes each chunk sends on (0 for the last)
+    messages: np.ndarray | None = None  # (p,) sends and receives each rank posts per micro-batch
 
     @property
     def compute(self) -> np.ndarray:
@@ -113,7 +115,7 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         param_bytes=ranks(col["parameter_bytes"]), optimizer_bytes=ranks(col["optimizer_bytes"]),
         activation_bytes=np.outer(bs, ranks(kept)), working_bytes=working,
         chunk_forward=c_fwd, chunk_backward=c_bwd,
-        boundary_bytes=np.multiply.outer(bs, out_bytes))
+        boundary_bytes=np.multiply.outer(bs, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes))
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,9 @@ class Estimates:
 
 
 def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_batch: int,
-             workspace: float) -> Estimates:
-    """Iteration time and peak memory for every micro-batch size of ``stats`` under ``schedule``."""
+             workspace: float, runtime: RuntimeCosts = NO_RUNTIME_COSTS) -> Estimates:
+    """Iteration time and peak memory for every micro-batch size of ``stats`` under ``schedule``;
+    ``runtime`` adds what the calibrated runtime spends per action, message and step beyond the layers."""
     bs, p, v = stats.micro_batches, stats.p, stats.v
     per_pipeline = global_batch / d
     m = per_pipeline / bs
@@ -147,12 +150,15 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     if schedule == "2bw":
         valid &= m >= p  # a new weight version every m >= p micro-batches (ch. 3.2.1)
 
-    per_mb = stats.per_microbatch  # (nb, p)
+    overheads = runtime.for_schedule(schedule)
+    messages = stats.messages if stats.messages is not None else np.zeros(p)
+    runtime_per_mb = overheads.per_microbatch(2.0 * v, messages)  # (p,): a FWD and a BWD per chunk
+    per_mb = stats.per_microbatch + runtime_per_mb[None, :]  # (nb, p)
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
     grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
-    update = float(optimizer_seconds(cluster, stats.param_bytes).max())  # 0 unless cluster=measured
+    update = float(optimizer_seconds(cluster, stats.param_bytes).max()) + overheads.step_s  # 0 unless measured
     if schedule == "2bw":
         # ch. 3.3.3 THROUGHPUT(.): a micro-batch every max_i max(comp_i + comm_i, allreduce_i / m) seconds
         every = np.maximum(stage_time, grad_sync / m)
@@ -171,5 +177,6 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     versions = cost.weight_versions(schedule)
     memory = cost.device_memory(stats.param_bytes[None, :], stats.optimizer_bytes[None, :], versions,
                                 stats.activation_bytes, flight, stats.working_bytes[:, None], workspace).max(axis=1)
-    return Estimates(valid, m, iteration, memory, bubble, stats.compute[rows, slow] * m,
+    memory = memory + runtime.process_bytes
+    return Estimates(valid, m, iteration, memory, bubble, (stats.compute[rows, slow] + runtime_per_mb[slow]) * m,
                      stats.tp_comm[rows, slow] * m, stats.p2p_comm[rows, slow] * m, bubble_time, dp_comm)

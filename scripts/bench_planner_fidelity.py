@@ -5,8 +5,9 @@ For each configuration of the grid (two GPT sizes; pipeline, data and tensor par
 the configuration and planning with ``cluster=measured`` (this machine as ``python -m
 planner.calibrate`` measured it), writes a plan; the launcher then trains that plan for real (two
 processes over Gloo) and its summary gives the median step time after warm-up and each rank's peak
-RSS. Predicted RSS = the calibrated base of a training process + the plan's memory without the
-reserve. Then the planner runs free on each model and batch, and its first choice (run as well if
+RSS. Predicted RSS = the plan's memory without the reserve: on a measured sheet the planner counts the
+process itself (its calibrated base and what a traced run held beyond its model) and the model's
+bytes. Then the planner runs free on each model and batch, and its first choice (run as well if
 the grid lacks it) is compared with the measured fastest flush-schedule configuration.
 
 The grid runs ``--repeats`` rounds (the order reversed every other round); each round is planned
@@ -100,22 +101,10 @@ def grid(quick: bool) -> list[Config]:
     ]
 
 
-def calibration_for(tp: int, calibration: Path, analytic: Path) -> Path:
-    """Tensor-parallel configurations plan with the analytic profile (measured profiles are t = 1)
-    over the same measured sheet: a copy of it without profiles."""
-    if tp == 1:
-        return calibration
-    if not analytic.exists():
-        data = json.loads(calibration.read_text())
-        analytic.write_text(json.dumps({**data, "profiles": {}}))
-    return analytic
-
-
-def plan(cfg: Config, calibration: Path, out: Path, analytic: Path) -> dict:
+def plan(cfg: Config, calibration: Path, out: Path) -> dict:
     from planner.__main__ import main as planner_main
 
-    sheet = calibration_for(cfg.tp, calibration, analytic)
-    argv = list(MODELS[cfg.model]) + ["cluster=measured", f"cluster.calibration={sheet}", f"planner.out={out}"]
+    argv = list(MODELS[cfg.model]) + ["cluster=measured", f"cluster.calibration={calibration}", f"planner.out={out}"]
     buf, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(err):
         code = planner_main(argv + cfg.planner_overrides())
@@ -188,11 +177,10 @@ def error(pred: float, meas: float) -> float:
 def run(args: argparse.Namespace) -> dict:
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
-    sheets = [(work / f"calibration{r}.json", work / f"calibration{r}_no_profiles.json") for r in range(args.repeats)]
-    calibration, analytic = sheets[0]
+    sheets = [work / f"calibration{r}.json" for r in range(args.repeats)]
+    calibration = sheets[0]
     if args.recalibrate or not calibration.exists():
         calibration.unlink(missing_ok=True)
-        analytic.unlink(missing_ok=True)
         calibrate(calibration, args.calibrate_repeats)
     configs = grid(args.quick)
     choices = {}
@@ -206,12 +194,11 @@ def run(args: argparse.Namespace) -> dict:
     runs: dict[Config, list[dict]] = {cfg: [] for cfg in configs}
     for r in range(args.repeats):
         if r > 0:  # each round is predicted from a calibration taken just before it, in the same phase of the machine
-            for path in sheets[r]:
-                path.unlink(missing_ok=True)
-            calibrate(sheets[r][0], args.calibrate_repeats)
+            sheets[r].unlink(missing_ok=True)
+            calibrate(sheets[r], args.calibrate_repeats)
         for i, cfg in enumerate(configs):
             path = work / f"plan{i}_round{r}.json"
-            plans[cfg].append((path, plan(cfg, sheets[r][0], path, sheets[r][1])))
+            plans[cfg].append((path, plan(cfg, sheets[r], path)))
         order = configs if r % 2 == 0 else configs[::-1]  # both ends of the grid see early and late phases
         for cfg in order:
             runs[cfg].append(train(cfg, plans[cfg][r][0], work / "run", args.steps))
@@ -219,7 +206,6 @@ def run(args: argparse.Namespace) -> dict:
             print(f"round {r + 1}: {cfg.name}: " + (last["error"] if "error" in last else
                   f"{last['step_s'] * 1e3:.1f} ms, other load {(last['other_load'] or 0) * 100:.0f}%"), flush=True)
     sheet = json.loads(calibration.read_text())
-    base = sheet["process_base_bytes"]
     rows, failed = [], []
     for cfg in configs:
         plan_json = plans[cfg][0][1]
@@ -229,7 +215,8 @@ def run(args: argparse.Namespace) -> dict:
             failed.append({"name": cfg.name, "error": errors[0]})
             continue
         pred = {**plan_json["predicted"], "iteration_time_s": statistics.median(predicted_runs)}
-        model_bytes = pred["memory_bytes_per_device"] - plan_json["planner"]["memory_reserve_bytes"]
+        # the planner's memory on a measured sheet: the process (base + runtime) + the model's bytes
+        predicted_rss = pred["memory_bytes_per_device"] - plan_json["planner"]["memory_reserve_bytes"]
         measured = runs[cfg]
         step = statistics.median(m["step_s"] for m in measured)
         rss = statistics.median(m["rss"] for m in measured)
@@ -239,8 +226,8 @@ def run(args: argparse.Namespace) -> dict:
                      "predicted_step_s": pred["iteration_time_s"], "measured_step_s": step,
                      "step_error": error(pred["iteration_time_s"], step),
                      "measured_step_s_runs": [m["step_s"] for m in measured], "predicted_step_s_runs": predicted_runs,
-                     "predicted_rss": base + model_bytes, "measured_rss": rss,
-                     "rss_error": error(base + model_bytes, rss),
+                     "predicted_rss": predicted_rss, "measured_rss": rss,
+                     "rss_error": error(predicted_rss, rss),
                      "other_load": [m["other_load"] for m in measured],
                      "load_average": [m["load_average"] for m in measured]})
     choice_rows = []
@@ -257,7 +244,7 @@ def run(args: argparse.Namespace) -> dict:
     loads = [x for r in rows for x in r["other_load"] if x is not None]
     return {"machine": machine(), "steps": args.steps, "repeats": args.repeats, "global_batch": GLOBAL_BATCH,
             "calibration": {k: v for k, v in sheet.items() if k != "profiles"},
-            "calibrations": [json.loads(c.read_text())["machine_load"] for c, _ in sheets],
+            "calibrations": [json.loads(c.read_text())["machine_load"] for c in sheets],
             "rows": rows, "choices": choice_rows,
             "failed": failed,
             "summary": {"median_abs_step_error": statistics.median(errors), "worst_abs_step_error": max(errors),
@@ -328,9 +315,10 @@ def limits(data: dict, spread: float) -> str:
             f"rounds columns), because the machine's other processes come and go and the calibration is a snapshot "
             f"of one such phase. The step predictions lean {'low' if median < 0 else 'high'} (median signed error "
             f"{median * 100:+.0f}%): {why}. The worst row, {worst['name']} ({worst['step_error'] * 100:+.0f}%), "
-            f"plans from the {worst['profile']} profile. The RSS prediction misses what a training process holds "
-            f"beyond its model (Hydra, data, Gloo and allocator buffers) above the calibrated base. The first choice "
-            f"is judged among the flush schedules.")
+            f"plans from the {worst['profile']} profile. The RSS prediction counts the process as the calibration's "
+            f"traced runs measured it (interpreter, torch, Hydra, data, Gloo and allocator buffers beyond the model); "
+            f"what the model holds beyond that moves with the allocator. The first choice is judged among the flush "
+            f"schedules.")
 
 
 def main() -> int:

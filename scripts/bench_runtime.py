@@ -4,9 +4,12 @@ thread per process). Writes docs/bench_runtime.json and its section of docs/benc
 number measured here, never typed); also two traced iterations of our 1f1b per workload, as
 docs/img/bench_runtime/<workload>/ trace.json, timeline.png and timeline_predicted.png.
 
-Run: .venv/bin/python scripts/bench_runtime.py          (about 6 minutes on a 2-core machine)
-     .venv/bin/python scripts/bench_runtime.py --quick  (smoke run, tiny models, < 30 s; writes
-                                                          nothing under docs/ unless --out-dir)
+Run: .venv/bin/python scripts/bench_runtime.py                 (every case)
+     .venv/bin/python scripts/bench_runtime.py --targets-only  (only the cases the targets compare:
+                                                                 about half the cases of the MLP)
+     .venv/bin/python scripts/bench_runtime.py --quick         (smoke run, tiny models, < 30 s; writes
+                                                                 nothing under docs/ unless --out-dir)
+The run's duration is printed at its end and recorded in the JSON (``duration_s``).
 
 Every case of a workload is built once and warmed up; then each round runs every case for a short
 block of iterations, one case after the other (the order reversed every other round), so all
@@ -24,7 +27,6 @@ import resource
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -37,201 +39,12 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from bench_load import Quiet, cpu_busy_jiffies, measured, other_load  # noqa: E402
-from bench_runtime_report import analyse, machine, markdown, replace_section, targets  # noqa: E402
+from bench_runtime_cases import PP, Case, cases, run_order, workloads  # noqa: E402,F401 (run_order: tests)
+from bench_runtime_report import analyse, machine, markdown, replace_section  # noqa: E402
+from bench_runtime_steps import compose, ours, single, theirs  # noqa: E402
+from bench_runtime_targets import targets  # noqa: E402
 
-PP = 2
 SECTION = "bench_runtime"
-SCHEDULES = ("gpipe", "1f1b", "interleaved")
-# zero-bubble schedules: ours (zb_h2, zbv, dualpipev) and torch's (zbv, interleaved zero bubble,
-# DualPipe-V), on the same blocks and batch; torch has no ZB-H2 with one chunk per rank
-ZERO_BUBBLE = {"pipedream": ("zb_h2", "zbv", "dualpipev"), "torch": ("zbv", "interleaved_zb", "dualpipev")}
-V_PLACED = ("zbv", "dualpipev")          # rank r holds stages r and 2p-1-r
-TWO_CHUNKS = ("interleaved", "interleaved_zb", *V_PLACED)
-OURS_FOR = {"interleaved_zb": "interleaved"}   # torch only: our config of the same shape
-ASYNC_SCHEDULES = ("2bw", "pipedream")   # ours only: torch.distributed.pipelining has no asynchronous schedule
-BOTH_CORES = "both cores"
-
-
-@dataclass(frozen=True)
-class Workload:
-    """One model and batch shape; ``overrides`` are Hydra overrides of conf/config.yaml."""
-
-    name: str
-    overrides: tuple[str, ...]
-    micro_batch: int
-    microbatches: int
-    description: str
-
-    @property
-    def global_batch(self) -> int:
-        return self.micro_batch * self.microbatches
-
-
-# Our 1f1b again with a runtime optimisation off, to show what each one buys (Hydra overrides).
-VARIANTS = {
-    "plain autograd": ("train.fuse_grad_accumulation=false", "train.weight_grads_after_send=false"),
-    "no send-first": ("train.weight_grads_after_send=false",),
-    "no delay": ("train.weight_grads_delay=0",),
-}
-
-
-@dataclass(frozen=True)
-class Case:
-    runtime: str        # pipedream | torch | single
-    schedule: str       # gpipe | 1f1b | interleaved ("-" for single)
-    variant: str = ""   # a key of VARIANTS (ours only)
-
-    @property
-    def name(self) -> str:
-        if self.runtime == "single":
-            return "single-process" + (f" [{self.variant}]" if self.variant else "")
-        return f"{self.runtime} {self.schedule}" + (f" [{self.variant}]" if self.variant else "")
-
-    @property
-    def vpp(self) -> int:
-        return 2 if self.schedule in TWO_CHUNKS else 1
-
-
-def workloads(quick: bool) -> list[Workload]:
-    common = ("optim=sgd", "train.lr=1e-4", "train.grad_clip=0", "data=synthetic")
-    if quick:
-        return [Workload("mlp", common + ("model=mlp", "model.num_layers=4", "model.hidden_size=64"), 4, 4,
-                         "MLP, 4 blocks, hidden 64 (smoke run)")]
-    return [
-        Workload("mlp", common + ("model=mlp", "model.num_layers=8", "model.hidden_size=1024"), 32, 8,
-                 "MLP, 8 residual blocks, hidden 1024 (2 Linear 1024x1024 each)"),
-        Workload("gpt", common + ("model=gpt_tiny", "model.num_layers=4", "model.hidden_size=128",
-                                  "model.num_heads=4", "model.seq_len=64", "model.tie_embeddings=false",
-                                  "model.dropout=0.0"), 8, 8,
-                 "GPT, 4 blocks, hidden 128, 4 heads, sequence 64, byte vocabulary, untied embeddings"),
-    ]
-
-
-def cases() -> list[Case]:
-    flush = [Case(r, s) for s in SCHEDULES for r in ("pipedream", "torch")]
-    # the single process again with a second copy running on the other core at the same time:
-    # how fast one core computes while both work, which the ideal assumes to be as fast as alone
-    return ([Case("single", "-"), Case("single", "-", BOTH_CORES)] + flush
-            + [Case("pipedream", "1f1b", v) for v in VARIANTS]
-            + [Case("pipedream", s) for s in ASYNC_SCHEDULES]
-            + [Case(runtime, s) for runtime, names in ZERO_BUBBLE.items() for s in names])
-
-
-# The cases the targets compare run back to back, so each round's ratios see the same machine speed.
-TARGET_CASES = ("torch 1f1b", "pipedream 1f1b", "single-process")
-
-
-def run_order(names: list[str]) -> list[str]:
-    """The order of one round: the target cases first, next to each other, then the rest."""
-    return [n for n in TARGET_CASES if n in names] + [n for n in names if n not in TARGET_CASES]
-
-
-# ---------------------------------------------------------------- one training step per runtime
-
-def _compose(workload: Workload, case: Case) -> Any:
-    from pipedream.config_loading import compose_config
-
-    overrides = list(workload.overrides) + list(VARIANTS.get(case.variant, ())) + [
-        f"train.micro_batch_size={workload.micro_batch}", f"train.global_batch_size={workload.global_batch}",
-        f"schedule={OURS_FOR.get(case.schedule, case.schedule) if case.schedule != '-' else '1f1b'}",
-        f"parallel.pp={PP}",
-        f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
-        # asynchronous schedules build the whole run's action list up front: keep the run short
-        f"train.steps={200 if case.schedule in ASYNC_SCHEDULES else 1000}"]
-    return compose_config(overrides)
-
-
-def _microbatches(model, workload: Workload) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(0)   # the same data on every rank
-    return [model.make_batch(workload.micro_batch, generator) for _ in range(workload.microbatches)]
-
-
-def _ours(workload: Workload, case: Case, rank: int, groups_cache: dict, recorder=None) -> Callable[[], None]:
-    from models import build_model
-    from pipedream.engine import PipelineEngine
-    from pipedream.groups import build_groups
-    from pipedream.run_spec import build_run_spec
-
-    cfg = _compose(workload, case)
-    spec = build_run_spec(cfg, PP)
-    model = build_model(cfg.model, seed=1)
-    if "groups" not in groups_cache:   # one mesh serves every case (pp=2, dp=tp=1, nothing tied)
-        groups_cache["groups"] = build_groups(spec.layout, rank, "cpu", model, list(spec.bounds))
-    engine = PipelineEngine(spec, model, rank, torch.device("cpu"), groups_cache["groups"], spec.optim, spec.train,
-                            datetime.timedelta(seconds=300), recorder=recorder)
-    batches = dict(enumerate(_microbatches(model, workload)))
-    # no gradient norm: torch's loop computes none, and the trainer computes it only on logged steps
-    return lambda: engine.train_step(batches, grad_norm=False)
-
-
-def _torch(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
-    from torch import nn
-    from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleDualPipeV, ScheduleGPipe,
-                                              ScheduleInterleaved1F1B, ScheduleInterleavedZeroBubble,
-                                              ScheduleZBVZeroBubble)
-
-    from models import build_model
-    from pipedream.layout import split_layers
-    from pipedream.optim import build_optimizer
-    from pipedream.run_spec import build_run_spec
-
-    cfg = _compose(workload, case)
-    spec = build_run_spec(cfg, PP)
-    model = build_model(cfg.model, seed=1)
-    stages_total = PP * case.vpp
-    bounds = split_layers(spec.num_layers, stages_total)
-    mine = [chunk * PP + rank for chunk in range(case.vpp)]   # round-robin, as ours
-    if case.schedule in V_PLACED:
-        mine = [rank, 2 * PP - 1 - rank]
-    built = model.build([i for vs in mine for i in range(*bounds[vs])])
-    modules = [nn.Sequential(*(built[i] for i in range(*bounds[vs]))) for vs in mine]
-    stages = [PipelineStage(m, vs, stages_total, torch.device("cpu")) for m, vs in zip(modules, mine)]
-    multi = {"interleaved": ScheduleInterleaved1F1B, "interleaved_zb": ScheduleInterleavedZeroBubble,
-             "zbv": ScheduleZBVZeroBubble, "dualpipev": ScheduleDualPipeV}
-    if case.schedule in multi:
-        schedule = multi[case.schedule](stages, n_microbatches=workload.microbatches, loss_fn=model.loss_fn)
-    else:
-        cls = Schedule1F1B if case.schedule == "1f1b" else ScheduleGPipe
-        schedule = cls(stages[0], n_microbatches=workload.microbatches, loss_fn=model.loss_fn)
-    optimizer = build_optimizer(spec.optim, [p for m in modules for p in m.parameters()], spec.train.lr)
-    parts = _microbatches(model, workload)
-    inputs, targets = torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
-    first, last = 0 in mine, stages_total - 1 in mine
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        losses: list[torch.Tensor] = []
-        if first and last:
-            schedule.step(inputs, target=targets, losses=losses)
-        elif first:
-            schedule.step(inputs)
-        else:
-            schedule.step(target=targets, losses=losses)
-        optimizer.step()
-    return step
-
-
-def _single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
-    """The whole model in one process: the same micro-batches, gradients accumulated, one update
-    (on rank 0; with BOTH_CORES rank 1 runs its own copy at the same time)."""
-    from models import build_model
-    from pipedream.optim import build_optimizer
-    from pipedream.specs import OptimSpec, TrainSpec
-
-    cfg = _compose(workload, Case("pipedream", "1f1b"))
-    model = build_model(cfg.model, seed=1)
-    network = model.build_sequential()
-    optimizer = build_optimizer(OptimSpec.from_config(cfg, (cfg.optim.name,)), list(network.parameters()),
-                                TrainSpec.from_config(cfg).lr)
-    parts = _microbatches(model, workload)
-    scale = 1.0 / len(parts)
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        for x, y in parts:
-            (model.loss_fn(network(x), y) * scale).backward()
-        optimizer.step()
-    return step if rank == 0 or case.variant == BOTH_CORES else (lambda: None)
 
 
 def _block(step: Callable[[], None], steps: int) -> tuple[float, float]:
@@ -252,7 +65,7 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     from pipedream.trace_report import write_trace_outputs
 
     recorder = TraceRecorder()
-    step = _ours(workload, Case("pipedream", "1f1b"), rank, groups_cache, recorder)
+    step = ours(workload, Case("pipedream", "1f1b"), rank, groups_cache, recorder)
     for _ in range(2):
         step()
     kept: dict[str, Any] = {}
@@ -276,25 +89,27 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     traces = gather_traces(recorder, rank, rank, 0, PP)
     if traces is None:
         return None
-    delay = TrainSpec.from_config(_compose(workload, Case("pipedream", "1f1b"))).weight_grads_delay
+    delay = TrainSpec.from_config(compose(workload, Case("pipedream", "1f1b"))).weight_grads_delay
     report = write_trace_outputs(out_dir, traces, "1f1b", PP, workload.microbatches, 1, weight_grads_delay=delay,
                                  metadata={"benchmark": workload.name})
     return {"report": report.as_dict() if report else None, "other_load": best_load}
 
 
-def _worker(rank: int, port: int, quick: bool, warmup: int, block: int, repeats: int, result_path: str,
-            trace_dir: str | None, max_other_load: float, tries: int, wait_budget_s: float) -> None:
+def _worker(rank: int, port: int, quick: bool, targets_only: bool, warmup: int, block: int, repeats: int,
+            result_path: str, trace_dir: str | None, max_other_load: float, tries: int,
+            wait_budget_s: float) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=PP, timeout=datetime.timedelta(seconds=600))
     groups_cache: dict = {}
-    builders = {"pipedream": lambda w, c: _ours(w, c, rank, groups_cache), "torch": lambda w, c: _torch(w, c, rank),
-                "single": lambda w, c: _single(w, c, rank)}
+    builders = {"pipedream": lambda w, c: ours(w, c, rank, groups_cache), "torch": lambda w, c: theirs(w, c, rank),
+                "single": lambda w, c: single(w, c, rank)}
     results: dict[str, Any] = {}
     quiet = Quiet(max_other_load, wait_budget_s)
     try:
         for workload in workloads(quick):
-            steps = {case.name: builders[case.runtime](workload, case) for case in cases()}
+            steps = {case.name: builders[case.runtime](workload, case)
+                     for case in cases(workload.name, targets_only)}
             for step in steps.values():
                 for _ in range(warmup):
                     step()
@@ -339,8 +154,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
         trace_dir = str(trace_root) if trace_root else str(Path(tmp) / "trace")
-        mp.start_processes(_worker, args=(_free_port(), args.quick, args.warmup, args.block, args.rounds,
-                                          result_path, trace_dir, args.max_other_load, args.tries,
+        mp.start_processes(_worker, args=(_free_port(), args.quick, args.targets_only, args.warmup, args.block,
+                                          args.rounds, result_path, trace_dir, args.max_other_load, args.tries,
                                           args.wait_budget),
                            nprocs=PP, join=True, start_method="spawn")
         raw = json.loads(Path(result_path).read_text(encoding="utf-8"))
@@ -348,7 +163,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
     data: dict[str, Any] = {
         "date": datetime.date.today().isoformat(), "machine": machine(),
-        "command": "python scripts/bench_runtime.py" + (" --quick" if args.quick else ""),
+        "command": "python scripts/bench_runtime.py" + (" --quick" if args.quick else "")
+                   + (" --targets-only" if args.targets_only else ""),
         "duration_s": time.perf_counter() - started,
         "other_load": other_load(busy_before, cpu_busy_jiffies(), own),
         "settings": {"rounds": args.rounds, "warmup": args.warmup, "block": args.block, "pp": PP,
@@ -374,6 +190,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny models, 1 round, few steps (smoke run)")
+    parser.add_argument("--targets-only", action="store_true",
+                        help="only the cases the targets compare (no runtime-optimisation variants, no asynchronous "
+                             "schedules; on the MLP no gpipe or interleaved)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds over all cases (default 12)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations per case (default 2)")
     parser.add_argument("--block", type=int, default=None, help="timed iterations per case and round (default 2)")

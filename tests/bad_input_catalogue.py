@@ -57,6 +57,11 @@ CATALOGUE = [
     case("lr-inf", "train.lr=inf", "train.lr = inf must be a finite number"),
     case("lr-nan", "train.lr=nan", "train.lr = nan must be a finite number"),
     case("planner-only-preset", "model=gpt_1.7b", "model=gpt_1.7b is planner-only"),
+    case("models-override-unknown", "train.models=[{momentum:0.9}]", "train.models[0] overrides momentum"),
+    case("fusion-groups-not-divisor", "train.models=4 train.fusion_groups=3",
+         "train.fusion_groups = 3 must be auto or a positive divisor of the 4 models"),
+    case("models-budget-negative", "train.models=2 memory.device_budget_bytes=-5",
+         "memory.device_budget_bytes = -5 must be a positive number of bytes"),
     # data, checked on the launcher side
     case("text-empty-file", "data=text_file data.path={tmp}/empty.txt", "is empty"),
     case("text-shorter-than-a-sample", "data=text_file data.path={tmp}/short.txt",

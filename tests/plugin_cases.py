@@ -79,3 +79,18 @@ def tied_data(samples: int = 64) -> tuple[TensorDataset, TensorDataset]:
 
 def data_too_wide() -> tuple[TensorDataset, TensorDataset]:
     return (TensorDataset(torch.randn(8, 5), torch.randn(8, 2)),) * 2
+
+
+class AccumulateInPlace(nn.Module):
+    """Adds its input into a tensor it creates: fine alone, but under torch.vmap that tensor has
+    no model dimension and an in-place add of the batched input cannot fit in it."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        total = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        total += x
+        return total
+
+
+def accumulates_in_place() -> LayerModel:
+    return from_modules(nn.Sequential(nn.Linear(4, 8), AccumulateInPlace(), nn.Linear(8, 2)), F.mse_loss,
+                        (torch.randn(2, 4), torch.randn(2, 2)))

@@ -47,12 +47,13 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
             if engine.tp is not None and shard_spec(param) is not None:  # tensor-parallel shard
                 value = gather_tensor(value, shard_spec(param), engine.tp)
             params[f"{start + int(local)}.{rest}"] = value.clone()
-    losses = []
+    losses, records = [], []
     if rank == 0:
         metrics = Path(run_dir) / "metrics.jsonl"
-        losses = [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        losses = [record["loss"] for record in records]
     scaler = engine.parts.scaler
-    return {"params": params, "losses": losses, "summary": outcome.summary if rank == 0 else None,
+    return {"params": params, "losses": losses, "records": records, "summary": outcome.summary if rank == 0 else None,
             "loss_scaler": scaler.state_dict() if scaler is not None else None}
 
 

@@ -72,3 +72,30 @@ def test_target_cases_run_back_to_back() -> None:
 
     names = ["single-process", "pipedream gpipe", "pipedream 1f1b", "torch 1f1b", "pipedream 2bw"]
     assert run_order(names) == ["torch 1f1b", "pipedream 1f1b", "single-process", "pipedream gpipe", "pipedream 2bw"]
+
+
+def test_targets_only_keeps_the_cases_the_targets_compare() -> None:
+    from bench_runtime_cases import cases
+
+    mlp = {c.name for c in cases("mlp", targets_only=True)}
+    gpt = {c.name for c in cases("gpt", targets_only=True)}
+    assert {"single-process", "single-process [both cores]", "pipedream 1f1b", "torch 1f1b", "pipedream zbv",
+            "torch interleaved_zb"} <= mlp and "pipedream gpipe" not in mlp
+    schedules = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
+    assert {f"{r} {s}" for r in ("pipedream", "torch") for s in schedules} <= gpt
+    assert "pipedream zb_h2" in gpt and not any("[" in n and "both cores" not in n for n in gpt | mlp)
+    assert {c.name for c in cases("gpt", targets_only=True)} < {c.name for c in cases("gpt")}
+
+
+def test_small_model_targets_pair_each_schedule_with_its_counterpart() -> None:
+    from bench_runtime_targets import small_model_targets
+
+    def row(times):
+        return {"times_s": times, "step_time_s": {"median": sorted(times)[len(times) // 2]}}
+    cases = {"pipedream 1f1b": row([1.0, 2.0, 1.0]), "torch 1f1b": row([1.1, 2.0, 1.0]),
+             "pipedream zb_h2": row([1.0, 1.0, 1.0]), "torch zbv": row([1.2, 1.2, 1.2]),
+             "torch interleaved_zb": row([1.5, 1.5, 1.5])}
+    found = {t["name"].split(" >=")[0]: t for t in small_model_targets(cases)}
+    assert found["pipedream 1f1b"]["value"] == 1.0 and not found["pipedream 1f1b"]["met"]
+    assert "torch zbv" in found["pipedream zb_h2"]["name"] and found["pipedream zb_h2"]["value"] == 1.2
+    assert found["pipedream zb_h2"]["met"] and set(found) == {"pipedream 1f1b", "pipedream zb_h2"}

@@ -44,22 +44,3 @@ def test_traced_iterations_on_cuda_time_the_device_work(tmp_path):
                             "trace.steps=[4,5]", "trace.timeline=false"]
     (result,) = run_workers(train_on_cuda, 1, overrides, str(tmp_path / "traced"))
     assert result["summary"]["trace"] is not None
-
-
-def test_device_clock_waits_for_the_stream_only_while_exact():
-    from pipedream.device_clock import DeviceClock
-    clock = DeviceClock(torch.device("cuda"))
-    big = torch.randn(8192, 8192, device="cuda")
-    torch.cuda.synchronize()
-
-    def timed(exact: bool) -> float:
-        clock.exact = exact
-        start = clock()
-        for _ in range(20):
-            big @ big
-        elapsed = clock() - start
-        torch.cuda.synchronize()
-        return elapsed
-
-    launches, device_time = timed(False), timed(True)
-    assert device_time > 3 * launches   # 20 GEMMs of 1.1 TFLOP each take far longer than their launches

@@ -27,6 +27,12 @@ def test_calibrate_writes_a_sheet_the_planner_plans_with(tmp_path, capsys):
     (entry,) = sheet["profiles"].values()
     layers = entry["profile"]["layers"]
     assert entry["model"] == "gpt_tiny" and len(layers) == 6 and all(min(la["forward_s"]) > 0 for la in layers)
+    tp_layers = entry["profiles_tp"]["2"]["layers"]  # the layers split two ways, timed with their all-reduces
+    assert len(tp_layers) == 6 and sum(la["parameter_bytes"] for la in tp_layers) < sum(la["parameter_bytes"]
+                                                                                     for la in layers)
+    flush = entry["runtime"]["flush"]  # from the traced 1f1b run
+    assert flush["message_s"] > 0 and flush["step_s"] >= 0 and entry["runtime"]["process_bytes"] >= 0
+    assert "runtime (flush run)" in proc.stdout
 
     plan_path = tmp_path / "plan.json"
     code = planner_main(["cluster=measured", f"cluster.calibration={sheet_path}", "train.global_batch_size=8",
@@ -44,7 +50,7 @@ def test_calibrating_a_second_model_keeps_the_first(tmp_path):
     sheet_path = tmp_path / "sheet.json"
     for over in (["model=gpt_tiny"], ["model=gpt_tiny", "model.hidden_size=64", "model.num_heads=2"]):
         cmd = [sys.executable, "-m", "planner.calibrate", *over, f"planner.calibration_out={sheet_path}",
-               "planner.calibrate_micro_batches=[2]", "planner.calibrate_repeats=2"]
+               "planner.calibrate_micro_batches=[2]", "planner.calibrate_repeats=2", "planner.calibrate_runtime=false"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
     assert len(json.loads(sheet_path.read_text())["profiles"]) == 2

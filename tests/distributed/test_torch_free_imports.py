@@ -14,7 +14,9 @@ TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.simulate", "pipedrea
               "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "pipedream.plugin_config", "planner",
               "models.formulas", "models.facts", "models.vision_facts", "planner.cluster.__main__",
               "planner.cluster.simulator", "pipedream.data_checks", "pipedream.checkpoint_integrity",
-              "pipedream.run_outputs", "launcher.prechecks"]
+              "pipedream.run_outputs", "launcher.prechecks", "pipedream.trace_clock",
+              "pipedream.multi_model.settings", "pipedream.multi_model.feature_plan",
+              "pipedream.multi_model.export"]
 # A preset with a device sheet: ``local_cpu`` would measure this machine with torch.
 DRY_RUN = ["model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]
 

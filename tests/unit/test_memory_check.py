@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.memory_check import (FP32, GIB, RUNTIME_BYTES_PER_PROCESS, check_memory, estimate_memory,
-                                   microbatches_in_flight, optimizer_states, weight_versions)
+                                   for_model_set, microbatches_in_flight, optimizer_states, weight_versions)
 from models import build_model
 from pipedream.errors import ConfigError
 from pipedream.run_spec import build_run_spec
@@ -66,3 +66,11 @@ def test_default_job_fits_and_cuda_is_skipped():
     assert check_memory("gpt_tiny", cfg, spec, 2, available=2 * GIB) is None
     _, big, big_spec = estimate(GPT_1_7B + ["cluster.device=cuda"])
     assert "skipped for cluster.device=cuda" in check_memory("gpt_1.7b", big, big_spec, 2, available=GIB)
+
+
+def test_a_fused_model_set_holds_k_models():
+    single, cfg, _ = estimate([])
+    fused = for_model_set(estimate(["train.models=4"])[0], compose_config(["train.models=4"]))
+    assert fused.weights == 4 * single.weights and fused.activations == 4 * single.activations
+    assert fused.runtime == single.runtime
+    assert for_model_set(single, cfg) == single

@@ -123,18 +123,3 @@ def test_planner_bytes_per_parameter():
     assert (fp32.weights, fp32.gradients, fp32.master, fp32.optimizer) == (4, 4, 0, 8)
     assert (bf16.weights, bf16.gradients, bf16.master, bf16.optimizer) == (2, 2, 4, 8)
     assert fp32.total == bf16.total == 16
-
-
-def test_the_trace_clock_is_device_exact_only_in_traced_iterations():
-    from pipedream.device_clock import DeviceClock
-    from pipedream.trace import TraceRecorder
-    clock = DeviceClock(torch.device("cpu"))
-    recorder = TraceRecorder(clock)
-    seen = []
-    for step, traced in ((1, False), (2, True), (3, False)):
-        recorder.begin_step(step, traced)
-        seen.append(clock.exact)
-        recorder.end_step()
-        seen.append(clock.exact)
-    assert seen == [False, False, True, False, False, False]
-    assert [s.step for s in recorder.steps] == [2]

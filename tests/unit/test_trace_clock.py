@@ -2,57 +2,17 @@
 layer computes or a transfer arrives, every recorded span is known exactly."""
 from __future__ import annotations
 
-import torch
-from torch import nn
-
-from pipedream.executor import Executor
-from pipedream.grad_accumulation import fuse_grad_accumulation
-from pipedream.layout import ParallelLayout
 from pipedream.schedules import build_schedule
-from pipedream.stage import Stage
 from pipedream.trace import TraceRecorder
-from tests.loopback import FakeClock, LoopbackNetwork, run_ranks
+from tests.loopback import FakeClock
+from tests.tick_stage import BACKWARD_S, SYNC_S, batches, tick_executor, traced_two_stage_step
 
-FORWARD_S, BACKWARD_S, SYNC_S, STEP_S, LATENCY_S = 2.0, 3.0, 0.5, 0.25, 1.0
-
-
-class _Tick(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, clock: FakeClock) -> torch.Tensor:
-        clock.advance(FORWARD_S)
-        ctx.clock = clock
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        ctx.clock.advance(BACKWARD_S)
-        return grad, None
+LATENCY_S = 1.0
 
 
-class Tick(nn.Module):
-    """Costs FORWARD_S on the clock in forward and BACKWARD_S in backward."""
-
-    def __init__(self, clock: FakeClock):
-        super().__init__()
-        self.clock = clock
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _Tick.apply(x, self.clock)
-
-
-def traced_executor(clock: FakeClock, is_first: bool, is_last: bool, comm=None) -> tuple[Executor, TraceRecorder]:
-    # Linear first, so that the first stage's Tick output needs a gradient and its backward runs
-    chunk = nn.Sequential(nn.Linear(3, 3), Tick(clock))
-    stage = Stage([chunk], [is_first], [is_last], nn.MSELoss())
-    fuse_grad_accumulation(chunk, stage.weight_grads)
+def traced_executor(clock: FakeClock, is_first: bool, is_last: bool, comm=None):
     recorder = TraceRecorder(clock=clock)
-    executor = Executor(stage, comm, sync_grads=lambda: clock.advance(SYNC_S), step=lambda: clock.advance(STEP_S),
-                        recorder=recorder, clock=clock, sends_before_sync=True, weight_grads_after_send=True, weight_grads_delay=1)
-    return executor, recorder
-
-
-def batches(count: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    return {mb: (torch.ones(2, 3), torch.zeros(2, 3)) for mb in range(count)}
+    return tick_executor(clock.advance, recorder, is_first, is_last, comm), recorder
 
 
 def spans(recorder: TraceRecorder) -> list[tuple[str, float, float, float]]:
@@ -85,18 +45,8 @@ def test_untraced_steps_keep_totals_only_and_evaluation_is_ignored():
 def test_two_stage_waits_and_held_back_weight_gradients():
     """The last stage waits LATENCY_S for each activation; its weight gradients run after the
     next backward's send (weight_grads_delay=1), the last ones before the gradient sync."""
-    layout = ParallelLayout(pp=2)
-    network = LoopbackNetwork(layout)
-
-    def rank_run(rank: int) -> TraceRecorder:
-        clock = FakeClock()
-        executor, recorder = traced_executor(clock, rank == 0, rank == 1, network.comm(rank, clock, LATENCY_S))
-        recorder.begin_step(1, traced=True)
-        executor.run(build_schedule("1f1b", 2, 2)[rank], batches(2), loss_scale=0.5)
-        recorder.end_step()
-        return recorder
-
-    first, last = run_ranks(rank_run, 2)
+    first, last = traced_two_stage_step(
+        lambda rank, clock, comm: traced_executor(clock, rank == 0, rank == 1, comm), LATENCY_S)
     assert spans(last) == [
         ("F0", 0.0, 3.0, 1.0), ("B0", 3.0, 6.0, 0.0), ("SG0", 6.0, 6.0, 0.0),
         ("F1", 6.0, 9.0, 1.0), ("B1", 9.0, 12.0, 0.0), ("SG1", 12.0, 12.0, 0.0),

@@ -1,0 +1,125 @@
+"""What a fused model set changes in one rank's training: an optimizer with each model's own
+hyper-parameters, clipping by each model's own gradient norm, per-model losses, stacked data."""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipedream.optim import GradientSync, NonFiniteError, _sum_of_squares, _with_fused_kernel
+from pipedream.runner import FlushRunner, StepResult
+from pipedream.specs import OptimSpec
+
+from .fused import FusedLayerModel, stack_values
+from .settings import MultiModelSpec
+
+
+def model_of(param: nn.Parameter) -> int:
+    return int(getattr(param, "model_index"))
+
+
+def build_multi_optimizer(optim: OptimSpec, params: list[nn.Parameter], spec: MultiModelSpec
+                          ) -> torch.optim.Optimizer:
+    """Two groups per model (matrices decayed, the rest not, as ``optim.parameter_groups``), with
+    the model's learning rate and weight decay; the schedule scales each group's own rate."""
+    groups = []
+    for variant in spec.variants:
+        mine = [p for p in params if model_of(p) == variant.index]
+        groups.append({"params": [p for p in mine if p.dim() >= 2], "weight_decay": variant.weight_decay,
+                       "lr": variant.lr})
+        groups.append({"params": [p for p in mine if p.dim() < 2], "weight_decay": 0.0, "lr": variant.lr})
+    lr = spec.variants[0].lr
+    if optim.name == "adamw":
+        return _with_fused_kernel(torch.optim.AdamW, optim.fused, groups, lr=lr,
+                                  betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps))
+    return _with_fused_kernel(torch.optim.SGD, optim.fused, groups, lr=lr, momentum=float(optim.momentum))
+
+
+class PerModelGradientSync(GradientSync):
+    """Clips each model by its own global norm (over every stage), as it would be clipped alone."""
+
+    def __init__(self, *args: Any, count: int, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.count = count
+        self.last_norms = [math.nan] * count
+
+    def model_norms(self) -> list[float]:
+        owned = [p for p in self.params if p.grad is not None and id(p) not in self._not_owned]
+        device = self.params[0].device if self.params else torch.device("cpu")
+        squares = torch.stack([_sum_of_squares([p.grad.detach() for p in owned if model_of(p) == k], device)
+                               for k in range(self.count)])
+        if self.norm_group is not None:
+            dist.all_reduce(squares, group=self.norm_group)
+        return [math.sqrt(float(s)) for s in squares]
+
+    def global_norm(self) -> float:
+        return math.sqrt(sum(n * n for n in self.model_norms()))
+
+    def clip(self, max_norm: float) -> float:
+        norms = self.model_norms()
+        self.last_norms = norms
+        for k, norm in enumerate(norms):
+            if not math.isfinite(norm):
+                raise NonFiniteError(f"gradient norm of model {k} is {norm}: training stopped; lower its lr "
+                                     f"or enable train.grad_clip, and check the data")
+        if max_norm > 0:
+            coefs = [max_norm / (n + 1e-6) for n in norms]
+            for param in self.params:
+                coef = coefs[model_of(param)]
+                if param.grad is not None and coef < 1.0:
+                    param.grad.mul_(coef)
+        return math.sqrt(sum(n * n for n in norms))
+
+
+class MultiModelRunner(FlushRunner):
+    """A flush runner that also reports each model's loss, gradient norm and learning rate."""
+
+    def __init__(self, parts: Any, model: FusedLayerModel):
+        super().__init__(parts)
+        self.model = model
+        self.memory = None   # a FeatureMapMemory under a device budget (budget.prepare_fused_stage)
+
+    def run_step(self, batches: dict, grad_norm: bool) -> StepResult:
+        losses = self.model.losses
+        losses.take(True)
+        lrs = [group["lr"] for group in self.parts.optimizer.param_groups[::2]]
+        result = super().run_step(batches, grad_norm)
+        if self.memory is not None:
+            self.memory.end_step()
+        sums, calls = losses.take(True)
+        per_model = self.parts.global_sums(*sums, float(calls))
+        norms = self.parts.gradients.last_norms if not math.isnan(result.grad_norm) else [math.nan] * len(sums)
+        result.models = [{"loss": per_model[k] / per_model[-1], "grad_norm": norms[k], "lr": lrs[k]}
+                         for k in range(len(sums))]
+        return result
+
+    def eval_losses(self) -> list[float]:
+        """Collective: each model's mean validation loss since the last call."""
+        sums, calls = self.model.losses.take(False)
+        totals = self.parts.global_sums(*sums, float(calls))
+        return [s / totals[-1] for s in totals[:-1]]
+
+
+class StackedData:
+    """K models' data, each as its own run would read it (``train.seed`` = the model's seed: data
+    set, order and shard), stacked along the model dimension micro-batch by micro-batch."""
+
+    def __init__(self, cfg: Any, spec: Any, dp_rank: int, multi: MultiModelSpec, sharded_data: type):
+        self.members = [sharded_data(cfg, dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=v.seed)),
+                                     dp_rank) for v in multi.variants]
+        self.val_steps = min(m.val_steps for m in self.members)
+
+    @staticmethod
+    def _stacked(parts: list[dict[int, Any]]) -> dict[int, Any]:
+        return {mb: (stack_values([p[mb][0] for p in parts]), stack_values([p[mb][1] for p in parts]))
+                for mb in parts[0]}
+
+    def train_batches(self, step: int) -> dict[int, Any]:
+        return self._stacked([m.train_batches(step) for m in self.members])
+
+    def val_batches(self, index: int) -> dict[int, Any]:
+        return self._stacked([m.val_batches(index) for m in self.members])
