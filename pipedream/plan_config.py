@@ -31,6 +31,8 @@ def apply_plan(cfg: Any) -> Any:
         raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={label} has "
                           f"{expected_layers} pipeline layers: plan for this model (python -m planner model=...)")
     planned = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    if plan.harmony is not None:
+        return _apply_harmony(planned, plan, str(path))
     with open_dict(planned):
         planned.parallel.pp, planned.parallel.tp = plan.parallel.pp, plan.parallel.tp
         planned.parallel.dp, planned.parallel.vpp = plan.parallel.dp, plan.parallel.vpp
@@ -44,6 +46,25 @@ def apply_plan(cfg: Any) -> Any:
         planned.recompute.granularity = plan.recompute
         if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
             planned.precision = _precision_group(plan.precision, str(path))
+    return planned
+
+
+def _apply_harmony(planned: Any, plan: Any, path: str) -> Any:
+    """A harmony_pp plan: the schedule group ``conf/schedule/harmony_pp.yaml`` with the plan's packs
+    (as layers per pack) and groups, one device per process, the batch and the device budget."""
+    h = plan.harmony
+    with open_dict(planned):
+        planned.schedule = OmegaConf.load(config_dir() / "schedule" / "harmony_pp.yaml")
+        planned.schedule.forward_packs = [end - start for start, end in h.forward_packs]
+        planned.schedule.backward_packs = [end - start for start, end in h.backward_packs]
+        planned.schedule.forward_group, planned.schedule.backward_group = h.forward_group, h.backward_group
+        planned.parallel.pp, planned.parallel.tp, planned.parallel.dp, planned.parallel.vpp = h.devices, 1, 1, 1
+        planned.parallel.layers_per_stage = None
+        planned.train.global_batch_size = plan.batch.global_batch
+        planned.train.micro_batch_size = plan.batch.micro
+        planned.memory.device_budget_bytes = int(h.device_budget_bytes)
+        if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
+            planned.precision = _precision_group(plan.precision, path)
     return planned
 
 

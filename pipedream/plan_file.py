@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 PLAN_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", "zb_h2", "zbv")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", "zb_h2", "zbv", "harmony_pp")
 RECOMPUTE = ("none", "full", "selective")
 
 
@@ -71,6 +71,27 @@ class Predicted:
 
 
 @dataclass(frozen=True)
+class Harmony:
+    """A ``harmony_pp`` plan's configuration in the runtime's terms (``conf/schedule/harmony_pp.yaml``):
+    forward and backward layer packs ([start, end) each, both covering the model and ending with the
+    same jit pack), micro-batches per forward / backward task group, ``devices`` devices of
+    ``device_budget_bytes`` each. The micro-batch size is ``batch.micro``; ``stages`` is empty."""
+
+    forward_packs: tuple[tuple[int, int], ...]
+    backward_packs: tuple[tuple[int, int], ...]
+    forward_group: int
+    backward_group: int
+    devices: int
+    device_budget_bytes: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"forward_packs": [list(p) for p in self.forward_packs],
+                "backward_packs": [list(p) for p in self.backward_packs], "forward_group": self.forward_group,
+                "backward_group": self.backward_group, "devices": self.devices,
+                "device_budget_bytes": self.device_budget_bytes}
+
+
+@dataclass(frozen=True)
 class Plan:
     """Virtual stage j of ``stages`` runs on pipeline rank j % pp as chunk j // pp."""
 
@@ -86,10 +107,13 @@ class Plan:
     planner: dict[str, Any] = field(default_factory=dict)
     version: int = PLAN_VERSION
     precision: str | None = None   # what the memory and time were predicted for; None in older plans
+    harmony: Harmony | None = None  # schedule harmony_pp only
 
     @property
     def world_size(self) -> int:
         """Processes the plan needs: tp x the replicas of every pipeline stage (pp * tp * dp when uniform)."""
+        if self.harmony is not None:
+            return self.harmony.devices
         return self.parallel.tp * sum(st.replicas for st in self.stages[: self.parallel.pp])
 
     def check_world_size(self, world_size: int) -> None:
@@ -100,6 +124,7 @@ class Plan:
                             f"for {world_size} devices")
 
     def to_json(self) -> dict[str, Any]:
+        extra = {"harmony": self.harmony.to_json()} if self.harmony is not None else {}
         return {
             "version": self.version,
             "model": vars(self.model), "cluster": vars(self.cluster), "parallel": vars(self.parallel),
@@ -113,6 +138,7 @@ class Plan:
             "predicted": vars(self.predicted),
             "alternatives": list(self.alternatives),
             "planner": dict(self.planner),
+            **extra,
         }
 
     def save(self, path: str | Path) -> None:
@@ -156,11 +182,59 @@ def plan_from_json(data: Any) -> Plan:
     stages = tuple(_stage(s, i) for i, s in enumerate(_need(data, "stages", list)))
     pred = data.get("predicted") or {}
     predicted = Predicted(**{k: float(pred.get(k, 0.0)) for k in Predicted.__dataclass_fields__})
+    harmony = _harmony(_need(data, "harmony", dict)) if schedule == "harmony_pp" else None
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
-                data.get("precision"))
-    _validate(plan)
+                data.get("precision"), harmony)
+    if harmony is not None:
+        _validate_harmony(plan, harmony)
+    else:
+        _validate(plan)
     return plan
+
+
+def _packs(raw: Any, name: str) -> tuple[tuple[int, int], ...]:
+    if not isinstance(raw, list) or not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, int) for x in p)
+                                            for p in raw):
+        raise PlanError(f"plan harmony.{name} = {raw!r} must be a list of [start, end) layer ranges")
+    return tuple((p[0], p[1]) for p in raw)
+
+
+def _harmony(raw: Any) -> Harmony:
+    where = "harmony."
+    budget = _need(raw, "device_budget_bytes", object, where)
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+        raise PlanError(f"plan harmony.device_budget_bytes = {budget!r} must be a positive number of bytes")
+    return Harmony(_packs(_need(raw, "forward_packs", list, where), "forward_packs"),
+                   _packs(_need(raw, "backward_packs", list, where), "backward_packs"),
+                   _need(raw, "forward_group", int, where), _need(raw, "backward_group", int, where),
+                   _need(raw, "devices", int, where), float(budget))
+
+
+def _validate_harmony(plan: Plan, h: Harmony) -> None:
+    """Both pack lists split [0, layers) in order and end with the same (jit) pack; groups fit the
+    iteration's micro-batches; the batch splits into micro-batches."""
+    layers = plan.model.num_layers
+    for name, packs in (("forward_packs", h.forward_packs), ("backward_packs", h.backward_packs)):
+        start = 0
+        for s, e in packs:
+            if s != start or e <= s:
+                raise PlanError(f"plan harmony.{name} = {[list(p) for p in packs]} must split [0, {layers}) into "
+                                f"non-empty ranges in order")
+            start = e
+        if start != layers:
+            raise PlanError(f"plan harmony.{name} covers [0, {start}) but the model has {layers} layers")
+    if h.forward_packs[-1] != h.backward_packs[-1]:
+        raise PlanError(f"plan harmony: the last forward pack {list(h.forward_packs[-1])} and the last backward pack "
+                        f"{list(h.backward_packs[-1])} must be the same (the jit pack)")
+    b = plan.batch
+    if b.global_batch != b.micro * b.num_microbatches:
+        raise PlanError(f"plan batch.global = {b.global_batch} must equal micro * num_microbatches = "
+                        f"{b.micro}*{b.num_microbatches} (harmony_pp has no data parallelism)")
+    for name, group in (("forward_group", h.forward_group), ("backward_group", h.backward_group), ("devices", h.devices)):
+        if group < 1 or (name != "devices" and group > b.num_microbatches):
+            raise PlanError(f"plan harmony.{name} = {group} must be between 1 and "
+                            f"{b.num_microbatches if name != 'devices' else 'the devices'}")
 
 
 def _stage(raw: Any, i: int) -> Stage:

@@ -225,9 +225,10 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
     fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
-    if engine.fused_stage is not None:
+    fused_stage = getattr(engine, "fused_stage", None)   # harmony_pp's engine has none
+    if fused_stage is not None:
         fused_stages = [None] * ctx.world_size
-        dist.all_gather_object(fused_stages, engine.fused_stage.report())
+        dist.all_gather_object(fused_stages, fused_stage.report())
     summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
     if writer:
         path = writer.write_summary(summary)

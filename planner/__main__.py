@@ -36,7 +36,12 @@ def run(argv: Sequence[str]) -> int:
     inputs = inputs_from_config(cfg)
     outcome = make_plan(inputs, str(p.algorithm), str(p.semantics), bool(p.simulate))
     precision = inputs.spec.precision if inputs.spec is not None else inputs.profile.precision
-    print(plan_table(outcome, inputs.cluster.device.flops(precision)))
+    if outcome.harmony is not None:
+        from .harmony_report import harmony_table
+
+        print(harmony_table(outcome, inputs.cluster.device.flops(precision)))
+    else:
+        print(plan_table(outcome, inputs.cluster.device.flops(precision)))
     print()
     print(alternatives_table(outcome))
     print()
@@ -47,7 +52,9 @@ def run(argv: Sequence[str]) -> int:
         outcome.plan.save(str(p.out))
         model = (f"model._target_={cfg.model._target_} data._target_=..." if cfg.model.get("_target_")
                  else f"model={cfg.model.get('preset') or cfg.model.name}")
-        print(f"wrote {p.out}; run it with: scripts/train.sh {model} parallel.plan={p.out}")
+        # harmony_pp updates each pack after its backward, before a global gradient norm exists
+        extra = " train.grad_clip=0" if outcome.harmony is not None else ""
+        print(f"wrote {p.out}; run it with: scripts/train.sh {model} parallel.plan={p.out}{extra}")
     return 0
 
 

@@ -7,9 +7,9 @@ from typing import Callable
 
 import numpy as np
 
-from pipedream.plan_file import Batch, ClusterInfo, ModelInfo, Parallel, Plan, Predicted, Stage
+from pipedream.plan_file import Batch, ClusterInfo, Harmony, ModelInfo, Parallel, Plan, Predicted, Stage
 
-from .errors import PlannerError
+from .errors import DoesNotFitError, PlannerError
 from .inputs import Inputs
 from .pipedream_search import pipedream_search
 from .ptdp import ptdp_search
@@ -21,7 +21,7 @@ from .uniform_cost import rank_stats
 
 SEARCHES: dict[str, Callable[[Inputs], SearchResult]] = {
     "ptdp": ptdp_search, "2bw": two_bw_search, "pipedream": pipedream_search}
-ALGORITHMS = ("auto", *SEARCHES)
+ALGORITHMS = ("auto", *SEARCHES, "harmony")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,7 @@ class Outcome:
     result: SearchResult
     reason: str
     sim: SimCheck
+    harmony: object | None = None  # planner.harmony_search.HarmonySearch for harmony plans
 
 
 def layer_spread(inputs: Inputs) -> float:
@@ -108,11 +109,21 @@ def candidate_json(c: Candidate) -> dict:
 def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict", simulate: bool = True) -> Outcome:
     if algorithm not in ALGORITHMS:
         raise PlannerError(f"planner.algorithm={algorithm!r} is unknown; choose one of {', '.join(ALGORITHMS)}")
+    if algorithm == "harmony":
+        return harmony_outcome(inputs, "planner.algorithm=harmony was asked for")
     if algorithm == "auto":
         algorithm, reason = choose_algorithm(inputs, semantics)
+        try:
+            result = SEARCHES[algorithm](inputs)
+        except DoesNotFitError as err:
+            if inputs.cluster.nodes > 1:
+                raise
+            return harmony_outcome(inputs, f"no {algorithm} plan fits device memory ({str(err).split(': ')[0]}): "
+                                           f"Harmony keeps weights, gradients and optimizer state in host memory "
+                                           f"and swaps layer packs in")
     else:
         reason = f"planner.algorithm={algorithm} was asked for"
-    result = SEARCHES[algorithm](inputs)
+        result = SEARCHES[algorithm](inputs)
     best = result.best
     sim = _sim_check(inputs, best) if simulate else SimCheck(False, "simulator check off (planner.simulate=false)")
     notes = list(result.notes)
@@ -131,3 +142,32 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                  "memory_reserve_bytes": inputs.workspace,
                  "model_tflops_per_device": best.model_tflops_per_device})
     return Outcome(plan, result, reason, sim)
+
+
+def harmony_outcome(inputs: Inputs, reason: str) -> Outcome:
+    """Harmony's search as an Outcome: the plan file's ``harmony`` section carries the configuration."""
+    from .harmony_plan import SCHEDULE, harmony_result
+
+    result, search = harmony_result(inputs)
+    best, cfg, est = result.best, search.best.config, search.best.estimate
+    harmony = Harmony(cfg.forward_packs, cfg.packs_b, cfg.u_f, cfg.u_b, cfg.devices, search.budget)
+    sim = SimCheck(False, f"estimated by Harmony's event-driven simulator of the harmony_pp action lists "
+                          f"(planner.harmony_estimator): {search.considered} configurations in {search.seconds:.3g} s")
+    plan = Plan(
+        model=ModelInfo(inputs.model, inputs.profile.num_layers, int(inputs.profile.num_parameters)),
+        cluster=ClusterInfo(inputs.cluster.name, inputs.cluster.num_devices, inputs.cluster.devices_per_node),
+        parallel=Parallel(cfg.devices, 1, 1, 1), schedule=SCHEDULE,
+        batch=Batch(cfg.minibatch, cfg.micro, cfg.microbatches), recompute="full", stages=(),
+        predicted=_predicted(best),
+        precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
+        alternatives=tuple(candidate_json(a) for a in result.alternatives), harmony=harmony,
+        planner={"algorithm": "harmony", "reason": reason, "considered": result.considered,
+                 "breakdown_s": best.breakdown, "simulator": sim.to_json(), "notes": list(result.notes),
+                 "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
+                 "memory_reserve_bytes": inputs.workspace, "model_tflops_per_device": best.model_tflops_per_device,
+                 "search_seconds": search.seconds,
+                 "weight_bytes": float(inputs.profile.arrays["parameter_bytes"].sum()), "peak_bytes_per_device": est.peak_bytes,
+                 "peak_managed_bytes_per_device": est.peak_managed_bytes,
+                 "swap_bytes": {"weights_in": est.weights_in_bytes, "gradients_out": est.gradients_out_bytes,
+                                "stashes_each_way": est.stash_bytes, "device_to_device": est.p2p_bytes}})
+    return Outcome(plan, result, reason, sim, search)

@@ -260,12 +260,15 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     plain = OmegaConf.to_container(model_cfg, resolve=True) if not isinstance(model_cfg, dict) else model_cfg
     busy0, total0, own0 = *_cpu_jiffies(), _own_cpu_s()
     net = measure_network(processes, repeats, threads, plain, list(micro_batches))
+    bandwidth = copy_bandwidth(repeats)
     data = {
         "schema": SCHEMA,
         "measured_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "threads": threads, "processes": processes,
+        "host": platform.node(), "threads": threads, "processes": processes, "cores": os.cpu_count(),
         "device": {"flops_fp32": net["concurrent_flops"], "memory_bytes": _total_ram_bytes(),
-                   "memory_bandwidth": copy_bandwidth(repeats)},
+                   "memory_bandwidth": bandwidth,
+                   # a swap copies a tensor into another: bytes moved per second, read + write counted once
+                   "swap_bandwidth": bandwidth / 2},
         "p2p": net["p2p"], "allreduce": net["allreduce"], "optimizer": optimizer_fit(repeats),
         # the profile was measured with every process computing: already what training sees
         "compute_slowdown": 1.0, "matmul_slowdown_all_busy": net["slowdown"],

@@ -4,9 +4,11 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
 
     {"schema": "pipedream-cluster-sheet/1", "measured_at": str, "host": str, "threads": int,
      "processes": int,                       # processes per node the network was measured with
+     "cores": int,                           # the machine's CPU cores (os.cpu_count)
      "device": {"flops_fp32": float,         # one thread's fp32 matmul FLOP/s, every process busy
                 "memory_bytes": float,       # RAM of the machine
-                "memory_bandwidth": float},  # one process copying a large tensor
+                "memory_bandwidth": float,   # one process copying a large tensor (read + write)
+                "swap_bandwidth": float},    # bytes/s one tensor copied into another (Harmony's swaps here)
      "p2p": {"latency_s": float, "bandwidth": float, "points": [[bytes, seconds], ...]},
      "allreduce": {"latency_s": float,      # per ring step (2 (n-1) steps)
                    "bandwidth": float,      # ring bandwidth: 2 (n-1)/n of the bytes move at it

@@ -92,7 +92,16 @@ def inputs_from_config(cfg: Any) -> Inputs:
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
         fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs),
-        **_calibrated(cfg, cluster, profile))
+        device_budget=_budget(p.get("device_budget_bytes")), **_calibrated(cfg, cluster, profile))
+
+
+def _budget(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise PlannerError(f"planner.device_budget_bytes={value!r} must be a positive number of bytes or null "
+                           f"(the device's memory less the reserve)")
+    return float(value)
 
 
 def _calibrated(cfg: Any, cluster, profile: Profile) -> dict:

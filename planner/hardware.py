@@ -125,7 +125,9 @@ def cluster_from_config(cfg: Mapping[str, Any], sheet: DeviceSheet | None = None
     sheet = sheet or device_sheet(sheet_name, per_node)
     if "memory_gib" in cfg and cfg["memory_gib"] is not None:
         sheet = replace(sheet, memory_bytes=float(cfg["memory_gib"]) * GIB)
-    cluster = Cluster(name, sheet, tuple(levels), per_node, str(cfg.get("device", "cuda")))
+    host = cfg.get("host_bandwidth_gbit_s")   # host <-> device per device (PCIe), for Harmony's swaps
+    extra = MappingProxyType({"host_bandwidth": float(host) * 1e9 / 8}) if host else MappingProxyType({})
+    cluster = Cluster(name, sheet, tuple(levels), per_node, str(cfg.get("device", "cuda")), extra)
     if cluster.num_devices != nodes * per_node:
         raise PlannerError(f"cluster {name}: levels multiply to {cluster.num_devices} devices but "
                            f"nodes * devices_per_node = {nodes * per_node}; fix the middle levels' counts")

@@ -37,6 +37,7 @@ class Inputs:
     pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
     runtime: RuntimeCosts = NO_RUNTIME_COSTS  # cluster=measured: the runtime's own costs (planner.runtime_costs)
     tp_profiles: Mapping[int, Profile] = field(default_factory=lambda: MappingProxyType({}))  # measured at t > 1
+    device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
 
     @property
     def capacity(self) -> float:

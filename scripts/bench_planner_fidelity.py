@@ -132,23 +132,32 @@ def config_of(model: str, plan_json: dict) -> Config:
 
 def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
     """One real run of the plan; (median step s, peak RSS per rank, other processes' CPU share)."""
-    cmd = [sys.executable, "-m", "launcher", *MODELS[cfg.model], "cluster=local_cpu", f"parallel.plan={plan_path}",
+    out = launch_plan(list(MODELS[cfg.model]), plan_path, run_dir, steps, 29600, 900)
+    if "error" in out:
+        return {"error": out["error"]}
+    summary = out.pop("summary")
+    return {"step_s": summary["median_step_time_s"], "rss": max(r["peak_memory_bytes"]["rss"] for r in summary["ranks"]),
+            **out, "load_average": os.getloadavg()[0]}
+
+
+def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, port_base: int, timeout: int) -> dict:
+    """Train ``plan_path`` with the launcher on synthetic data: its summary, the wall time and the other
+    processes' CPU share, or the run's one-line error."""
+    cmd = [sys.executable, "-m", "launcher", *model, "cluster=local_cpu", f"parallel.plan={plan_path}",
            f"train.steps={steps}", "train.eval_every=0", "trace.enabled=false", "train.progress=false",
            f"train.log_every={steps}", f"train.run_dir={run_dir}", "train.overwrite=true", "data=synthetic",
-           "launcher.check_memory=false", f"launcher.master_port={29600 + os.getpid() % 300}"]
+           "launcher.check_memory=false", f"launcher.master_port={port_base + os.getpid() % 300}"]
     before, child = cpu_busy_jiffies(), resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:  # recorded, not fatal: one failing configuration must not lose the others
         lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")] or proc.stderr.splitlines()
-        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:300]}
+        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:300], "wall_s": wall}
     own = (after.ru_utime + after.ru_stime) - (child.ru_utime + child.ru_stime)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    return {"step_s": summary["median_step_time_s"], "rss": max(r["peak_memory_bytes"]["rss"] for r in summary["ranks"]),
-            "other_load": other_load(before, cpu_busy_jiffies(), own), "wall_s": wall,
-            "load_average": os.getloadavg()[0]}
+    return {"summary": json.loads((run_dir / "summary.json").read_text()), "wall_s": wall,
+            "other_load": other_load(before, cpu_busy_jiffies(), own)}
 
 
 def calibrate(path: Path, repeats: int) -> None:

@@ -99,6 +99,10 @@ CATALOGUE = [
          "planner.out={tmp}/a_file/plan.json", "planner.out=", tool="planner"),
     case("planner-out-missing-folder", "model=gpt_tiny cluster=local_cpu train.global_batch_size=32 "
          "planner.out={tmp}/no_folder/plan.json", "does not exist", tool="planner"),
+    case("harmony-budget-below-a-layer", "model=gpt_tiny cluster=local_cpu train.global_batch_size=8 "
+         "planner.algorithm=harmony planner.device_budget_bytes=1000", "alone needs", tool="planner"),
+    case("harmony-several-nodes", "model=gpt_tiny cluster=h200_x8 train.global_batch_size=8 planner.algorithm=harmony",
+         "plans one server", tool="planner"),
     case("export-step-not-a-number", "run_dir={tmp}/ckpt_bit_flip step=abc", "step=abc is not a step number",
          tool="export"),
     case("export-corrupt-checkpoint", "run_dir={tmp}/ckpt_bit_flip_run step=2", "does not match its checksum",
