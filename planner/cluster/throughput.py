@@ -1,6 +1,7 @@
 """The throughput matrix T (dissertation ch. 5.3.1): each job's steps per second on each accelerator
 type, from the planner's best plan for the job's model and batch on ``scale_factor`` GPUs of that
-type. T[m, j] = 0 where no plan fits (Gavel's -inf: the job cannot run there).
+type. T[m, j] = 0 where no plan fits device memory (Gavel's -inf: the job cannot run there; a
+plan that only Harmony's host-memory runtime makes fit counts as not fitting).
 
 A job on k GPUs of a type is planned on that type's ``conf/cluster`` preset cut down to k GPUs, as
 consolidated as the preset's servers allow (Gavel places a job's workers on as few servers as it
@@ -87,6 +88,10 @@ class ThroughputTable:
             raise PlannerError(f"job {job.name} ({job.model}, batch {job.batch}) on {job.scale_factor} x "
                                f"{gpu.name}: {err}") from None
         plan = outcome.plan
+        if plan.planner["algorithm"] == "harmony":
+            # A Harmony plan keeps the job's state in the server's host memory and PCIe, which the
+            # fleet shares between jobs and does not model: for Gavel the job does not fit there.
+            return TypePlan(0.0, f"does not fit in device memory (only a harmony plan: {plan.planner['reason'][:120]})")
         par = plan.parallel
         summary = (f"{plan.planner['algorithm']} pp={par.pp} tp={par.tp} dp={par.dp} b={plan.batch.micro} "
                    f"{plan.schedule}, {plan.predicted.samples_per_s:.4g} samples/s")
