@@ -74,11 +74,13 @@ def _worker(rank: int, port: int, args: argparse.Namespace) -> None:
     lines = []
     for name, profile in profiles.items():
         text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(args.top)
+        stats = pstats.Stats(profile, stream=text)
+        stats.sort_stats(args.sort).print_stats(args.top)
         body = text.getvalue().split("\n", 4)[-1]   # from the column header on
         lines += [f"== rank {rank}, {name}: wall {wall[name] / n * 1e3:.1f} ms/step, main-thread CPU "
                   f"{cpu[name] / n * 1e3:.1f} ms/step, in send calls {posts[(name, 'send')] / n * 1e3:.2f} ms/step, "
-                  f"in recv calls {posts[(name, 'recv')] / n * 1e3:.2f} ms/step (cProfile's overhead included)",
+                  f"in recv calls {posts[(name, 'recv')] / n * 1e3:.2f} ms/step (cProfile's overhead included), "
+                  f"{stats.total_calls / n:.0f} Python calls/step",
                   body.rstrip()]
     for turn in range(PP):   # one rank after the other, so the output does not interleave
         if turn == rank:
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--block", type=int, default=2, help="steps per case and round")
     parser.add_argument("--top", type=int, default=25, help="functions listed per rank and runtime")
+    parser.add_argument("--sort", default="tottime", choices=["tottime", "ncalls", "cumtime"],
+                        help="order of the listed functions (cProfile column)")
     args = parser.parse_args(argv)
     import socket
 
