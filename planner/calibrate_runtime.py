@@ -5,8 +5,11 @@ trained with the launcher and traced (``pipedream.trace``). Per rank and traced 
 
 * ``message_s``: the mean duration of its send and receive actions (posting them, Gloo's work);
 * ``compute_action_s``: the time between its first and last action that is neither a wait for an
-  input, nor a message, nor the profiled layers' forward and backward, per FWD or BWD action (the
-  executor's Python, autograd's graph, version swaps and stashing of the asynchronous schedules);
+  input, nor a message, nor inside a FWD or BWD action, per FWD or BWD action (the executor's Python
+  between actions, version swaps and stashing of the asynchronous schedules);
+* ``layer_time_ratio`` (for the record, not planned with): the FWD and BWD actions' time over the
+  profiled layers' (a traced run's layers ran slower than the profile by a factor, not by a constant
+  per action, and the same configuration's untraced runs matched the profile);
 * ``step_s``: the time before the first and after the last action (the flush's gradient
   synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share;
 * the peak RSS beyond the process's base and the model's bytes as the planner counts them.
@@ -57,13 +60,13 @@ def traced_run(model_overrides: Sequence[str], schedule: str, layers: list[int],
 
 
 def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float]) -> dict[str, float]:
-    """The three costs from a Chrome trace; ``layer_seconds[r]``: the profiled forward + backward of
-    rank r's layers per micro-batch, ``optimizer_s[r]``: the optimizer fit for its parameters."""
+    """The three costs (and the layers' time ratio) from a Chrome trace; ``layer_seconds[r]``: the
+    profiled forward + backward of rank r's layers per micro-batch, ``optimizer_s[r]``: the optimizer fit for its parameters."""
     steps: dict[tuple[int, int], list[dict]] = defaultdict(list)
     for e in trace["traceEvents"]:
         if e.get("ph") == "X":
             steps[(e["pid"], e["args"]["step"])].append(e)
-    action_s, message_s, step_s = [], [], []
+    action_s, message_s, step_s, layer_ratio = [], [], [], []
     for (rank, _), events in steps.items():
         iteration = next(e for e in events if e["cat"] == "iteration")
         actions = [e for e in events if e["cat"] in _ACTIONS]
@@ -74,15 +77,20 @@ def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float])
         first = min(e["ts"] for e in actions)
         last = max(e["ts"] + e["dur"] for e in actions)
         waits = sum(e["dur"] for e in events if e["cat"] == "wait")
-        other = (last - first - waits - sum(messages)) * 1e-6 - forwards * layer_seconds[rank]
+        computing = sum(e["dur"] for e in events if e["cat"] in ("forward", "backward"))
+        # the layers are timed by the actions themselves, not by the profile: a traced run's layers can
+        # run slower than the profile's (a phase of a shared machine), a slowdown of the layers that the
+        # same configuration's untraced runs do not show, so only the time between actions is per action
+        other = (last - first - waits - sum(messages) - computing) * 1e-6
         action_s.append(other / (2 * forwards))
+        layer_ratio.append(computing * 1e-6 / (forwards * layer_seconds[rank]))
         if messages:
             message_s.append(statistics.fmean(messages) * 1e-6)
         outside = (first - iteration["ts"]) + (iteration["ts"] + iteration["dur"] - last)
         step_s.append(outside * 1e-6 - optimizer_s[rank])
-    # below 0: the run computed faster than the profile (a quieter phase of a shared machine): none
     return {"compute_action_s": max(0.0, statistics.median(action_s)),
-            "message_s": statistics.median(message_s or [0.0]), "step_s": max(0.0, statistics.median(step_s))}
+            "message_s": statistics.median(message_s or [0.0]), "step_s": max(0.0, statistics.median(step_s)),
+            "layer_time_ratio": statistics.median(layer_ratio)}  # for the record: traced F/B time / profile
 
 
 def planned_bytes(profile_json: dict, bounds: np.ndarray, schedule: str) -> list[float]:

@@ -9,7 +9,8 @@ Sheet section (inside a profile entry of ``pipedream-cluster-sheet/1``, one per 
     "runtime": {"flush" | "2bw" | "pipedream": {
                     "compute_action_s": float,   # per FWD or BWD action, beyond the profiled layers
                     "message_s": float,          # per send or receive posted
-                    "step_s": float},            # per step, beyond the optimizer fit
+                    "step_s": float,             # per step, beyond the optimizer fit
+                    "layer_time_ratio": float},  # for the record: traced FWD + BWD time / profiled layers
                 "process_bytes": float}          # peak RSS of a rank minus its model's bytes
 
 Without a sheet every cost is 0 (the analytic cluster sheets describe GPUs, whose launch overheads

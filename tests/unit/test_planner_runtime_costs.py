@@ -104,7 +104,14 @@ def test_overheads_from_a_trace():
               _event("wait B0", "wait", 14, 2), _event("B0", "backward", 16, 7), _event("recv", "recv", 23, 0.5),
               _event("B1", "backward", 24, 7), _event("W1", "backward", 31, 1), _event("recv", "recv", 48.5, 0.5)]
     got = overheads({"traceEvents": events}, [0.010], [0.004])
-    span, waits, messages = 49 - 4, 2, 4 * 0.5
-    assert got["compute_action_s"] == pytest.approx(((span - waits - messages) * 1e-3 - 2 * 0.010) / 4)
+    span, waits, messages, computing = 49 - 4, 2, 4 * 0.5, 4 + 4 + 7 + 7 + 1
+    # the gaps between actions only (0.5 + 0.5 + 0.5 + 16.5 ms), whatever the layers took inside them
+    assert got["compute_action_s"] == pytest.approx((span - waits - messages - computing) * 1e-3 / 4)
+    assert got["compute_action_s"] == pytest.approx(18e-3 / 4)
+    assert got["layer_time_ratio"] == pytest.approx(23 / 20)
+    # layers profiled faster (a slowdown of the traced run's compute) do not turn into a per-action cost
+    slower = overheads({"traceEvents": events}, [0.008], [0.004])
+    assert slower["compute_action_s"] == pytest.approx(got["compute_action_s"])
+    assert slower["layer_time_ratio"] == pytest.approx(23 / 16)
     assert got["message_s"] == pytest.approx(0.5e-3)
     assert got["step_s"] == pytest.approx((4 + 11) * 1e-3 - 0.004)
