@@ -118,9 +118,12 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         except DoesNotFitError as err:
             if inputs.cluster.nodes > 1:
                 raise
-            return harmony_outcome(inputs, f"no {algorithm} plan fits device memory ({str(err).split(': ')[0]}): "
-                                           f"Harmony keeps weights, gradients and optimizer state in host memory "
-                                           f"and swaps layer packs in")
+            try:
+                return harmony_outcome(inputs, f"no {algorithm} plan fits device memory ({str(err).split(': ')[0]}): "
+                                               f"Harmony keeps weights, gradients and optimizer state in host memory "
+                                               f"and swaps layer packs in")
+            except DoesNotFitError as harmony_err:   # the in-memory reason first: it says what to change
+                raise DoesNotFitError(f"{err}; nor does a Harmony plan ({harmony_err})") from None
     else:
         reason = f"planner.algorithm={algorithm} was asked for"
         result = SEARCHES[algorithm](inputs)
