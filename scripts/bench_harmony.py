@@ -120,14 +120,15 @@ def inputs_for(sheet_path: Path, devices: int):
 
 
 def predict(row: Row, sheet_path: Path) -> dict:
-    from planner.harmony_plan import harmony_links, harmony_profile, host_update
+    from planner.harmony_plan import harmony_links, harmony_overheads, harmony_profile, host_update
     from planner.harmony_search import evaluate
 
     inputs = inputs_for(sheet_path, row.devices)
     if inputs.profile.source != "measured":
         raise SystemExit(f"{sheet_path} has no measured profile of the benchmark model")
     host, _ = host_update(inputs)
-    est = evaluate(harmony_profile(inputs, row.devices), planned(row), harmony_links(inputs, row.devices), host)
+    est = evaluate(harmony_profile(inputs, row.devices), planned(row), harmony_links(inputs, row.devices), host,
+                   harmony_overheads(inputs))
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     state = weights + float(inputs.profile.arrays["optimizer_bytes"].sum())
     return {"iteration_s": est.iteration_s, "peak_managed_bytes": max(est.peak_managed_bytes),
