@@ -13,6 +13,7 @@ clusters how many processes compute at once (``cpu_slots``).
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import replace
 
 from .cluster_sheet import calibration
@@ -67,10 +68,15 @@ def harmony_links(inputs: Inputs, devices: int) -> Links:
 
 
 def harmony_overheads(inputs: Inputs) -> ScheduleOverheads:
-    """The runtime's per-action and per-message costs: the flush family's, measured from traced
-    1F1B-flush runs (harmony_pp's executor posts messages and runs FWD/BWD actions the same way);
-    none without a measured sheet."""
-    return inputs.runtime.for_schedule("flush")
+    """The runtime's per-action and per-message costs, measured from the calibration's traced runs
+    (harmony_pp's executor posts messages and runs FWD/BWD actions as theirs do): the median over
+    the schedule families, as each family's is one short run, which another process on a shared
+    machine can stall whole; none without a measured sheet."""
+    measured = list(inputs.runtime.schedules.values())
+    if not measured:
+        return ScheduleOverheads()
+    return ScheduleOverheads(statistics.median(m.compute_action_s for m in measured),
+                             statistics.median(m.message_s for m in measured))
 
 
 def cpu_slots(sheet) -> int:
