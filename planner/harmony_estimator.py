@@ -18,7 +18,9 @@ compute runs (the jit pack's from its forward to its backward).
 The runtime's own costs (``planner.runtime_costs``, measured by ``planner.calibrate`` from traced
 flush runs, whose executor posts messages and runs FWD/BWD actions the same way): each FWD/BWD
 action adds ``compute_action_s`` on the compute stream, and each send or receive ``message_s``
-(posting it; a receive after its message arrived, waiting for the sender's Gloo thread on CPU).
+(posting it; a receive after its message arrived, waiting for the sender's Gloo thread on CPU);
+each iteration adds ``step_s``, the step's part before its first and after its last action (the
+batch, the loss, zeroing, the barrier; Harmony's optimizer runs in its ``U`` actions).
 Torch-free.
 """
 from __future__ import annotations
@@ -113,7 +115,7 @@ def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCost
             stuck = [f"device {d}: {lists[d][dev.pos]}" for d, dev in enumerate(devices) if dev.pos < len(lists[d])]
             raise PlannerError(f"harmony estimate: the action lists wait on each other ({'; '.join(stuck)})")
         remaining -= moved
-    totals.iteration_s = max(max(dev.clock, dev.h2d, dev.d2h, dev.send) for dev in devices)
+    totals.iteration_s = max(max(dev.clock, dev.h2d, dev.d2h, dev.send) for dev in devices) + overheads.step_s
     totals.compute_s = [dev.busy for dev in devices]
     totals.peak_bytes = [_peak(dev.events, managed_only=False) for dev in devices]
     totals.peak_managed_bytes = [_peak(dev.events, managed_only=True) for dev in devices]

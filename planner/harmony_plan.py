@@ -76,7 +76,8 @@ def harmony_overheads(inputs: Inputs) -> ScheduleOverheads:
     if not measured:
         return ScheduleOverheads()
     return ScheduleOverheads(statistics.median(m.compute_action_s for m in measured),
-                             statistics.median(m.message_s for m in measured))
+                             statistics.median(m.message_s for m in measured),
+                             statistics.median(m.step_s for m in measured))
 
 
 def cpu_slots(sheet) -> int:

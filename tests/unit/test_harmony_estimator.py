@@ -160,3 +160,12 @@ def test_runtime_costs_per_message_on_the_compute_stream():
     #   SO.1 [15.5,17.5]; U.1 [17.5,18]
     assert est.iteration_s == pytest.approx(23.0)
     assert est.compute_s == [10.0, 10.0]
+
+
+def test_runtime_costs_per_step():
+    config = harmony_config(2, 1, 1, [1, 1], [1, 1])
+    est = estimate(config, harmony_pp(config), HandCosts(), Links(10.0, 2.0, synchronous=True),
+                   ScheduleOverheads(step_s=0.5))
+    # the synchronous list's 19 s and the step's part outside its actions, once per iteration
+    assert est.iteration_s == pytest.approx(19.5)
+    assert est.compute_s == [10.0]

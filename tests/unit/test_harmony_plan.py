@@ -141,7 +141,7 @@ def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
     families = {"flush": ScheduleOverheads(1e-3, 9.0, 0.5), "2bw": ScheduleOverheads(3e-3, 2e-3, 0.4),
                 "pipedream": ScheduleOverheads(2e-3, 1e-3, 0.6)}
     costed = replace(inputs(), runtime=RuntimeCosts(MappingProxyType(families)))
-    assert harmony_overheads(costed) == ScheduleOverheads(2e-3, 2e-3)
+    assert harmony_overheads(costed) == ScheduleOverheads(2e-3, 2e-3, 0.5)
     assert harmony_overheads(inputs()) == ScheduleOverheads()
     # every configuration takes longer with the costs, so the best one does too
     plain, with_costs = run_harmony(replace(inputs(), top_k=0))[0].best, run_harmony(replace(costed, top_k=0))[0].best
