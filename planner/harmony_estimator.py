@@ -14,6 +14,13 @@ Memory per device, as the runtime's tier counts it ("managed"): a pack's weights
 (or prefetch) until ``SO.i``, a backward pack's gradients until their copy to the host ends,
 stashes while they are on the device; "peak_bytes" adds one micro-batch's activations while a
 compute runs (the jit pack's from its forward to its backward).
+
+The runtime's own costs (``planner.runtime_costs``, measured by ``planner.calibrate`` from traced
+flush runs, whose executor posts messages and runs FWD/BWD actions the same way): each FWD/BWD
+action adds ``compute_action_s`` on the compute stream, and each send or receive ``message_s``
+(posting it; a receive after its message arrived, waiting for the sender's Gloo thread on CPU);
+each iteration adds ``step_s``, the step's part before its first and after its last action (the
+batch, the loss, zeroing, the barrier; Harmony's optimizer runs in its ``U`` actions).
 Torch-free.
 """
 from __future__ import annotations
@@ -24,6 +31,7 @@ from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.harmony import BACKWARD, FORWARD, HarmonyConfig
 
 from .errors import PlannerError
+from .runtime_costs import ScheduleOverheads
 
 
 @dataclass(frozen=True)
@@ -81,7 +89,8 @@ class _Device:
     events: list[tuple[float, float, bool]] = field(default_factory=list)  # (time, delta, managed)
 
 
-def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCosts, links: Links) -> Estimate:
+def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCosts, links: Links,
+             overheads: ScheduleOverheads = ScheduleOverheads()) -> Estimate:
     """Simulate one iteration of ``lists`` (one per device); PlannerError if the lists deadlock."""
     devices = [_Device() for _ in lists]
     arrivals: dict[tuple[Kind, int, int], float] = {}
@@ -92,20 +101,21 @@ def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCost
         moved = 0
         if slots is not None:   # one action at a time, the earliest to start on any device
             d, dev = _earliest(devices, lists, arrivals)
-            if dev is not None and _step(config, dev, lists[d][dev.pos], costs, links, arrivals, totals, slots):
+            if dev is not None and _step(config, dev, lists[d][dev.pos], costs, links, arrivals, totals, slots,
+                                         overheads):
                 dev.pos += 1
                 moved = 1
         else:
             for dev, actions in zip(devices, lists):
                 while dev.pos < len(actions) and _step(config, dev, actions[dev.pos], costs, links, arrivals, totals,
-                                                       None):
+                                                       None, overheads):
                     dev.pos += 1
                     moved += 1
         if not moved:
             stuck = [f"device {d}: {lists[d][dev.pos]}" for d, dev in enumerate(devices) if dev.pos < len(lists[d])]
             raise PlannerError(f"harmony estimate: the action lists wait on each other ({'; '.join(stuck)})")
         remaining -= moved
-    totals.iteration_s = max(max(dev.clock, dev.h2d, dev.d2h, dev.send) for dev in devices)
+    totals.iteration_s = max(max(dev.clock, dev.h2d, dev.d2h, dev.send) for dev in devices) + overheads.step_s
     totals.compute_s = [dev.busy for dev in devices]
     totals.peak_bytes = [_peak(dev.events, managed_only=False) for dev in devices]
     totals.peak_managed_bytes = [_peak(dev.events, managed_only=True) for dev in devices]
@@ -158,7 +168,7 @@ def _pack_bytes(config: HarmonyConfig, costs: ActionCosts, task: int) -> float:
 
 
 def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, links: Links,
-          arrivals: dict, totals: Estimate, slots: list[float] | None) -> bool:
+          arrivals: dict, totals: Estimate, slots: list[float] | None, overheads: ScheduleOverheads) -> bool:
     """Run action ``a`` on ``dev``; False if it must wait for a message not yet sent."""
     kind, mb, task = a.kind, a.microbatch, a.chunk
     if kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
@@ -166,8 +176,10 @@ def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, li
         if key not in arrivals:
             return False
         dev.clock = max(dev.clock, arrivals.pop(key))
+        _work(dev, overheads.message_s, slots)
     elif kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
         nbytes = costs.output_bytes(task) if kind is Kind.SEND_ACT else costs.input_grad_bytes(task)
+        _work(dev, overheads.message_s, slots)
         dev.send = max(dev.send, dev.clock) + links.send_s(nbytes)
         receiver = Kind.RECV_ACT if kind is Kind.SEND_ACT else Kind.RECV_GRAD
         arrivals[(receiver, mb, task + 1)] = dev.send
@@ -208,16 +220,16 @@ def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, li
         dev.clock = max(dev.clock, dev.grads_out.pop(task, dev.clock))
         _work(dev, costs.update_s(task), slots)
     elif kind in (Kind.FWD, Kind.BWD):
-        _compute(config, dev, kind, mb, task, costs, slots)
+        _compute(config, dev, kind, mb, task, costs, slots, overheads.compute_action_s)
     else:
         raise PlannerError(f"harmony estimate: action {a} is not part of harmony_pp")
     return True
 
 
 def _compute(config: HarmonyConfig, dev: _Device, kind: Kind, mb: int, task: int, costs: ActionCosts,
-             slots: list[float] | None) -> None:
+             slots: list[float] | None, action_s: float = 0.0) -> None:
     role = config.tasks[task].role
-    seconds = costs.forward_s(task) if kind is Kind.FWD else costs.backward_s(task)
+    seconds = (costs.forward_s(task) if kind is Kind.FWD else costs.backward_s(task)) + action_s
     _work(dev, seconds, slots)
     start = dev.clock - seconds
     dev.busy += seconds

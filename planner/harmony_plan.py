@@ -13,6 +13,7 @@ clusters how many processes compute at once (``cpu_slots``).
 from __future__ import annotations
 
 import os
+import statistics
 from dataclasses import replace
 
 from .cluster_sheet import calibration
@@ -22,6 +23,7 @@ from .harmony_search import HarmonySearch, HostUpdate, Scored, harmony_search
 from .inputs import Inputs
 from .profile import Profile
 from .ranking import Candidate, SearchResult
+from .runtime_costs import ScheduleOverheads
 
 ALGORITHM = "harmony"
 SCHEDULE = "harmony_pp"
@@ -65,6 +67,19 @@ def harmony_links(inputs: Inputs, devices: int) -> Links:
     return Links(float(swap), level.bandwidth, level.latency, synchronous=cpu, compute_slots=cpu_slots(sheet) if cpu else None)
 
 
+def harmony_overheads(inputs: Inputs) -> ScheduleOverheads:
+    """The runtime's per-action and per-message costs, measured from the calibration's traced runs
+    (harmony_pp's executor posts messages and runs FWD/BWD actions as theirs do): the median over
+    the schedule families, as each family's is one short run, which another process on a shared
+    machine can stall whole; none without a measured sheet."""
+    measured = list(inputs.runtime.schedules.values())
+    if not measured:
+        return ScheduleOverheads()
+    return ScheduleOverheads(statistics.median(m.compute_action_s for m in measured),
+                             statistics.median(m.message_s for m in measured),
+                             statistics.median(m.step_s for m in measured))
+
+
 def cpu_slots(sheet) -> int:
     """How many CPU processes compute at once at the profile's speed: the calibration's processes
     over how much slower a matmul ran with all of them busy than alone (measured; on a shared
@@ -102,7 +117,7 @@ def run_harmony(inputs: Inputs) -> tuple[HarmonySearch, tuple[str, ...]]:
     host, note = host_update(inputs)
     search = harmony_search(harmony_profile(inputs, devices), harmony_links(inputs, devices), devices, inputs.global_batch,
                             harmony_budget(inputs), inputs.max_micro_batch, host, inputs.top_k,
-                            fixed_micro=inputs.micro_batch)
+                            fixed_micro=inputs.micro_batch, overheads=harmony_overheads(inputs))
     return search, (note,) if note else ()
 
 

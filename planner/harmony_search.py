@@ -24,6 +24,7 @@ from .errors import DoesNotFitError, PlannerError
 from .harmony_estimator import Estimate, Links, estimate
 from .harmony_packing import LayerBytes, backward_pack_bytes, forward_pack_bytes, pack_layers
 from .harmony_tasks import PlannedConfig, ProfileCosts, ir_config
+from .runtime_costs import ScheduleOverheads
 from .profile import Profile
 
 
@@ -80,15 +81,19 @@ def check_budget(profile: Profile, budget: float, micro: int = 1) -> None:
             f"to at least {need[worst]:.4g} bytes or use a smaller model")
 
 
-def evaluate(profile: Profile, cfg: PlannedConfig, links: Links, host: HostUpdate = HostUpdate()) -> Estimate:
-    """The estimator on one configuration: the runtime's action lists, timed from the profile."""
+def evaluate(profile: Profile, cfg: PlannedConfig, links: Links, host: HostUpdate = HostUpdate(),
+             overheads: ScheduleOverheads = ScheduleOverheads()) -> Estimate:
+    """The estimator on one configuration: the runtime's action lists, timed from the profile and
+    the runtime's own measured costs."""
     ir = ir_config(cfg)
-    return estimate(ir, harmony_pp(ir), ProfileCosts(profile, ir, cfg.micro, host.per_byte, host.overhead), links)
+    return estimate(ir, harmony_pp(ir), ProfileCosts(profile, ir, cfg.micro, host.per_byte, host.overhead), links,
+                    overheads)
 
 
 def harmony_search(profile: Profile, links: Links, devices: int, minibatch: int, budget: float,
                    max_micro: int = 32, host: HostUpdate = HostUpdate(), top_k: int = 4,
-                   fixed_micro: int | None = None) -> HarmonySearch:
+                   fixed_micro: int | None = None,
+                   overheads: ScheduleOverheads = ScheduleOverheads()) -> HarmonySearch:
     if devices < 1 or minibatch < 1:
         raise PlannerError(f"harmony: devices = {devices} and the mini-batch = {minibatch} must be >= 1")
     check_budget(profile, budget)
@@ -99,7 +104,7 @@ def harmony_search(profile: Profile, links: Links, devices: int, minibatch: int,
         for cfg in _configs(profile, micro, budget, devices, minibatch):
             if cfg in scored:
                 continue
-            est = evaluate(profile, cfg, links, host)
+            est = evaluate(profile, cfg, links, host, overheads)
             considered += 1
             if max(est.peak_bytes) > budget:
                 over += 1

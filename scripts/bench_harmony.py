@@ -3,8 +3,8 @@
 For each configuration of the grid (1, 2 and 4 devices; different forward and backward pack
 splits; whole and smaller task groups; the whole model as one jit pack, i.e. no recomputation) the
 estimator (``planner.harmony_search.evaluate``: the runtime's own action lists, timed with the
-per-layer profile, the swap and point-to-point bandwidths and the optimizer step that ``python -m
-planner.calibrate`` measured here with as many processes as the configuration has devices) predicts
+per-layer profile, the swap and point-to-point bandwidths, the optimizer step and the runtime's own
+per-action, per-message and per-step costs (traced runs) that ``python -m planner.calibrate`` measured here with as many processes as the configuration has devices) predicts
 the iteration time (by default from a calibration taken just before the row's run, so both see the
 same phase of a shared machine); the launcher then trains a plan file of exactly that configuration
 (``parallel.plan=``, processes over Gloo, the "device" tier in RAM) and its summary gives the median
@@ -120,14 +120,15 @@ def inputs_for(sheet_path: Path, devices: int):
 
 
 def predict(row: Row, sheet_path: Path) -> dict:
-    from planner.harmony_plan import harmony_links, harmony_profile, host_update
+    from planner.harmony_plan import harmony_links, harmony_overheads, harmony_profile, host_update
     from planner.harmony_search import evaluate
 
     inputs = inputs_for(sheet_path, row.devices)
     if inputs.profile.source != "measured":
         raise SystemExit(f"{sheet_path} has no measured profile of the benchmark model")
     host, _ = host_update(inputs)
-    est = evaluate(harmony_profile(inputs, row.devices), planned(row), harmony_links(inputs, row.devices), host)
+    est = evaluate(harmony_profile(inputs, row.devices), planned(row), harmony_links(inputs, row.devices), host,
+                   harmony_overheads(inputs))
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     state = weights + float(inputs.profile.arrays["optimizer_bytes"].sum())
     return {"iteration_s": est.iteration_s, "peak_managed_bytes": max(est.peak_managed_bytes),
@@ -255,7 +256,9 @@ def markdown(data: dict) -> str:
         f"prediction is `planner.harmony_search.evaluate`: the runtime's harmony_pp action lists simulated with the "
         f"measured per-layer profile, swap bandwidth ({cal['device'].get('swap_bandwidth', cal['device']['memory_bandwidth'] / 2) / 1e9:.2f} GB/s), "
         f"point-to-point {cal['p2p']['latency_s'] * 1e6:.0f} us + {cal['p2p']['bandwidth'] / 1e9:.2f} GB/s and optimizer "
-        f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) of a calibration "
+        f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) and the runtime's "
+        f"own costs per FWD/BWD action, message and step (its traced runs, median over the schedule families) of a "
+        f"calibration "
         f"with as many processes as devices (2 for one device), "
         + ("one per device count" if data.get("calibrate_once") else "taken just before each row's run (the first "
            "one's numbers here)")
@@ -288,8 +291,11 @@ def markdown(data: dict) -> str:
                       f"{max(flops):.0f} GFLOP/s per process while other processes used {min(others):.0f}% to "
                       f"{max(others):.0f}% of the CPU, and each run meets the machine in another phase; the "
                       f"predictions lean {'low' if signed[len(signed) // 2] < 0 else 'high'} (median signed error "
-                      f"{signed[len(signed) // 2] * 100:+.0f}%). Per-action overhead of the runtime (stash files "
-                      f"in shared memory, posting messages) is not in the per-layer profile."]
+                      f"{signed[len(signed) // 2] * 100:+.0f}%). A calibration taken while other processes load the "
+                      f"machine times the layers and the runtime's own costs slower (or, once the profile is "
+                      f"slower than the traced runs, their per-action cost at 0) than the run may meet them; "
+                      f"Harmony's own Python per action beyond the traced schedules' (stash files in shared "
+                      f"memory) is not in it."]
     lines += ["", "Search time (`planner.harmony_search.harmony_search`, analytic profiles, 8 x H200 with "
                   "budget |W| / 4, micro-batches up to 32):", "", "| model | layers | mini-batch | configurations | "
                   "seconds | best |", "|---|---|---|---|---|---|"]

@@ -9,6 +9,7 @@ from planner.errors import DoesNotFitError
 from planner.harmony_estimator import ActionCosts, Links, estimate
 from planner.harmony_search import harmony_search
 from planner.profile import LayerProfile, Profile
+from planner.runtime_costs import ScheduleOverheads
 
 
 class HandCosts(ActionCosts):
@@ -131,3 +132,40 @@ def test_one_compute_slot_serialises_the_devices():
     work = 20.0 + (40 + 30 + 10 + 10) / 10.0 + 2 * 0.5
     assert shared.iteration_s >= work - 1e-9 > free.iteration_s
     assert shared.compute_s == free.compute_s == [10.0, 10.0]
+
+
+def test_runtime_costs_per_compute_action():
+    config = harmony_config(2, 1, 1, [1, 1], [1, 1])
+    lists = harmony_pp(config)
+    est = estimate(config, lists, HandCosts(), Links(10.0, 2.0, synchronous=True),
+                   ScheduleOverheads(compute_action_s=0.25))
+    # the synchronous list above (19 s) has four FWD/BWD actions (F0, F0.1, B0.1, B0.2): + 4 x 0.25 s
+    assert est.iteration_s == pytest.approx(20.0)
+    assert est.compute_s == [11.0]
+
+
+def test_runtime_costs_per_message_on_the_compute_stream():
+    config = harmony_config(2, 2, 2, [1, 1], [1, 1])
+    lists = harmony_pp(config)
+    est = estimate(config, lists, HandCosts(), Links(swap_bandwidth=10.0, p2p_bandwidth=2.0),
+                   ScheduleOverheads(message_s=0.5))
+    # the lists of test_two_devices_by_hand, each send and receive 0.5 s on its device's compute stream
+    # (a send's transfer starts once posted, a receive costs 0.5 s after its message arrives):
+    # device 0: SI [0,1]; F0 [1,2]; SA0 posts [2,2.5], arrives 3.5; PF.2 [2.5,3.5]; F1 [2.5,3.5];
+    #   SA1 posts [3.5,4], arrives 5; SI.2 (prefetched at 3.5); RG0.2 arrives 10.5, [10.5,11];
+    #   SI0.2 [11,11.5]; B0.2 [11.5,15.5]; RG1.2 arrives 16.5, [16.5,17]; SI1.2 [17,17.5];
+    #   B1.2 [17.5,21.5]; SO.2 [21.5,22.5]; U.2 [22.5,23]
+    # device 1: SI.1 [0,2]; RA0.1 [3.5,4]; F0.1 [4,6]; B0.1 [6,9]; SG0.1 posts [9,9.5], arrives 10.5;
+    #   RA1.1 [9.5,10]; F1.1 [10,12]; B1.1 [12,15]; SG1.1 posts [15,15.5], arrives 16.5;
+    #   SO.1 [15.5,17.5]; U.1 [17.5,18]
+    assert est.iteration_s == pytest.approx(23.0)
+    assert est.compute_s == [10.0, 10.0]
+
+
+def test_runtime_costs_per_step():
+    config = harmony_config(2, 1, 1, [1, 1], [1, 1])
+    est = estimate(config, harmony_pp(config), HandCosts(), Links(10.0, 2.0, synchronous=True),
+                   ScheduleOverheads(step_s=0.5))
+    # the synchronous list's 19 s and the step's part outside its actions, once per iteration
+    assert est.iteration_s == pytest.approx(19.5)
+    assert est.compute_s == [10.0]

@@ -129,3 +129,20 @@ def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
     alone = harmony_profile(inp, 1)
     assert alone.layers[1].forward_s[0] == pytest.approx(profile.layers[1].forward_s[0] / 2)
     assert harmony_profile(inp, 2) is profile   # two devices: the all-busy times, as calibrated
+
+
+def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
+    from types import MappingProxyType
+
+    from planner.harmony_plan import harmony_overheads, run_harmony
+    from planner.runtime_costs import RuntimeCosts, ScheduleOverheads
+
+    # one family's run stalled (9 s per message): the median of the three is the middle one's
+    families = {"flush": ScheduleOverheads(1e-3, 9.0, 0.5), "2bw": ScheduleOverheads(3e-3, 2e-3, 0.4),
+                "pipedream": ScheduleOverheads(2e-3, 1e-3, 0.6)}
+    costed = replace(inputs(), runtime=RuntimeCosts(MappingProxyType(families)))
+    assert harmony_overheads(costed) == ScheduleOverheads(2e-3, 2e-3, 0.5)
+    assert harmony_overheads(inputs()) == ScheduleOverheads()
+    # every configuration takes longer with the costs, so the best one does too
+    plain, with_costs = run_harmony(replace(inputs(), top_k=0))[0].best, run_harmony(replace(costed, top_k=0))[0].best
+    assert with_costs.iteration_s > plain.iteration_s
