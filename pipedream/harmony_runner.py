@@ -150,13 +150,23 @@ class HarmonyExecutor:
         if self.tier.fits(self.state.weight_bytes(layers) + headroom):
             self.state.prefetch(layers)
 
+    def _stash_key(self, microbatch: int, task: int) -> tuple:
+        shape, dtype = self._spec(microbatch, self.config.tasks[task].layers[0])
+        return ("s", task, microbatch, *shape, str(dtype).rpartition(".")[2])
+
     def _stash_out(self, a: Action) -> None:
-        """The stash the forward just adopted goes to the shared host tier, in a fresh file."""
+        """The stash the forward just adopted goes to the shared host tier. Its file is created once
+        per (task, micro-batch, shape) and mapped for the rest of the run, by the writer and by the
+        reader, which unlinks it once mapped: every later iteration only copies (the step's loss
+        all-reduce orders one iteration's reads before the next one's writes)."""
         key = ("s", a.chunk, a.microbatch)
-        shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
-        self.state.host.allocate(key, shape, dtype)
-        self.tier.swap_out(key)
-        self.state.host.forget(key)
+        host_key = self._stash_key(a.microbatch, a.chunk)
+        if host_key not in self.state.host:
+            shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
+            self.state.host.allocate(host_key, shape, dtype)
+            if self.config.tasks[a.chunk].device == self.rank:   # read here too: no other process maps it
+                self.state.host.unlink(host_key)
+        self.tier.swap_out(key, host_key=host_key)
 
     def _stash_in(self, a: Action, it: _Iteration) -> float:
         """Read once the output gradient is here (it arrives after the stash was written)."""
@@ -165,11 +175,12 @@ class HarmonyExecutor:
             grad, wait = self._take(_GRAD, a.microbatch, a.chunk, it)
             it.local[(_GRAD, a.microbatch, a.chunk)] = grad
         key = ("s", a.chunk, a.microbatch)
-        shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
-        self.state.host.allocate(key, shape, dtype, create=False)
-        self.tier.swap_in(key, TensorClass.ACTIVATIONS)
-        self.state.host.unlink(key)   # read once: the next iteration writes a new one
-        self.state.host.forget(key)
+        host_key = self._stash_key(a.microbatch, a.chunk)
+        if host_key not in self.state.host:   # written by another rank: map its file once
+            shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
+            self.state.host.allocate(host_key, shape, dtype, create=False)
+            self.state.host.unlink(host_key)
+        self.tier.swap_in(key, TensorClass.ACTIVATIONS, host_key=host_key)
         return wait
 
     # --- messages ----------------------------------------------------------------------------
