@@ -144,3 +144,15 @@ def test_shared_host_tier_is_one_copy_for_every_mapping(tmp_path):
         reader.allocate(("missing",), (1,), create=False)
     writer.remove_files()
     assert not list(tmp_path.iterdir())
+
+
+def test_remove_drops_one_key_and_its_shared_file(tmp_path):
+    host = HostTier(tmp_path)
+    host.put(("a", 0), torch.ones(3))
+    host.put(("b", 0), torch.zeros(2))
+    assert len(list(tmp_path.iterdir())) == 2
+    host.remove(("a", 0))
+    assert ("a", 0) not in host and ("b", 0) in host
+    assert [p.name for p in tmp_path.iterdir()] == ["b_0.bin"]
+    assert host.resident_bytes() == 8
+    host.remove(("a", 0))   # removing what is gone is a no-op
