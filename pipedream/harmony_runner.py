@@ -27,6 +27,7 @@ from .optim import NonFiniteError
 from .runner import StepResult
 from .schedules.actions import Action, Kind
 from .schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
+from .schedules.issue_order import issue_order
 from .shapes import BoundaryShapes, input_shapes
 
 _ACT, _GRAD = 0, 1
@@ -56,6 +57,7 @@ class HarmonyExecutor:
         self.placement = config.placement()
         self.recorder, self.clock = recorder, clock
         self.shapes: dict[int, tuple] = {}
+        self._orders: dict[int, tuple[list[Action], list[Action]]] = {}
 
     # --- shapes and keys ---------------------------------------------------------------------
     def _spec(self, microbatch: int, layer: int) -> tuple[torch.Size, torch.dtype]:
@@ -91,6 +93,7 @@ class HarmonyExecutor:
             optimizer: torch.optim.Optimizer | None = None) -> _Iteration:
         self.shapes = input_shapes(batches)
         it = _Iteration(batches, loss_scale, train)
+        actions = self._issue_order(actions)
         for index, action in enumerate(actions):
             start = self.clock()
             wait = self._run(action, index, actions, it, optimizer)
@@ -101,6 +104,19 @@ class HarmonyExecutor:
         if it.local or it.outgoing or it.incoming or it.graphs:
             raise InvariantError(f"rank {self.rank}: tensors left at the end of the iteration")
         return it
+
+    def _issue_order(self, actions: list[Action]) -> list[Action]:
+        """On Gloo (CPU) receives are posted one compute ahead (``schedules.issue_order``), as the
+        flush executor does: a message the sender has sent lands while this rank computes, instead of
+        after it asks. Not on NCCL: round the wrap-around, a receive posted early can block the
+        stream a send to another device waits on (3 devices already; ``stream_model``), so there
+        the list's own order, which the stream model checks, is the issue order."""
+        if self.tier.device.type != "cpu":
+            return actions
+        cached = self._orders.get(id(actions))
+        if cached is None or cached[0] is not actions:
+            cached = self._orders[id(actions)] = (actions, issue_order(actions))
+        return cached[1]
 
     def _run(self, a: Action, index: int, actions: list[Action], it: _Iteration, optimizer) -> float:
         role = self.config.tasks[a.chunk].role
