@@ -14,7 +14,8 @@ traced. Per rank and traced iteration, with the configuration's own action costs
   (SO<mb>/SI<mb>) and update less their modelled part (bytes at the swap bandwidth; the optimizer
   fit);
 * ``message_s``: the median send or receive (posting it; a receive after its message arrived);
-* ``action_s``: the time between actions (the executor's Python), per action;
+* ``action_s`` and ``compute_action_s``: the time between actions (the executor's Python), per
+  action (the estimator charges the latter after FWD/BWD actions, the former after the others);
 * ``step_s``: the iteration's time before its first and after its last action.
 
 Each is the median over ranks and traced iterations. The estimator
@@ -108,7 +109,9 @@ def harmony_overheads(trace: dict, profile: Profile, processes: int, swap_bandwi
         first = min(e["ts"] for e in actions)
         last = max(e["ts"] + e["dur"] for e in actions)
         busy = sum(e["dur"] for e in events if e["cat"] != "iteration")   # actions and waits
-        per["action_s"].append(max(0.0, (last - first - busy) * 1e-6 / len(actions)))
+        gap = max(0.0, (last - first - busy) * 1e-6 / len(actions))
+        per["action_s"].append(gap)           # after any action: FWD/BWD ones too
+        per["compute_action_s"].append(gap)
         per["step_s"].append(((first - iteration["ts"]) + (iteration["ts"] + iteration["dur"] - last)) * 1e-6)
     return {name: max(0.0, statistics.median(values)) for name, values in sorted(per.items())}
 

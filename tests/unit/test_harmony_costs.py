@@ -57,7 +57,7 @@ def test_costs_from_a_trace_by_hand():
     assert got["train_ratio"] == pytest.approx(1.5)
     # first action at 1000 us, last ends at 24680: 23680 us, of which actions and waits 23580; 100 us
     # between the 8 actions
-    assert got["action_s"] == pytest.approx(100e-6 / 8)
+    assert got["action_s"] == got["compute_action_s"] == pytest.approx(100e-6 / 8)
     # before the first action 1000 us, after the last 30000 - 24680 = 5320 us
     assert got["step_s"] == pytest.approx(6320e-6)
 
