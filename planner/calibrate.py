@@ -286,7 +286,7 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
         entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
                                            data["process_base_bytes"])
-        entry["runtime"]["harmony"] = measure_harmony(model_overrides, net["profile"], data)
+        entry["runtime"]["harmony"] = measure_harmony(model_overrides, plain, data)
     data["profiles"][model_fingerprint(plain)] = entry
     return data
 

@@ -5,11 +5,11 @@ weight swaps, stash files in shared memory, the host update, and its layers run 
 the profile (a forward task runs without a graph; a backward task recomputes its pack into
 preallocated gradients). So the model is trained with ``schedule=harmony_pp`` on 1 and on 2
 processes (one layer per pack, every micro-batch in one group: every kind of action occurs) and
-traced. Per rank and traced iteration, with the configuration's own action costs from the profile
-(``planner.harmony_tasks.ProfileCosts``):
+traced. Per rank and traced iteration, with the configuration's own action costs
+(``planner.harmony_tasks.ProfileCosts``) from the model's layers timed right before the run:
 
 * ``forward_ratio`` / ``train_ratio``: the forward tasks' FWD time, and the graph-building passes'
-  (the jit pack's FWD and BWD, the recomputing backward tasks' BWD), over the profile's;
+  (the jit pack's FWD and BWD, the recomputing backward tasks' BWD), over those layer times;
 * ``swap_s``, ``stash_s``, ``update_s``: the median weight swap (SI/SO/PF of a pack), stash copy
   (SO<mb>/SI<mb>) and update less their modelled part (bytes at the swap bandwidth; the optimizer
   fit);
@@ -37,7 +37,7 @@ from typing import Any, Sequence
 from pipedream.schedules.harmony import FORWARD, harmony_config
 
 from .harmony_tasks import ProfileCosts
-from .profile import Profile, profile_from_json
+from .profile import Profile
 
 PROCESSES = (1, 2)
 STEPS, TRACED = 9, (4, 5, 6, 7, 8, 9)
@@ -116,25 +116,33 @@ def harmony_overheads(trace: dict, profile: Profile, processes: int, swap_bandwi
     return {name: max(0.0, statistics.median(values)) for name, values in sorted(per.items())}
 
 
-def measure_harmony(model_overrides: Sequence[str], profile_json: dict, sheet: dict) -> dict[str, Any]:
+def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict) -> dict[str, Any]:
     """The ``runtime.harmony`` section of a sheet profile entry: costs by process count (as strings,
     JSON keys), runs that failed under ``errors`` (e.g. a model harmony_pp refuses). ``sheet``: the
-    calibration so far (swap bandwidth, optimizer fit; one process is costed with the profile timed
-    alone, as the planner times one device)."""
-    from .harmony_plan import profile_alone
+    calibration so far (swap bandwidth, optimizer fit, the all-busy slowdown).
 
-    profile = profile_from_json(profile_json)
+    The layers' ratios compare each run with the model's layers timed by this process right before
+    it (``planner.measure``, alone), not with the sheet's profile, which another phase of a shared
+    machine may have timed: so they hold harmony_pp's own slowdown, not the machine's change. Two
+    processes are compared with those times x the all-busy slowdown, as the planner times the
+    sheet's profile (every process busy) against one device alone (``harmony_plan.profile_alone``)."""
+    from .harmony_plan import scaled_times
+    from .measure import measure_profile
+
+    slowdown = max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)
     optimizer = sheet["optimizer"]
     out: dict[str, Any] = {}
     errors = {}
     with tempfile.TemporaryDirectory() as tmp:
         for processes in PROCESSES:
+            alone = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
             run = traced_harmony_run(model_overrides, processes, Path(tmp, f"harmony{processes}"))
             if "error" in run:
                 errors[str(processes)] = run["error"]
                 continue
-            out[str(processes)] = harmony_overheads(run["trace"], profile_alone(profile, sheet) if processes == 1
-                                                    else profile, processes, float(sheet["device"]["swap_bandwidth"]),
+            timed = alone if processes == 1 else scaled_times(alone, slowdown)
+            out[str(processes)] = harmony_overheads(run["trace"], timed, processes,
+                                                    float(sheet["device"]["swap_bandwidth"]),
                                                     float(optimizer["seconds_per_parameter_byte"]),
                                                     float(optimizer["step_overhead_s"]))
     if errors:

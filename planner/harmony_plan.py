@@ -116,10 +116,13 @@ def harmony_profile(inputs: Inputs, devices: int) -> Profile:
 def profile_alone(profile: Profile, sheet) -> Profile:
     """A profile calibrated with every process busy, timed for one process computing alone."""
     slowdown = max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)
-    if slowdown == 1.0:
-        return profile
-    layers = tuple(replace(layer, forward_s=tuple(t / slowdown for t in layer.forward_s),
-                           backward_s=tuple(t / slowdown for t in layer.backward_s)) for layer in profile.layers)
+    return profile if slowdown == 1.0 else scaled_times(profile, 1.0 / slowdown)
+
+
+def scaled_times(profile: Profile, factor: float) -> Profile:
+    """``profile`` with every layer's forward and backward times x ``factor``."""
+    layers = tuple(replace(layer, forward_s=tuple(t * factor for t in layer.forward_s),
+                           backward_s=tuple(t * factor for t in layer.backward_s)) for layer in profile.layers)
     return replace(profile, layers=layers)
 
 

@@ -16,8 +16,9 @@ SHEET = {"device": {"swap_bandwidth": 1e10}, "matmul_slowdown_all_busy": 1.0,
 
 
 def test_harmony_runs_give_the_estimator_its_costs():
-    profile = measure_profile(compose_config(MODEL).model, [2], repeats=2)
-    section = measure_harmony(MODEL, profile.to_json(), SHEET)
+    model = compose_config(MODEL).model
+    profile = measure_profile(model, [2], "cpu", repeats=2)
+    section = measure_harmony(MODEL, model, SHEET)
     assert "errors" not in section, section
     costs = harmony_costs({"runtime": {"harmony": section}})
     assert sorted(costs) == [1, 2]
@@ -37,7 +38,6 @@ def test_harmony_runs_give_the_estimator_its_costs():
 
 def test_a_model_harmony_pp_refuses_is_recorded():
     model = ["model=gpt_tiny", "model.num_layers=2"]   # tied embeddings: refused before launch
-    profile = measure_profile(compose_config(model).model, [2], repeats=1)
-    section = measure_harmony(model, profile.to_json(), SHEET)
+    section = measure_harmony(model, compose_config(model).model, SHEET)
     assert sorted(section) == ["errors"] and sorted(section["errors"]) == ["1", "2"]
     assert all("tie" in reason for reason in section["errors"].values()), section
