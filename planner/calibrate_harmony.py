@@ -9,7 +9,8 @@ traced. Per rank and traced iteration, with the configuration's own action costs
 (``planner.harmony_tasks.ProfileCosts``) from the model's layers timed right before the run:
 
 * ``forward_ratio`` / ``train_ratio``: the forward tasks' FWD time, and the graph-building passes'
-  (the jit pack's FWD and BWD, the recomputing backward tasks' BWD), over those layer times;
+  (the jit pack's FWD and BWD, the recomputing backward tasks' BWD), over those layer times (with
+  two processes the contention between them is in it);
 * ``swap_s``, ``stash_s``, ``update_s``: the median weight swap (SI/SO/PF of a pack), stash copy
   (SO<mb>/SI<mb>) and update less their modelled part (bytes at the swap bandwidth; the optimizer
   fit);
@@ -121,15 +122,13 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict)
     JSON keys), runs that failed under ``errors`` (e.g. a model harmony_pp refuses). ``sheet``: the
     calibration so far (swap bandwidth, optimizer fit, the all-busy slowdown).
 
-    The layers' ratios compare each run with the model's layers timed by this process right before
-    it (``planner.measure``, alone), not with the sheet's profile, which another phase of a shared
-    machine may have timed: so they hold harmony_pp's own slowdown, not the machine's change. Two
-    processes are compared with those times x the all-busy slowdown, as the planner times the
-    sheet's profile (every process busy) against one device alone (``harmony_plan.profile_alone``)."""
-    from .harmony_plan import scaled_times
+    The layers' ratios compare each run with the model's layers timed alone by this process right
+    before it (``planner.measure``), not with the sheet's profile, which another phase of a shared
+    machine may have timed: so they hold harmony_pp's own slowdown (with two processes, their
+    contention too), not the machine's change; the estimator applies them to the sheet's profile
+    timed alone (``harmony_plan.harmony_profile``)."""
     from .measure import measure_profile
 
-    slowdown = max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)
     optimizer = sheet["optimizer"]
     out: dict[str, Any] = {}
     errors = {}
@@ -140,8 +139,7 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict)
             if "error" in run:
                 errors[str(processes)] = run["error"]
                 continue
-            timed = alone if processes == 1 else scaled_times(alone, slowdown)
-            out[str(processes)] = harmony_overheads(run["trace"], timed, processes,
+            out[str(processes)] = harmony_overheads(run["trace"], alone, processes,
                                                     float(sheet["device"]["swap_bandwidth"]),
                                                     float(optimizer["seconds_per_parameter_byte"]),
                                                     float(optimizer["step_overhead_s"]))

@@ -129,6 +129,11 @@ def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
     alone = harmony_profile(inp, 1)
     assert alone.layers[1].forward_s[0] == pytest.approx(profile.layers[1].forward_s[0] / 2)
     assert harmony_profile(inp, 2) is profile   # two devices: the all-busy times, as calibrated
+    # with harmony_pp's own costs in the sheet (their ratios are over the layers timed alone, contention
+    # included) every device count starts from the layers alone
+    from planner.harmony_estimator import HarmonyOverheads
+    costed = replace(inp, harmony_costs=MappingProxyType({2: HarmonyOverheads(train_ratio=1.5)}))
+    assert harmony_profile(costed, 2).layers[1].backward_s[0] == pytest.approx(profile.layers[1].backward_s[0] / 2)
 
 
 def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
