@@ -6,7 +6,8 @@ the profile (a forward task runs without a graph; a backward task recomputes its
 preallocated gradients). So the model is trained with ``schedule=harmony_pp`` on 1 and on 2
 processes (one layer per pack, every micro-batch in one group: every kind of action occurs) and
 traced. Per rank and traced iteration, with the configuration's own action costs
-(``planner.harmony_tasks.ProfileCosts``) from the model's layers timed right before the run:
+(``planner.harmony_tasks.ProfileCosts``) from the model's layers timed alone right before and
+right after the run (the geometric mean of the two ratios):
 
 * ``forward_ratio`` / ``train_ratio``: the forward tasks' FWD time, and the graph-building passes'
   (the jit pack's FWD and BWD, the recomputing backward tasks' BWD), over those layer times (with
@@ -26,6 +27,7 @@ calibrated processes it uses the 2-process costs (the processes share the cores 
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -44,6 +46,7 @@ PROCESSES = (1, 2)
 STEPS, TRACED = 9, (4, 5, 6, 7, 8, 9)
 GLOBAL_BATCH, MICRO = 8, 2
 _COMPUTE, _MESSAGES = ("forward", "backward"), ("send", "recv")
+_RATIOS = ("forward_ratio", "train_ratio")
 
 
 def traced_harmony_run(model_overrides: Sequence[str], processes: int, run_dir: Path) -> dict:
@@ -123,10 +126,11 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict)
     calibration so far (swap bandwidth, optimizer fit, the all-busy slowdown).
 
     The layers' ratios compare each run with the model's layers timed alone by this process right
-    before it (``planner.measure``), not with the sheet's profile, which another phase of a shared
-    machine may have timed: so they hold harmony_pp's own slowdown (with two processes, their
-    contention too), not the machine's change; the estimator applies them to the sheet's profile
-    timed alone (``harmony_plan.harmony_profile``)."""
+    before and right after it (``planner.measure``; the geometric mean of the two), not with the
+    sheet's profile, which another phase of a shared machine may have timed: so they hold
+    harmony_pp's own slowdown (with two processes, their contention too), not the machine's
+    change; the estimator applies them to the sheet's profile timed alone
+    (``harmony_plan.harmony_profile``)."""
     from .measure import measure_profile
 
     optimizer = sheet["optimizer"]
@@ -134,15 +138,17 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict)
     errors = {}
     with tempfile.TemporaryDirectory() as tmp:
         for processes in PROCESSES:
-            alone = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
+            before = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
             run = traced_harmony_run(model_overrides, processes, Path(tmp, f"harmony{processes}"))
             if "error" in run:
                 errors[str(processes)] = run["error"]
                 continue
-            out[str(processes)] = harmony_overheads(run["trace"], alone, processes,
-                                                    float(sheet["device"]["swap_bandwidth"]),
-                                                    float(optimizer["seconds_per_parameter_byte"]),
-                                                    float(optimizer["step_overhead_s"]))
+            after = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
+            # the layers timed on both sides of the run: the geometric mean of the two ratios
+            first, second = (harmony_overheads(run["trace"], alone, processes, float(sheet["device"]["swap_bandwidth"]),
+                                               float(optimizer["seconds_per_parameter_byte"]),
+                                               float(optimizer["step_overhead_s"])) for alone in (before, after))
+            out[str(processes)] = {**first, **{k: math.sqrt(first[k] * second[k]) for k in _RATIOS if k in first}}
     if errors:
         out["errors"] = errors
     return out
