@@ -27,6 +27,7 @@ from .optim import NonFiniteError
 from .runner import StepResult
 from .schedules.actions import Action, Kind
 from .schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
+from .schedules.issue_order import issue_order
 from .shapes import BoundaryShapes, input_shapes
 
 _ACT, _GRAD = 0, 1
@@ -56,6 +57,7 @@ class HarmonyExecutor:
         self.placement = config.placement()
         self.recorder, self.clock = recorder, clock
         self.shapes: dict[int, tuple] = {}
+        self._orders: dict[int, tuple[list[Action], list[Action]]] = {}
 
     # --- shapes and keys ---------------------------------------------------------------------
     def _spec(self, microbatch: int, layer: int) -> tuple[torch.Size, torch.dtype]:
@@ -91,6 +93,7 @@ class HarmonyExecutor:
             optimizer: torch.optim.Optimizer | None = None) -> _Iteration:
         self.shapes = input_shapes(batches)
         it = _Iteration(batches, loss_scale, train)
+        actions = self._issue_order(actions)
         for index, action in enumerate(actions):
             start = self.clock()
             wait = self._run(action, index, actions, it, optimizer)
@@ -101,6 +104,19 @@ class HarmonyExecutor:
         if it.local or it.outgoing or it.incoming or it.graphs:
             raise InvariantError(f"rank {self.rank}: tensors left at the end of the iteration")
         return it
+
+    def _issue_order(self, actions: list[Action]) -> list[Action]:
+        """On Gloo (CPU) receives are posted one compute ahead (``schedules.issue_order``), as the
+        flush executor does: a message the sender has sent lands while this rank computes, instead of
+        after it asks. Not on NCCL: round the wrap-around, a receive posted early can block the
+        stream a send to another device waits on (3 devices already; ``stream_model``), so there
+        the list's own order, which the stream model checks, is the issue order."""
+        if self.tier.device.type != "cpu":
+            return actions
+        cached = self._orders.get(id(actions))
+        if cached is None or cached[0] is not actions:
+            cached = self._orders[id(actions)] = (actions, issue_order(actions))
+        return cached[1]
 
     def _run(self, a: Action, index: int, actions: list[Action], it: _Iteration, optimizer) -> float:
         role = self.config.tasks[a.chunk].role
@@ -150,13 +166,23 @@ class HarmonyExecutor:
         if self.tier.fits(self.state.weight_bytes(layers) + headroom):
             self.state.prefetch(layers)
 
+    def _stash_key(self, microbatch: int, task: int) -> tuple:
+        shape, dtype = self._spec(microbatch, self.config.tasks[task].layers[0])
+        return ("s", task, microbatch, *shape, str(dtype).rpartition(".")[2])
+
     def _stash_out(self, a: Action) -> None:
-        """The stash the forward just adopted goes to the shared host tier, in a fresh file."""
+        """The stash the forward just adopted goes to the shared host tier. Its file is created once
+        per (task, micro-batch, shape) and mapped for the rest of the run, by the writer and by the
+        reader, which unlinks it once mapped: every later iteration only copies (the step's loss
+        all-reduce orders one iteration's reads before the next one's writes)."""
         key = ("s", a.chunk, a.microbatch)
-        shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
-        self.state.host.allocate(key, shape, dtype)
-        self.tier.swap_out(key)
-        self.state.host.forget(key)
+        host_key = self._stash_key(a.microbatch, a.chunk)
+        if host_key not in self.state.host:
+            shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
+            self.state.host.allocate(host_key, shape, dtype)
+            if self.config.tasks[a.chunk].device == self.rank:   # read here too: no other process maps it
+                self.state.host.unlink(host_key)
+        self.tier.swap_out(key, host_key=host_key)
 
     def _stash_in(self, a: Action, it: _Iteration) -> float:
         """Read once the output gradient is here (it arrives after the stash was written)."""
@@ -165,11 +191,12 @@ class HarmonyExecutor:
             grad, wait = self._take(_GRAD, a.microbatch, a.chunk, it)
             it.local[(_GRAD, a.microbatch, a.chunk)] = grad
         key = ("s", a.chunk, a.microbatch)
-        shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
-        self.state.host.allocate(key, shape, dtype, create=False)
-        self.tier.swap_in(key, TensorClass.ACTIVATIONS)
-        self.state.host.unlink(key)   # read once: the next iteration writes a new one
-        self.state.host.forget(key)
+        host_key = self._stash_key(a.microbatch, a.chunk)
+        if host_key not in self.state.host:   # written by another rank: map its file once
+            shape, dtype = self._spec(a.microbatch, self.config.tasks[a.chunk].layers[0])
+            self.state.host.allocate(host_key, shape, dtype, create=False)
+            self.state.host.unlink(host_key)
+        self.tier.swap_in(key, TensorClass.ACTIVATIONS, host_key=host_key)
         return wait
 
     # --- messages ----------------------------------------------------------------------------

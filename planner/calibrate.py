@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .calibrate_harmony import measure_harmony, print_harmony
 from .calibrate_runtime import measure_runtime
 from .cluster_sheet import SCHEMA, fit_line, model_fingerprint
 from .errors import PlannerError
@@ -285,6 +286,7 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
         entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
                                            data["process_base_bytes"])
+        entry["runtime"]["harmony"] = measure_harmony(model_overrides, plain, data)
     data["profiles"][model_fingerprint(plain)] = entry
     return data
 
@@ -327,6 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"traced layers x{cost.get('layer_time_ratio', float('nan')):.2f} the profile's (not planned with)")
     for family, reason in runtime.get("errors", {}).items():
         print(f"  runtime ({family} run) not measured: {reason}")
+    print_harmony(runtime.get("harmony", {}))
     if "process_bytes" in runtime:
         print(f"  process beyond its base and its model: {runtime['process_bytes'] / 2**20:.0f} MiB")
     return 0

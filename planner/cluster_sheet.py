@@ -20,7 +20,8 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
      "machine_load": {"other_cpu_share": float, "load_average": [1, 5, 15 min]},
      "profiles": {fingerprint: {"model": str, "profile": <pipedream-profile/1>,
                                 "profiles_tp": {"2": <pipedream-profile/1 measured at t = 2>},
-                                "runtime": <planner.runtime_costs>}}}
+                                "runtime": <planner.runtime_costs, with "harmony":
+                                            planner.calibrate_harmony's costs by process count>}}}
 
 ``conf/cluster/measured.yaml`` names it (``cluster.calibration``, a path). The planner then uses:
 the per-layer profile measured for the model being planned (if the sheet has one for exactly this

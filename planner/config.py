@@ -10,6 +10,7 @@ from pipedream.config_loading import compose_config, describe_missing_option
 from . import zero_bubble
 from .errors import PlannerError
 from .cluster_sheet import measured_profile, measured_runtime, measured_tp_profiles
+from .harmony_costs import measured_harmony
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
@@ -110,7 +111,8 @@ def _calibrated(cfg: Any, cluster, profile: Profile) -> dict:
     if profile.source != "measured" or cfg.planner.get("profile") or cfg.planner.get("graph"):
         return {}
     model_cfg = _plain(cfg.model)
-    return {"runtime": measured_runtime(cluster, model_cfg), "tp_profiles": measured_tp_profiles(cluster, model_cfg)}
+    return {"runtime": measured_runtime(cluster, model_cfg), "tp_profiles": measured_tp_profiles(cluster, model_cfg),
+            "harmony_costs": measured_harmony(cluster, model_cfg)}
 
 
 def _schedules(values: Any) -> tuple[str, ...]:

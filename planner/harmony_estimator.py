@@ -15,12 +15,17 @@ Memory per device, as the runtime's tier counts it ("managed"): a pack's weights
 stashes while they are on the device; "peak_bytes" adds one micro-batch's activations while a
 compute runs (the jit pack's from its forward to its backward).
 
-The runtime's own costs (``planner.runtime_costs``, measured by ``planner.calibrate`` from traced
-flush runs, whose executor posts messages and runs FWD/BWD actions the same way): each FWD/BWD
-action adds ``compute_action_s`` on the compute stream, and each send or receive ``message_s``
-(posting it; a receive after its message arrived, waiting for the sender's Gloo thread on CPU);
-each iteration adds ``step_s``, the step's part before its first and after its last action (the
-batch, the loss, zeroing, the barrier; Harmony's optimizer runs in its ``U`` actions).
+The runtime's own costs (``HarmonyOverheads``), on the compute stream: each FWD/BWD action adds
+``compute_action_s`` and every other action ``action_s`` (the executor's Python between actions);
+each send or receive ``message_s`` (posting it; a receive after its message arrived, waiting for
+the sender's Gloo thread on CPU); each weight swap (``SI``/``SO``/``PF`` of a pack) ``swap_s``,
+each stash copy (``SO<mb>``/``SI<mb>``) ``stash_s`` and each update ``update_s`` beyond their
+modelled bytes (allocation, shared-memory files, the optimizer's Python); a forward task's layers
+run ``forward_ratio`` times the profile's time, every graph-building pass (the jit pack and the
+recomputing backward tasks) ``train_ratio`` times; each iteration adds ``step_s``, the step's
+part before its first and after its last action (the batch, the loss, the barrier). Measured from
+traced harmony_pp runs (``planner.calibrate_harmony``), or, without those, the flush families'
+per-action, per-message and per-step costs (``planner.runtime_costs``) and nothing else.
 Torch-free.
 """
 from __future__ import annotations
@@ -48,6 +53,24 @@ class Links:
 
     def send_s(self, nbytes: float) -> float:
         return 0.0 if nbytes <= 0 else self.p2p_latency + nbytes / self.p2p_bandwidth
+
+
+@dataclass(frozen=True)
+class HarmonyOverheads:
+    """The runtime's own costs per action kind (seconds) and its layers' time over the profile's."""
+    compute_action_s: float = 0.0   # per FWD/BWD action
+    message_s: float = 0.0          # per send or receive
+    step_s: float = 0.0             # per iteration
+    action_s: float = 0.0           # per other action (swaps, updates, messages)
+    swap_s: float = 0.0             # per weight swap-in, swap-out or prefetch, beyond its bytes
+    stash_s: float = 0.0            # per stash copy to or from the host tier, beyond its bytes
+    update_s: float = 0.0           # per pack update, beyond the optimizer fit
+    forward_ratio: float = 1.0      # a forward task's (no-graph) layer time / the profile's
+    train_ratio: float = 1.0        # a graph-building pass's (jit, recompute + backward) / the profile's
+
+    @classmethod
+    def from_schedule(cls, overheads: ScheduleOverheads) -> "HarmonyOverheads":
+        return cls(overheads.compute_action_s, overheads.message_s, overheads.step_s)
 
 
 class ActionCosts:
@@ -90,8 +113,10 @@ class _Device:
 
 
 def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCosts, links: Links,
-             overheads: ScheduleOverheads = ScheduleOverheads()) -> Estimate:
+             overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads()) -> Estimate:
     """Simulate one iteration of ``lists`` (one per device); PlannerError if the lists deadlock."""
+    if not isinstance(overheads, HarmonyOverheads):
+        overheads = HarmonyOverheads.from_schedule(overheads)
     devices = [_Device() for _ in lists]
     arrivals: dict[tuple[Kind, int, int], float] = {}
     totals = Estimate(0.0, [], [], [])
@@ -167,19 +192,36 @@ def _pack_bytes(config: HarmonyConfig, costs: ActionCosts, task: int) -> float:
     return w if config.tasks[task].role == FORWARD else 2.0 * w
 
 
+def _fixed_s(a: Action, overheads: HarmonyOverheads) -> float:
+    """The runtime's own seconds for a non-compute action, before (sends, swaps) or after (receives)
+    its modelled part."""
+    kind = a.kind
+    if kind in (Kind.SEND_ACT, Kind.SEND_GRAD, Kind.RECV_ACT, Kind.RECV_GRAD):
+        extra = overheads.message_s
+    elif kind in (Kind.SWAP_IN, Kind.SWAP_OUT):
+        extra = overheads.stash_s if a.microbatch >= 0 else overheads.swap_s
+    elif kind is Kind.PREFETCH:
+        extra = overheads.swap_s
+    elif kind is Kind.UPDATE:
+        extra = overheads.update_s
+    else:
+        extra = 0.0
+    return overheads.action_s + extra
+
+
 def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, links: Links,
-          arrivals: dict, totals: Estimate, slots: list[float] | None, overheads: ScheduleOverheads) -> bool:
+          arrivals: dict, totals: Estimate, slots: list[float] | None, overheads: HarmonyOverheads) -> bool:
     """Run action ``a`` on ``dev``; False if it must wait for a message not yet sent."""
     kind, mb, task = a.kind, a.microbatch, a.chunk
+    if kind in (Kind.RECV_ACT, Kind.RECV_GRAD) and (kind, mb, task) not in arrivals:
+        return False
+    if kind not in (Kind.FWD, Kind.BWD, Kind.RECV_ACT, Kind.RECV_GRAD):
+        _work(dev, _fixed_s(a, overheads), slots)
     if kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
-        key = (kind, mb, task)
-        if key not in arrivals:
-            return False
-        dev.clock = max(dev.clock, arrivals.pop(key))
-        _work(dev, overheads.message_s, slots)
+        dev.clock = max(dev.clock, arrivals.pop((kind, mb, task)))
+        _work(dev, _fixed_s(a, overheads), slots)
     elif kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
         nbytes = costs.output_bytes(task) if kind is Kind.SEND_ACT else costs.input_grad_bytes(task)
-        _work(dev, overheads.message_s, slots)
         dev.send = max(dev.send, dev.clock) + links.send_s(nbytes)
         receiver = Kind.RECV_ACT if kind is Kind.SEND_ACT else Kind.RECV_GRAD
         arrivals[(receiver, mb, task + 1)] = dev.send
@@ -220,16 +262,21 @@ def _step(config: HarmonyConfig, dev: _Device, a: Action, costs: ActionCosts, li
         dev.clock = max(dev.clock, dev.grads_out.pop(task, dev.clock))
         _work(dev, costs.update_s(task), slots)
     elif kind in (Kind.FWD, Kind.BWD):
-        _compute(config, dev, kind, mb, task, costs, slots, overheads.compute_action_s)
+        _compute(config, dev, kind, mb, task, costs, slots, overheads)
     else:
         raise PlannerError(f"harmony estimate: action {a} is not part of harmony_pp")
     return True
 
 
 def _compute(config: HarmonyConfig, dev: _Device, kind: Kind, mb: int, task: int, costs: ActionCosts,
-             slots: list[float] | None, action_s: float = 0.0) -> None:
+             slots: list[float] | None, overheads: HarmonyOverheads) -> None:
     role = config.tasks[task].role
-    seconds = (costs.forward_s(task) if kind is Kind.FWD else costs.backward_s(task)) + action_s
+    if kind is Kind.FWD:
+        ratio = overheads.forward_ratio if role == FORWARD else overheads.train_ratio
+        seconds = costs.forward_s(task) * ratio
+    else:
+        seconds = costs.backward_s(task) * overheads.train_ratio
+    seconds += overheads.compute_action_s
     _work(dev, seconds, slots)
     start = dev.clock - seconds
     dev.busy += seconds

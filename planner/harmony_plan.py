@@ -18,12 +18,11 @@ from dataclasses import replace
 
 from .cluster_sheet import calibration
 from .errors import PlannerError
-from .harmony_estimator import Links
+from .harmony_estimator import HarmonyOverheads, Links
 from .harmony_search import HarmonySearch, HostUpdate, Scored, harmony_search
 from .inputs import Inputs
 from .profile import Profile
 from .ranking import Candidate, SearchResult
-from .runtime_costs import ScheduleOverheads
 
 ALGORITHM = "harmony"
 SCHEDULE = "harmony_pp"
@@ -67,17 +66,22 @@ def harmony_links(inputs: Inputs, devices: int) -> Links:
     return Links(float(swap), level.bandwidth, level.latency, synchronous=cpu, compute_slots=cpu_slots(sheet) if cpu else None)
 
 
-def harmony_overheads(inputs: Inputs) -> ScheduleOverheads:
-    """The runtime's per-action and per-message costs, measured from the calibration's traced runs
-    (harmony_pp's executor posts messages and runs FWD/BWD actions as theirs do): the median over
-    the schedule families, as each family's is one short run, which another process on a shared
-    machine can stall whole; none without a measured sheet."""
+def harmony_overheads(inputs: Inputs, devices: int = 2) -> HarmonyOverheads:
+    """The runtime's own costs: measured from traced harmony_pp runs on as many processes as
+    ``devices`` (the most calibrated, for more devices; ``planner.calibrate_harmony``); without
+    those, the flush families' per-action and per-message costs (harmony_pp's executor posts
+    messages and runs FWD/BWD actions as theirs do), the median over the families, as each
+    family's is one short run, which another process on a shared machine can stall whole; none
+    without a measured sheet."""
+    if inputs.harmony_costs:
+        known = sorted(inputs.harmony_costs)
+        return inputs.harmony_costs[max([n for n in known if n <= devices] or known[:1])]
     measured = list(inputs.runtime.schedules.values())
     if not measured:
-        return ScheduleOverheads()
-    return ScheduleOverheads(statistics.median(m.compute_action_s for m in measured),
-                             statistics.median(m.message_s for m in measured),
-                             statistics.median(m.step_s for m in measured))
+        return HarmonyOverheads()
+    return HarmonyOverheads(statistics.median(m.compute_action_s for m in measured),
+                            statistics.median(m.message_s for m in measured),
+                            statistics.median(m.step_s for m in measured))
 
 
 def cpu_slots(sheet) -> int:
@@ -100,16 +104,30 @@ def host_update(inputs: Inputs) -> tuple[HostUpdate, str]:
 
 
 def harmony_profile(inputs: Inputs, devices: int) -> Profile:
-    """The profile as the run will see it. A measured CPU profile is timed with every calibrated
+    """The profile the estimator starts from. A measured CPU profile is timed with every calibrated
     process computing at once; one device computes alone, which the calibration measured as
-    ``matmul_slowdown_all_busy`` times faster."""
+    ``matmul_slowdown_all_busy`` times faster. With harmony_pp's own costs in the sheet every
+    device count starts from the layers alone: their ratios are a run's layers over the layers
+    timed alone (``planner.calibrate_harmony``), contention between the processes included."""
     sheet = calibration(inputs.cluster)
-    slowdown = max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0) if sheet else 1.0
-    if devices > 1 or inputs.cluster.runtime_device != "cpu" or inputs.profile.source != "measured" or slowdown == 1.0:
+    if inputs.cluster.runtime_device != "cpu" or inputs.profile.source != "measured" or not sheet:
         return inputs.profile
-    layers = tuple(replace(layer, forward_s=tuple(t / slowdown for t in layer.forward_s),
-                           backward_s=tuple(t / slowdown for t in layer.backward_s)) for layer in inputs.profile.layers)
-    return replace(inputs.profile, layers=layers)
+    if devices > 1 and not inputs.harmony_costs:
+        return inputs.profile
+    return profile_alone(inputs.profile, sheet)
+
+
+def profile_alone(profile: Profile, sheet) -> Profile:
+    """A profile calibrated with every process busy, timed for one process computing alone."""
+    slowdown = max(float(sheet.get("matmul_slowdown_all_busy", 1.0)), 1.0)
+    return profile if slowdown == 1.0 else scaled_times(profile, 1.0 / slowdown)
+
+
+def scaled_times(profile: Profile, factor: float) -> Profile:
+    """``profile`` with every layer's forward and backward times x ``factor``."""
+    layers = tuple(replace(layer, forward_s=tuple(t * factor for t in layer.forward_s),
+                           backward_s=tuple(t * factor for t in layer.backward_s)) for layer in profile.layers)
+    return replace(profile, layers=layers)
 
 
 def run_harmony(inputs: Inputs) -> tuple[HarmonySearch, tuple[str, ...]]:
@@ -117,7 +135,7 @@ def run_harmony(inputs: Inputs) -> tuple[HarmonySearch, tuple[str, ...]]:
     host, note = host_update(inputs)
     search = harmony_search(harmony_profile(inputs, devices), harmony_links(inputs, devices), devices, inputs.global_batch,
                             harmony_budget(inputs), inputs.max_micro_batch, host, inputs.top_k,
-                            fixed_micro=inputs.micro_batch, overheads=harmony_overheads(inputs))
+                            fixed_micro=inputs.micro_batch, overheads=harmony_overheads(inputs, devices))
     return search, (note,) if note else ()
 
 

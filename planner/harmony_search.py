@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pipedream.schedules.harmony import harmony_pp
 
 from .errors import DoesNotFitError, PlannerError
-from .harmony_estimator import Estimate, Links, estimate
+from .harmony_estimator import Estimate, HarmonyOverheads, Links, estimate
 from .harmony_packing import LayerBytes, backward_pack_bytes, forward_pack_bytes, pack_layers
 from .harmony_tasks import PlannedConfig, ProfileCosts, ir_config
 from .runtime_costs import ScheduleOverheads
@@ -82,7 +82,7 @@ def check_budget(profile: Profile, budget: float, micro: int = 1) -> None:
 
 
 def evaluate(profile: Profile, cfg: PlannedConfig, links: Links, host: HostUpdate = HostUpdate(),
-             overheads: ScheduleOverheads = ScheduleOverheads()) -> Estimate:
+             overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads()) -> Estimate:
     """The estimator on one configuration: the runtime's action lists, timed from the profile and
     the runtime's own measured costs."""
     ir = ir_config(cfg)
@@ -93,7 +93,7 @@ def evaluate(profile: Profile, cfg: PlannedConfig, links: Links, host: HostUpdat
 def harmony_search(profile: Profile, links: Links, devices: int, minibatch: int, budget: float,
                    max_micro: int = 32, host: HostUpdate = HostUpdate(), top_k: int = 4,
                    fixed_micro: int | None = None,
-                   overheads: ScheduleOverheads = ScheduleOverheads()) -> HarmonySearch:
+                   overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads()) -> HarmonySearch:
     if devices < 1 or minibatch < 1:
         raise PlannerError(f"harmony: devices = {devices} and the mini-batch = {minibatch} must be >= 1")
     check_budget(profile, budget)

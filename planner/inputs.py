@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 from pipedream.devices import GIB
 
@@ -38,6 +38,7 @@ class Inputs:
     runtime: RuntimeCosts = NO_RUNTIME_COSTS  # cluster=measured: the runtime's own costs (planner.runtime_costs)
     tp_profiles: Mapping[int, Profile] = field(default_factory=lambda: MappingProxyType({}))  # measured at t > 1
     device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
+    harmony_costs: Mapping[int, Any] = field(default_factory=lambda: MappingProxyType({}))  # processes -> HarmonyOverheads
 
     @property
     def capacity(self) -> float:

@@ -4,7 +4,9 @@ For each configuration of the grid (1, 2 and 4 devices; different forward and ba
 splits; whole and smaller task groups; the whole model as one jit pack, i.e. no recomputation) the
 estimator (``planner.harmony_search.evaluate``: the runtime's own action lists, timed with the
 per-layer profile, the swap and point-to-point bandwidths, the optimizer step and the runtime's own
-per-action, per-message and per-step costs (traced runs) that ``python -m planner.calibrate`` measured here with as many processes as the configuration has devices) predicts
+costs per action kind, per message and per step and its layers' time over the profile's (traced harmony_pp runs on 1
+and 2 processes, ``planner.calibrate_harmony``) that ``python -m planner.calibrate`` measured here with as many
+processes as the configuration has devices) predicts
 the iteration time (by default from a calibration taken just before the row's run, so both see the
 same phase of a shared machine); the launcher then trains a plan file of exactly that configuration
 (``parallel.plan=``, processes over Gloo, the "device" tier in RAM) and its summary gives the median
@@ -128,7 +130,7 @@ def predict(row: Row, sheet_path: Path) -> dict:
         raise SystemExit(f"{sheet_path} has no measured profile of the benchmark model")
     host, _ = host_update(inputs)
     est = evaluate(harmony_profile(inputs, row.devices), planned(row), harmony_links(inputs, row.devices), host,
-                   harmony_overheads(inputs))
+                   harmony_overheads(inputs, row.devices))
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     state = weights + float(inputs.profile.arrays["optimizer_bytes"].sum())
     return {"iteration_s": est.iteration_s, "peak_managed_bytes": max(est.peak_managed_bytes),
@@ -205,8 +207,11 @@ def run(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     rows = grid(args.quick)
+    chosen = set(range(len(rows) + 1)) if args.rows is None else {int(r) for r in args.rows.split(",")}
     results, first_sheet = [], None
     for i, row in enumerate(rows + [None]):
+        if i not in chosen:
+            continue
         devices = 2 if row is None else row.devices
         sheet_path = work / (f"calibration_{max(devices, 2)}.json" if args.calibrate_once else f"calibration_row{i}.json")
         if not args.calibrate_once:   # each row predicted from a calibration taken just before its run
@@ -257,7 +262,8 @@ def markdown(data: dict) -> str:
         f"measured per-layer profile, swap bandwidth ({cal['device'].get('swap_bandwidth', cal['device']['memory_bandwidth'] / 2) / 1e9:.2f} GB/s), "
         f"point-to-point {cal['p2p']['latency_s'] * 1e6:.0f} us + {cal['p2p']['bandwidth'] / 1e9:.2f} GB/s and optimizer "
         f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) and the runtime's "
-        f"own costs per FWD/BWD action, message and step (its traced runs, median over the schedule families) of a "
+        f"own costs per action kind (weight swap, stash copy, update), message and step and its layers' time over the "
+        f"profile's (traced harmony_pp runs on 1 and 2 processes, `planner.calibrate_harmony`) of a "
         f"calibration "
         f"with as many processes as devices (2 for one device), "
         + ("one per device count" if data.get("calibrate_once") else "taken just before each row's run (the first "
@@ -292,10 +298,9 @@ def markdown(data: dict) -> str:
                       f"{max(others):.0f}% of the CPU, and each run meets the machine in another phase; the "
                       f"predictions lean {'low' if signed[len(signed) // 2] < 0 else 'high'} (median signed error "
                       f"{signed[len(signed) // 2] * 100:+.0f}%). A calibration taken while other processes load the "
-                      f"machine times the layers and the runtime's own costs slower (or, once the profile is "
-                      f"slower than the traced runs, their per-action cost at 0) than the run may meet them; "
-                      f"Harmony's own Python per action beyond the traced schedules' (stash files in shared "
-                      f"memory) is not in it."]
+                      f"machine times the layers and the runtime's own costs slower than the run may meet them "
+                      f"(or faster), and one traced harmony_pp configuration per process count sets the layers' "
+                      f"ratio to the profile for every configuration."]
     lines += ["", "Search time (`planner.harmony_search.harmony_search`, analytic profiles, 8 x H200 with "
                   "budget |W| / 4, micro-batches up to 32):", "", "| model | layers | mini-batch | configurations | "
                   "seconds | best |", "|---|---|---|---|---|---|"]
@@ -313,6 +318,7 @@ def main() -> int:
     parser.add_argument("--calibrate-once", action="store_true",
                         help="one calibration per device count (kept in --work-dir) instead of one before each row")
     parser.add_argument("--quick", action="store_true", help="3 configurations and the planner's choice")
+    parser.add_argument("--rows", help="only these rows of the grid, e.g. 2,3 (the planner's choice is the last index)")
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_harmony"))
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_harmony"))
     parser.add_argument("--report-only", metavar="JSON", help="rewrite the Markdown from a saved JSON, measure nothing")

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from pipedream.offload import DeviceTier, Direction, HostTier, TensorClass
+from pipedream.offload import DeviceTier, Direction, TensorClass
 
 from .feature_plan import Decision
 
@@ -161,7 +161,7 @@ class FeatureMapMemory:
             if key in self.tier:
                 self.tier.release(key)
         for key in call.swapped:
-            _forget_host_copy(self.tier.host, key)
+            self.tier.host.remove(key)
         call.counted, call.swapped = [], []
         self._open.pop(call.id, None)
 
@@ -219,8 +219,3 @@ class FeatureMapMemory:
         """The previous call belongs to the same chunk forward (the layer order continues)."""
         return previous is not None and layer in (previous.layer, previous.layer + 1) and \
             (previous.layer, previous.group) < (layer, group)
-
-
-def _forget_host_copy(host: HostTier, key: Any) -> None:
-    """``HostTier`` has no removal of one key (only of all): the copy is dropped from its map."""
-    host._tensors.pop(key, None)

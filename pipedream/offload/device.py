@@ -75,11 +75,12 @@ class DeviceTier:
         return self._resident.keys()
 
     # --- moves ------------------------------------------------------------------------------
-    def swap_in(self, key: Hashable, cls: TensorClass) -> torch.Tensor:
-        """The device copy of host tensor ``key`` (copied now, or waited for if prefetched)."""
+    def swap_in(self, key: Hashable, cls: TensorClass, host_key: Hashable | None = None) -> torch.Tensor:
+        """The device copy of host tensor ``host_key`` (default: the same key) as ``key`` (copied now,
+        or waited for if prefetched)."""
         entry = self._resident.get(key)
         if entry is None:
-            source = self.host.get(key)
+            source = self.host.get(key if host_key is None else host_key)
             self._reserve(key, source.nbytes, cls)
             tensor = torch.empty_like(source, device=self.device)
             tensor.copy_(source)

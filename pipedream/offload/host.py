@@ -79,6 +79,11 @@ class HostTier:
         """Drop this process's reference to ``key`` (its memory goes once nothing else holds it)."""
         self._tensors.pop(key, None)
 
+    def remove(self, key: Hashable) -> None:
+        """Remove ``key`` from this tier: its shared-memory file (if any) and this process's reference."""
+        self.unlink(key)
+        self.forget(key)
+
     def resident_bytes(self) -> int:
         return sum(t.nbytes for t in self._tensors.values())
 

@@ -6,7 +6,7 @@ import pytest
 
 from pipedream.schedules.harmony import harmony_config, harmony_pp
 from planner.errors import DoesNotFitError
-from planner.harmony_estimator import ActionCosts, Links, estimate
+from planner.harmony_estimator import ActionCosts, HarmonyOverheads, Links, estimate
 from planner.harmony_search import harmony_search
 from planner.profile import LayerProfile, Profile
 from planner.runtime_costs import ScheduleOverheads
@@ -169,3 +169,30 @@ def test_runtime_costs_per_step():
     # the synchronous list's 19 s and the step's part outside its actions, once per iteration
     assert est.iteration_s == pytest.approx(19.5)
     assert est.compute_s == [10.0]
+
+
+def test_harmony_costs_per_action_kind():
+    config = harmony_config(2, 1, 1, [1, 1], [1, 1])
+    est = estimate(config, harmony_pp(config), HandCosts(), Links(10.0, 2.0, synchronous=True),
+                   HarmonyOverheads(action_s=0.1, swap_s=0.2, stash_s=0.3, update_s=0.4))
+    # the synchronous list's 19 s (PF.1 SI F0 SO0.2 SO SI.1 F0.1 PF.2 B0.1 SO.1 U.1 SI.2 SI0.2 B0.2 SO.2 U.2)
+    # and, on its one stream, 12 actions besides FWD/BWD x 0.1 s; of them 8 weight swaps (PF.1 SI SO SI.1
+    # PF.2 SO.1 SI.2 SO.2, a prefetched swap-in too: the runtime's Python runs for it) x 0.2 s, 2 stash
+    # copies (SO0.2 SI0.2) x 0.3 s, 2 updates x 0.4 s: 19 + 1.2 + 1.6 + 0.6 + 0.8 = 23.2 s
+    assert est.iteration_s == pytest.approx(23.2)
+    assert est.compute_s == [10.0]   # the runtime's own costs are not layer compute
+
+
+def test_harmony_costs_layer_ratios():
+    config = harmony_config(2, 1, 1, [1, 1], [1, 1])
+    est = estimate(config, harmony_pp(config), HandCosts(), Links(10.0, 2.0, synchronous=True),
+                   HarmonyOverheads(forward_ratio=2.0, train_ratio=3.0))
+    # the forward task's F0 (1 s) runs x2; the jit pack's F0.1 (2 s) and B0.1 (3 s) and the recomputing
+    # backward task's B0.2 (4 s) x3: compute 2 + 27 = 29 s where it was 10, the iteration 19 + 19 = 38 s
+    assert est.compute_s == [29.0]
+    assert est.iteration_s == pytest.approx(38.0)
+
+
+def test_flush_costs_carry_over_as_harmony_costs():
+    flush = ScheduleOverheads(compute_action_s=0.25, message_s=0.5, step_s=0.125)
+    assert HarmonyOverheads.from_schedule(flush) == HarmonyOverheads(0.25, 0.5, 0.125)

@@ -129,11 +129,17 @@ def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
     alone = harmony_profile(inp, 1)
     assert alone.layers[1].forward_s[0] == pytest.approx(profile.layers[1].forward_s[0] / 2)
     assert harmony_profile(inp, 2) is profile   # two devices: the all-busy times, as calibrated
+    # with harmony_pp's own costs in the sheet (their ratios are over the layers timed alone, contention
+    # included) every device count starts from the layers alone
+    from planner.harmony_estimator import HarmonyOverheads
+    costed = replace(inp, harmony_costs=MappingProxyType({2: HarmonyOverheads(train_ratio=1.5)}))
+    assert harmony_profile(costed, 2).layers[1].backward_s[0] == pytest.approx(profile.layers[1].backward_s[0] / 2)
 
 
 def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
     from types import MappingProxyType
 
+    from planner.harmony_estimator import HarmonyOverheads
     from planner.harmony_plan import harmony_overheads, run_harmony
     from planner.runtime_costs import RuntimeCosts, ScheduleOverheads
 
@@ -141,8 +147,8 @@ def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
     families = {"flush": ScheduleOverheads(1e-3, 9.0, 0.5), "2bw": ScheduleOverheads(3e-3, 2e-3, 0.4),
                 "pipedream": ScheduleOverheads(2e-3, 1e-3, 0.6)}
     costed = replace(inputs(), runtime=RuntimeCosts(MappingProxyType(families)))
-    assert harmony_overheads(costed) == ScheduleOverheads(2e-3, 2e-3, 0.5)
-    assert harmony_overheads(inputs()) == ScheduleOverheads()
+    assert harmony_overheads(costed) == HarmonyOverheads(2e-3, 2e-3, 0.5)   # no harmony_pp runs in the sheet
+    assert harmony_overheads(inputs()) == HarmonyOverheads()
     # every configuration takes longer with the costs, so the best one does too
     plain, with_costs = run_harmony(replace(inputs(), top_k=0))[0].best, run_harmony(replace(costed, top_k=0))[0].best
     assert with_costs.iteration_s > plain.iteration_s

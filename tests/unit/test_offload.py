@@ -29,6 +29,19 @@ def test_swap_in_copies_and_counts_host_to_device_bytes():
     assert device.counters.bytes(W, H2D) == 24
 
 
+def test_a_device_key_can_round_trip_through_another_host_key():
+    # harmony_pp's stashes: one host slot per (task, micro-batch, shape) reused every iteration,
+    # the device key per (task, micro-batch)
+    host, device = tiers()
+    device.adopt(("s", 2, 0), torch.full((2, 3), 5.0), A)
+    device.swap_out(("s", 2, 0), host_key=("slot", 2, 0))
+    assert ("s", 2, 0) not in host and torch.equal(host.get(("slot", 2, 0)), torch.full((2, 3), 5.0))
+    back = device.swap_in(("s", 2, 0), A, host_key=("slot", 2, 0))
+    assert torch.equal(back, torch.full((2, 3), 5.0)) and back.data_ptr() != host.get(("slot", 2, 0)).data_ptr()
+    assert device.counters.bytes(A, D2H) == device.counters.bytes(A, H2D) == 24
+    assert device.resident_bytes == 24
+
+
 def test_swap_out_writes_back_or_drops():
     host, device = tiers()
     weight = device.swap_in(("w", 0), W)
@@ -131,3 +144,15 @@ def test_shared_host_tier_is_one_copy_for_every_mapping(tmp_path):
         reader.allocate(("missing",), (1,), create=False)
     writer.remove_files()
     assert not list(tmp_path.iterdir())
+
+
+def test_remove_drops_one_key_and_its_shared_file(tmp_path):
+    host = HostTier(tmp_path)
+    host.put(("a", 0), torch.ones(3))
+    host.put(("b", 0), torch.zeros(2))
+    assert len(list(tmp_path.iterdir())) == 2
+    host.remove(("a", 0))
+    assert ("a", 0) not in host and ("b", 0) in host
+    assert [p.name for p in tmp_path.iterdir()] == ["b_0.bin"]
+    assert host.resident_bytes() == 8
+    host.remove(("a", 0))   # removing what is gone is a no-op

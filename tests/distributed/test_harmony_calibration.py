@@ -1,0 +1,43 @@
+"""planner.calibrate_harmony for real: traced harmony_pp runs on 1 and 2 processes give the
+estimator harmony_pp's own costs; a model harmony_pp refuses is recorded, not fatal."""
+from __future__ import annotations
+
+from planner.calibrate_harmony import measure_harmony
+from planner.harmony_costs import harmony_costs
+from planner.harmony_estimator import HarmonyOverheads, Links, estimate
+from planner.harmony_tasks import ProfileCosts
+from planner.measure import measure_profile
+from pipedream.config_loading import compose_config
+from pipedream.schedules.harmony import harmony_config, harmony_pp
+
+MODEL = ["model=gpt_tiny", "model.num_layers=2", "model.tie_embeddings=false"]
+SHEET = {"device": {"swap_bandwidth": 1e10}, "matmul_slowdown_all_busy": 1.0,
+         "optimizer": {"seconds_per_parameter_byte": 1e-10, "step_overhead_s": 0.0}}
+
+
+def test_harmony_runs_give_the_estimator_its_costs():
+    model = compose_config(MODEL).model
+    profile = measure_profile(model, [2], "cpu", repeats=2)
+    section = measure_harmony(MODEL, model, SHEET)
+    assert "errors" not in section, section
+    costs = harmony_costs({"runtime": {"harmony": section}})
+    assert sorted(costs) == [1, 2]
+    for measured in costs.values():
+        assert measured.forward_ratio > 0 and measured.train_ratio > 0 and measured.step_s > 0
+        assert measured.swap_s > 0 and measured.stash_s > 0   # allocation and copies beyond the bytes
+    assert costs[1].message_s == 0 and costs[2].message_s > 0   # one process sends nothing
+    # the same configuration costs more with the runtime's own costs than with none (ratios above
+    # 1/2: the layers did not run twice as fast as they were profiled)
+    config = harmony_config(profile.num_layers, 4, 2)
+    lists, action_costs = harmony_pp(config), ProfileCosts(profile, config, 2)
+    links = Links(1e10, 1e9, synchronous=True, compute_slots=2)
+    half = HarmonyOverheads(forward_ratio=0.5, train_ratio=0.5)
+    assert estimate(config, lists, action_costs, links, costs[2]).iteration_s > \
+        estimate(config, lists, action_costs, links, half).iteration_s
+
+
+def test_a_model_harmony_pp_refuses_is_recorded():
+    model = ["model=gpt_tiny", "model.num_layers=2"]   # tied embeddings: refused before launch
+    section = measure_harmony(model, compose_config(model).model, SHEET)
+    assert sorted(section) == ["errors"] and sorted(section["errors"]) == ["1", "2"]
+    assert all("tie" in reason for reason in section["errors"].values()), section
