@@ -10,6 +10,7 @@ Sheet section (inside a profile entry of ``pipedream-cluster-sheet/1``, one per 
                     "compute_action_s": float,   # per FWD or BWD action, beyond the profiled layers
                     "message_s": float,          # per send or receive posted
                     "step_s": float,             # per step, beyond the optimizer fit
+                    "update_s": float,           # pipedream only: per update, beyond the optimizer fit
                     "layer_time_ratio": float},  # for the record: traced FWD + BWD time / profiled layers
                 "process_bytes": float}          # peak RSS of a rank minus its model's bytes
 
@@ -32,6 +33,7 @@ class ScheduleOverheads:
     compute_action_s: float = 0.0
     message_s: float = 0.0
     step_s: float = 0.0
+    update_s: float = 0.0   # per optimizer update beyond the fit (PipeDream updates after every input)
 
     def per_microbatch(self, compute_actions, messages):
         """Seconds a rank spends per micro-batch beyond its layers: its actions and its messages."""
@@ -60,7 +62,8 @@ def runtime_costs(entry: Mapping[str, Any] | None, process_base_bytes: float = 0
     runtime = (entry or {}).get("runtime")
     if not runtime:
         return NO_RUNTIME_COSTS
-    schedules = {family: ScheduleOverheads(float(v["compute_action_s"]), float(v["message_s"]), float(v["step_s"]))
+    schedules = {family: ScheduleOverheads(float(v["compute_action_s"]), float(v["message_s"]), float(v["step_s"]),
+                                           float(v.get("update_s", 0.0)))
                  for family, v in runtime.items() if family in FAMILIES}
     return RuntimeCosts(MappingProxyType(schedules), process_base_bytes + float(runtime.get("process_bytes", 0.0)))
 
