@@ -33,13 +33,6 @@ def released_stage_time(compute, param_bytes, replicas, bandwidth, sync_divisor=
     return (np.asarray(compute) + sync) / replicas
 
 
-def replica_stage_time(compute, sync_s, replicas):
-    """A stage on r replicas as this repository's runtime runs it (a measured machine): after each
-    backward the replicas all-reduce the stage's gradients before the update, blocking rather than
-    overlapping compute, so an input costs (A + all-reduce(sum|w|, r)) / r."""
-    return (np.asarray(compute) + np.asarray(sync_s)) / np.asarray(replicas, dtype=float)
-
-
 def pipedream_boundary_time(output_bytes, bandwidth):
     """Activation forward + gradient backward across a stage boundary: 2 a_s / B_k (ch. 2.4.1)."""
     return 2.0 * np.asarray(output_bytes) / bandwidth

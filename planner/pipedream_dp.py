@@ -68,6 +68,7 @@ class DPOptions:
     replication: bool = True
     fewer_devices: bool = True
     costs: str = "paper"  # paper | released
+    layer_time_ratio: float = 1.0  # a measured runtime's layers at their traced pace (planner.runtime_costs)
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,12 @@ def _range_table(prefix: np.ndarray, empty: float = 0.0) -> np.ndarray:
     return np.where(np.arange(n)[None, :] > np.arange(n)[:, None], table, empty)
 
 
-def _layer_tables(profile: Profile, micro_batch: int, recompute: bool):
+def _layer_tables(profile: Profile, micro_batch: int, recompute: bool, layer_time_ratio: float = 1.0):
     fwd, bwd = profile.times(micro_batch)
     col = profile.arrays
     kept = np.where(col["recomputable"], col["activation_bytes_recompute"], col["activation_bytes"]) \
         if recompute else col["activation_bytes"]
-    compute = cost.stage_compute(fwd, bwd, recompute, fwd * col["recomputable"])
+    compute = cost.stage_compute(fwd, bwd, recompute, fwd * col["recomputable"]) * layer_time_ratio
     pre = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
     return (_range_table(pre(compute), INF), _range_table(pre(col["parameter_bytes"])),
             _range_table(pre(col["optimizer_bytes"])), _range_table(pre(kept * micro_batch)),
@@ -108,6 +109,13 @@ def _memory_ok(params, opt, acts, working, in_flight, memory: MemoryModel) -> np
     return need <= memory.limit
 
 
+def replica_stage_time(compute, sync_s, replicas):
+    """A stage on r replicas as this repository's runtime runs it (a measured machine): after each
+    backward the replicas all-reduce the stage's gradients before the update, blocking rather than
+    overlapping compute, so an input costs (A + all-reduce(sum|w|, r)) / r."""
+    return (np.asarray(compute) + np.asarray(sync_s)) / np.asarray(replicas, dtype=float)
+
+
 def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs, replica_sync=None):
     """T(i->j, r) for a split's last stage, the same for a whole range on r components, and the
     boundary time before layer s as a function of the receiving stage's replicas r. With
@@ -115,7 +123,7 @@ def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs, repli
     does, after each backward and not overlapped, whichever cost model was asked for."""
     cut = np.concatenate([[INF], boundary])  # cut before layer s
     if replica_sync is not None:
-        split = [None] + [cost.replica_stage_time(prev, replica_sync(params, r), r) for r in range(1, count + 1)]
+        split = [None] + [replica_stage_time(prev, replica_sync(params, r), r) for r in range(1, count + 1)]
         boundary_time = cost.pipedream_boundary_time(cut, bandwidth)
         return split, split, lambda r: boundary_time
     if costs == "released":
@@ -180,7 +188,8 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: 
     """Solve every level, then unfold the partition into stages with global ranks (renumbered densely
     when devices stay unused); None if infeasible."""
     memory = memory or MemoryModel(None)
-    compute, params, opt, acts, out_bytes, working = _layer_tables(profile, micro_batch, memory.recompute)
+    compute, params, opt, acts, out_bytes, working = _layer_tables(profile, micro_batch, memory.recompute,
+                                                                   options.layer_time_ratio)
     n_layers = profile.num_layers
     levels: list[_Level] = []
     prev = compute

@@ -11,7 +11,7 @@ Sheet section (inside a profile entry of ``pipedream-cluster-sheet/1``, one per 
                     "message_s": float,          # per send or receive posted
                     "step_s": float,             # per step, beyond the optimizer fit
                     "update_s": float,           # pipedream only: per update, beyond the optimizer fit
-                    "layer_time_ratio": float},  # for the record: traced FWD + BWD time / profiled layers
+                    "layer_time_ratio": float},  # traced FWD + BWD time / profiled layers: on the layers
                 "process_bytes": float}          # peak RSS of a rank minus its model's bytes
 
 Without a sheet every cost is 0 (the analytic cluster sheets describe GPUs, whose launch overheads
@@ -34,6 +34,7 @@ class ScheduleOverheads:
     message_s: float = 0.0
     step_s: float = 0.0
     update_s: float = 0.0   # per optimizer update beyond the fit (PipeDream updates after every input)
+    layer_time_ratio: float = 1.0   # the layers' time inside the runtime's actions / the profile's
 
     def per_microbatch(self, compute_actions, messages):
         """Seconds a rank spends per micro-batch beyond its layers: its actions and its messages."""
@@ -63,7 +64,7 @@ def runtime_costs(entry: Mapping[str, Any] | None, process_base_bytes: float = 0
     if not runtime:
         return NO_RUNTIME_COSTS
     schedules = {family: ScheduleOverheads(float(v["compute_action_s"]), float(v["message_s"]), float(v["step_s"]),
-                                           float(v.get("update_s", 0.0)))
+                                           float(v.get("update_s", 0.0)), float(v.get("layer_time_ratio", 1.0)))
                  for family, v in runtime.items() if family in FAMILIES}
     return RuntimeCosts(MappingProxyType(schedules), process_base_bytes + float(runtime.get("process_bytes", 0.0)))
 

@@ -8,16 +8,16 @@ import json
 
 import pytest
 
-from planner import cost
 from planner.calibrate_runtime import overheads
-from planner.pipedream_dp import DPOptions, DPStage, MemoryModel, pipedream_dp
-from planner.pipedream_search import _candidate, data_parallel_time
+from planner.pipedream_dp import DPStage, MemoryModel, pipedream_dp, replica_stage_time
+from planner.pipedream_search import _candidate, data_parallel_time, dp_options
 from tests.unit.test_planner_calibration import AR_BANDWIDTH, AR_LATENCY, OPT_OVERHEAD, OPT_PER_BYTE, plan_for
 from tests.unit.test_planner_runtime_costs import _event, with_runtime
 
-ACTION, MESSAGE, STEP, UPDATE = 1e-4, 2e-4, 3e-3, 5e-4
+ACTION, MESSAGE, STEP, UPDATE, RATIO = 1e-4, 2e-4, 3e-3, 5e-4, 1.5
 RUNTIME = {"flush": {"compute_action_s": 0.0, "message_s": 0.0, "step_s": 0.0},
-           "pipedream": {"compute_action_s": ACTION, "message_s": MESSAGE, "step_s": STEP, "update_s": UPDATE},
+           "pipedream": {"compute_action_s": ACTION, "message_s": MESSAGE, "step_s": STEP, "update_s": UPDATE,
+                         "layer_time_ratio": RATIO},
            "process_bytes": 0.0}
 
 
@@ -30,19 +30,19 @@ def _inputs(tmp_path, runtime=RUNTIME):
 
 def test_replica_stage_time_adds_the_sync_to_compute():
     # 10 ms of layers and a 2 ms all-reduce on 2 replicas: 6 ms per input (the paper's max() would say 5)
-    assert cost.replica_stage_time(0.010, 0.002, 2) == pytest.approx(0.006)
-    assert cost.replica_stage_time(0.010, 0.0, 1) == pytest.approx(0.010)
+    assert replica_stage_time(0.010, 0.002, 2) == pytest.approx(0.006)
+    assert replica_stage_time(0.010, 0.0, 1) == pytest.approx(0.010)
 
 
 def test_a_replicated_stage_pays_the_measured_allreduce(tmp_path):
     inputs = _inputs(tmp_path)
     fwd, bwd = inputs.profile.times(4)
-    compute = float((fwd + bwd).sum())
+    compute = float((fwd + bwd).sum()) * RATIO  # the layers at the traced runs' pace
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     sync = 2 * AR_LATENCY + weights / AR_BANDWIDTH  # ring of 2: 2 (n-1) steps, 2 (n-1)/n of the bytes
     assert data_parallel_time(inputs, 4, False) == pytest.approx((compute + sync) / 2, rel=1e-12)
     # the DP charges its whole-model candidate on both devices the same (here it wins)
-    result = pipedream_dp(inputs.profile, inputs.cluster, 4, DPOptions(), MemoryModel(None))
+    result = pipedream_dp(inputs.profile, inputs.cluster, 4, dp_options(inputs), MemoryModel(None))
     assert result.stages == (DPStage(0, inputs.profile.num_layers, (0, 1)),)
     assert result.time_per_input == pytest.approx((compute + sync) / 2, rel=1e-12)
 
@@ -53,10 +53,10 @@ def test_a_slow_allreduce_makes_the_dp_split_instead_of_replicate(tmp_path):
     path = tmp_path / "sheet.json"
     with_runtime(path, RUNTIME)
     sheet = json.loads(path.read_text())
-    sheet["allreduce"]["bandwidth"] = 1e6  # 1 MB/s: replicating the model's 3.5 MB costs seconds
+    sheet["allreduce"]["bandwidth"] = 1e5  # 3.5 MB of weights: 35 s, against 80-120 s per stage
     path.write_text(json.dumps(sheet))
     inputs = plan_for(path, "train.micro_batch_size=4")[0]
-    result = pipedream_dp(inputs.profile, inputs.cluster, 4, DPOptions(), MemoryModel(None))
+    result = pipedream_dp(inputs.profile, inputs.cluster, 4, dp_options(inputs), MemoryModel(None))
     assert all(st.replicas == 1 for st in result.stages) and len(result.stages) == 2
 
 
