@@ -10,9 +10,9 @@ trained with the launcher and traced (``pipedream.trace``). Per rank and traced 
   updates after every input, its updates (the STEP and SYNC actions between the others) are left out;
 * ``update_s`` (PipeDream): an update's STEP action less the optimizer fit's share of the rank's
   parameters (the clipping norm, the scheduler, zeroing, keeping a stashed version), per update;
-* ``layer_time_ratio`` (for the record, not planned with): the FWD and BWD actions' time over the
-  profiled layers' (a traced run's layers ran slower than the profile by a factor, not by a constant
-  per action, and the same configuration's untraced runs matched the profile);
+* ``layer_time_ratio``: the FWD and BWD actions' time over the profiled layers' (a stage's layers in
+  a training step run slower than each layer timed alone, by a factor rather than a constant per
+  action; the planner multiplies the profile by it: docs/planner.md, the runtime's own costs);
 * ``step_s``: the time before the first and after the last action (the flush's gradient
   synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share
   (PipeDream: less its updates there, which ``update_s`` counts);
@@ -89,9 +89,8 @@ def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float],
         updates = [e for e in events if per_update and e["cat"] in ("step", "sync")]
         update_s += [e["dur"] * 1e-6 - optimizer_s[rank] for e in updates if e["cat"] == "step"]
         inside = sum(e["dur"] for e in updates if first <= e["ts"] < last)
-        # the layers are timed by the actions themselves, not by the profile: a traced run's layers can
-        # run slower than the profile's (a phase of a shared machine), a slowdown of the layers that the
-        # same configuration's untraced runs do not show, so only the time between actions is per action
+        # the layers are timed by the actions themselves, not by the profile: their slowdown over the
+        # profile is a factor (layer_time_ratio), so only the time between actions is per action
         other = (last - first - waits - sum(messages) - computing - inside) * 1e-6
         action_s.append(other / (2 * forwards))
         layer_ratio.append(computing * 1e-6 / (forwards * layer_seconds[rank]))
@@ -104,7 +103,7 @@ def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float],
             step_s.append(outside * 1e-6 - optimizer_s[rank])
     out = {"compute_action_s": max(0.0, statistics.median(action_s)),
            "message_s": statistics.median(message_s or [0.0]), "step_s": max(0.0, statistics.median(step_s)),
-           "layer_time_ratio": statistics.median(layer_ratio)}  # for the record: traced F/B time / profile
+           "layer_time_ratio": statistics.median(layer_ratio)}  # traced F/B time / profile
     if per_update:
         out["update_s"] = max(0.0, float(statistics.median(update_s or [0.0])))
     return out

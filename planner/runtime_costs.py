@@ -1,8 +1,10 @@
 """What a training step costs beyond its layers' compute, as ``planner.calibrate`` measured it from
 traces of short real runs (``planner.calibrate_runtime``): the per-action work of the executor, the
-per-message work of posting a send or a receive, the step's fixed part (the flush's gradient
-synchronisation, the clipping norm, the optimizer step and zeroing beyond the optimizer fit, the
-barrier of a step) and the resident set of a training process beyond its model.
+per-message work of posting a send or a receive (its transfer inside: no fitted latency is added on
+top), the step's fixed part (the flush's gradient synchronisation, the clipping norm, the optimizer
+step and zeroing beyond the optimizer fit, the barrier of a step), PipeDream's per-update part, the
+pace of the layers inside the runtime's actions relative to the profile, and the resident set of a
+training process beyond its model.
 
 Sheet section (inside a profile entry of ``pipedream-cluster-sheet/1``, one per model)::
 
