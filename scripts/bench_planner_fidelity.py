@@ -163,8 +163,10 @@ def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, po
             "other_load": other_load(before, cpu_busy_jiffies(), own)}
 
 
-def calibrate(path: Path, repeats: int) -> None:
+def calibrate(path: Path, repeats: int, models: set[str]) -> None:
     for model, overrides in MODELS.items():
+        if model not in models:
+            continue
         cmd = [sys.executable, "-m", "planner.calibrate", *overrides, f"planner.calibration_out={path}",
                f"planner.calibrate_repeats={repeats}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
@@ -182,12 +184,13 @@ def run(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     sheets = [work / f"calibration{r}.json" for r in range(args.repeats)]
     calibration = sheets[0]
+    configs = grid(args.quick)
+    models = {c.model for c in configs if args.only in c.name} or {c.model for c in configs}
     if args.recalibrate or not calibration.exists():
         calibration.unlink(missing_ok=True)
-        calibrate(calibration, args.calibrate_repeats)
-    configs = grid(args.quick)
+        calibrate(calibration, args.calibrate_repeats, models)
     choices = {}
-    for model in sorted({c.model for c in configs}):
+    for model in sorted(models):
         choice_plan = free_choice(model, calibration, work / f"choice_{model}.json")
         choice = config_of(model, choice_plan)
         choices[model] = choice
@@ -199,7 +202,7 @@ def run(args: argparse.Namespace) -> dict:
     for r in range(args.repeats):
         if r > 0:  # each round is predicted from a calibration taken just before it, in the same phase of the machine
             sheets[r].unlink(missing_ok=True)
-            calibrate(sheets[r], args.calibrate_repeats)
+            calibrate(sheets[r], args.calibrate_repeats, models)
         for i, cfg in enumerate(configs):
             path = work / f"plan{i}_round{r}.json"
             plans[cfg].append((path, plan(cfg, sheets[r], path)))
