@@ -175,6 +175,11 @@ def calibrate(path: Path, repeats: int, models: set[str]) -> None:
         print(proc.stdout.strip(), flush=True)
 
 
+def selected(name: str, only: str) -> bool:
+    """--only: the rows whose name holds one of its |-separated parts (all rows without it)."""
+    return any(part in name for part in only.split("|"))
+
+
 def error(pred: float, meas: float) -> float:
     return (pred - meas) / meas
 
@@ -185,7 +190,7 @@ def run(args: argparse.Namespace) -> dict:
     sheets = [work / f"calibration{r}.json" for r in range(args.repeats)]
     calibration = sheets[0]
     configs = grid(args.quick)
-    models = {c.model for c in configs if args.only in c.name} or {c.model for c in configs}
+    models = {c.model for c in configs if selected(c.name, args.only)} or {c.model for c in configs}
     if args.recalibrate or not calibration.exists():
         calibration.unlink(missing_ok=True)
         calibrate(calibration, args.calibrate_repeats, models)
@@ -196,7 +201,7 @@ def run(args: argparse.Namespace) -> dict:
         choices[model] = choice
         if choice not in configs:
             configs.append(choice)
-    configs = [c for c in configs if args.only in c.name]  # --only: the rows whose name holds it
+    configs = [c for c in configs if selected(c.name, args.only)]
     plans: dict[Config, list[tuple[Path, dict]]] = {cfg: [] for cfg in configs}
     runs: dict[Config, list[dict]] = {cfg: [] for cfg in configs}
     for r in range(args.repeats):
@@ -266,7 +271,7 @@ def repredict(data: dict, work: Path, only: str = "") -> list[dict]:
     out = []
     sheets = [work / f"calibration{r}.json" for r in range(data["repeats"])]
     for row in data["rows"]:
-        if only not in row["name"]:
+        if not selected(row["name"], only):
             continue
         cfg = Config(**row["config"])
         preds = [plan(cfg, sheet, work / f"repredict{r}.json")["predicted"]["iteration_time_s"]
@@ -365,7 +370,7 @@ def main() -> int:
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_planner_fidelity"))
     parser.add_argument("--out-dir", default=None, help="default docs/ (none with --quick)")
     parser.add_argument("--report-only", metavar="JSON", help="rewrite the Markdown from a saved JSON, measure nothing")
-    parser.add_argument("--only", default="", metavar="TEXT", help="only the configurations whose name holds TEXT")
+    parser.add_argument("--only", default="", metavar="TEXT", help="only the configurations whose name holds TEXT (alternatives separated by |)")
     parser.add_argument("--repredict", metavar="JSON", help="re-plan a saved JSON's rows from the work dir's "
                         "calibrations and print predicted then vs now against what was measured; runs nothing")
     args = parser.parse_args()
