@@ -12,7 +12,8 @@ trained with the launcher and traced (``pipedream.trace``). Per rank and traced 
   parameters (the clipping norm, the scheduler, zeroing, keeping a stashed version), per update;
 * ``layer_time_ratio``: the FWD and BWD actions' time over the profiled layers' (a stage's layers in
   a training step run slower than each layer timed alone, by a factor rather than a constant per
-  action; the planner multiplies the profile by it: docs/planner.md, the runtime's own costs);
+  action; the planner multiplies the profile by the least of the families' ratios:
+  ``planner.runtime_costs.layer_pace``);
 * ``step_s``: the time before the first and after the last action (the flush's gradient
   synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share
   (PipeDream: less its updates there, which ``update_s`` counts);

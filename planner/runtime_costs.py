@@ -36,7 +36,7 @@ class ScheduleOverheads:
     message_s: float = 0.0
     step_s: float = 0.0
     update_s: float = 0.0   # per optimizer update beyond the fit (PipeDream updates after every input)
-    layer_time_ratio: float = 1.0   # the layers' time inside the runtime's actions / the profile's
+    layer_time_ratio: float = 1.0   # the layers' time inside the runtime's actions / the profile's (layer_pace)
 
     def per_microbatch(self, compute_actions, messages):
         """Seconds a rank spends per micro-batch beyond its layers: its actions and its messages."""
@@ -65,10 +65,20 @@ def runtime_costs(entry: Mapping[str, Any] | None, process_base_bytes: float = 0
     runtime = (entry or {}).get("runtime")
     if not runtime:
         return NO_RUNTIME_COSTS
+    families = {family: v for family, v in runtime.items() if family in FAMILIES}
+    pace = layer_pace([float(v.get("layer_time_ratio", 1.0)) for v in families.values()])
     schedules = {family: ScheduleOverheads(float(v["compute_action_s"]), float(v["message_s"]), float(v["step_s"]),
-                                           float(v.get("update_s", 0.0)), float(v.get("layer_time_ratio", 1.0)))
-                 for family, v in runtime.items() if family in FAMILIES}
+                                           float(v.get("update_s", 0.0)), pace)
+                 for family, v in families.items()}
     return RuntimeCosts(MappingProxyType(schedules), process_base_bytes + float(runtime.get("process_bytes", 0.0)))
+
+
+def layer_pace(ratios: list[float]) -> float:
+    """One pace for the layers of every schedule family: the least of the traced runs' ratios. Their
+    layers run at one pace (in one trace, an asynchronous run's FWD and BWD took what a flush run's
+    did, within a few percent), and another process can only slow a traced run down, so the least
+    disturbed run sets it."""
+    return min(ratios) if ratios else 1.0
 
 
 def messages_per_microbatch(out_bytes: np.ndarray, in_bytes: np.ndarray) -> np.ndarray:

@@ -15,7 +15,7 @@ from tests.unit.test_planner_calibration import AR_BANDWIDTH, AR_LATENCY, OPT_OV
 from tests.unit.test_planner_runtime_costs import _event, with_runtime
 
 ACTION, MESSAGE, STEP, UPDATE, RATIO = 1e-4, 2e-4, 3e-3, 5e-4, 1.5
-RUNTIME = {"flush": {"compute_action_s": 0.0, "message_s": 0.0, "step_s": 0.0},
+RUNTIME = {"flush": {"compute_action_s": 0.0, "message_s": 0.0, "step_s": 0.0, "layer_time_ratio": 2 * RATIO},
            "pipedream": {"compute_action_s": ACTION, "message_s": MESSAGE, "step_s": STEP, "update_s": UPDATE,
                          "layer_time_ratio": RATIO},
            "process_bytes": 0.0}
@@ -37,7 +37,7 @@ def test_replica_stage_time_adds_the_sync_to_compute():
 def test_a_replicated_stage_pays_the_measured_allreduce(tmp_path):
     inputs = _inputs(tmp_path)
     fwd, bwd = inputs.profile.times(4)
-    compute = float((fwd + bwd).sum()) * RATIO  # the layers at the traced runs' pace
+    compute = float((fwd + bwd).sum()) * RATIO  # the layers at the least disturbed traced run's pace
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     sync = 2 * AR_LATENCY + weights / AR_BANDWIDTH  # ring of 2: 2 (n-1) steps, 2 (n-1)/n of the bytes
     assert data_parallel_time(inputs, 4, False) == pytest.approx((compute + sync) / 2, rel=1e-12)

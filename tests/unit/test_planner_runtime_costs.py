@@ -67,7 +67,8 @@ def test_two_bw_uses_its_own_costs(tmp_path):
     fwd, bwd = inputs.profile.times(4)
     stage = max(float((fwd + bwd)[0:3].sum()), float((fwd + bwd)[3:6].sum()))
     out_bytes = inputs.profile.arrays["output_bytes"][2] * 4
-    slot = stage * 2 * RATIO + out_bytes / BANDWIDTH + 2 * (2 * ACTION) + 2 * (2 * MESSAGE)
+    # one pace for every family's layers: the least of the traced runs' ratios (flush's here)
+    slot = stage * RATIO + out_bytes / BANDWIDTH + 2 * (2 * ACTION) + 2 * (2 * MESSAGE)
     weights = inputs.profile.arrays["parameter_bytes"]
     update = OPT_OVERHEAD + OPT_PER_BYTE * max(weights[0:3].sum(), weights[3:6].sum())
     assert two_bw.iteration_time == pytest.approx(8 * slot + update + 2 * STEP, rel=1e-9)
@@ -122,3 +123,13 @@ def test_overheads_from_a_trace():
     assert slower["layer_time_ratio"] == pytest.approx(23 / 16)
     assert got["message_s"] == pytest.approx(0.5e-3)
     assert got["step_s"] == pytest.approx((4 + 11) * 1e-3 - 0.004)
+
+
+def test_layer_pace_is_the_least_disturbed_runs():
+    from planner.runtime_costs import layer_pace, runtime_costs
+
+    assert layer_pace([1.3, 2.1, 1.1]) == pytest.approx(1.1)
+    assert layer_pace([]) == 1.0
+    costs = runtime_costs({"runtime": RUNTIME})
+    assert costs.for_schedule("2bw").layer_time_ratio == pytest.approx(RATIO)
+    assert costs.for_schedule("1f1b").layer_time_ratio == pytest.approx(RATIO)
