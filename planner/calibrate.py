@@ -324,9 +324,10 @@ def main(argv: Sequence[str] | None = None) -> int:
           f"{(data['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU meanwhile")
     runtime = next((e.get("runtime", {}) for e in data["profiles"].values() if e.get("config") == plain_model(cfg)), {})
     for family, cost in sorted((k, v) for k, v in runtime.items() if isinstance(v, dict) and "step_s" in v):
+        update = f", {cost['update_s'] * 1e3:.2f} ms per update" if "update_s" in cost else ""
         print(f"  runtime ({family} run): {cost['compute_action_s'] * 1e6:.0f} us between actions per FWD/BWD "
-              f"action, {cost['message_s'] * 1e6:.0f} us per message, {cost['step_s'] * 1e3:.2f} ms per step; "
-              f"traced layers x{cost.get('layer_time_ratio', float('nan')):.2f} the profile's (not planned with)")
+              f"action, {cost['message_s'] * 1e6:.0f} us per message, {cost['step_s'] * 1e3:.2f} ms per step"
+              f"{update}; traced layers x{cost.get('layer_time_ratio', float('nan')):.2f} the profile's")
     for family, reason in runtime.get("errors", {}).items():
         print(f"  runtime ({family} run) not measured: {reason}")
     print_harmony(runtime.get("harmony", {}))

@@ -6,12 +6,17 @@ trained with the launcher and traced (``pipedream.trace``). Per rank and traced 
 * ``message_s``: the mean duration of its send and receive actions (posting them, Gloo's work);
 * ``compute_action_s``: the time between its first and last action that is neither a wait for an
   input, nor a message, nor inside a FWD or BWD action, per FWD or BWD action (the executor's Python
-  between actions, version swaps and stashing of the asynchronous schedules);
-* ``layer_time_ratio`` (for the record, not planned with): the FWD and BWD actions' time over the
-  profiled layers' (a traced run's layers ran slower than the profile by a factor, not by a constant
-  per action, and the same configuration's untraced runs matched the profile);
+  between actions, version swaps and stashing of the asynchronous schedules); for PipeDream, which
+  updates after every input, its updates (the STEP and SYNC actions between the others) are left out;
+* ``update_s`` (PipeDream): an update's STEP action less the optimizer fit's share of the rank's
+  parameters (the clipping norm, the scheduler, zeroing, keeping a stashed version), per update;
+* ``layer_time_ratio``: the FWD and BWD actions' time over the profiled layers' (a stage's layers in
+  a training step run slower than each layer timed alone, by a factor rather than a constant per
+  action; the planner multiplies the profile by the least of the families' ratios:
+  ``planner.runtime_costs.layer_pace``);
 * ``step_s``: the time before the first and after the last action (the flush's gradient
-  synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share;
+  synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share
+  (PipeDream: less its updates there, which ``update_s`` counts);
 * the peak RSS beyond the process's base and the model's bytes as the planner counts them.
 
 Each is the median over ranks and traced iterations (one iteration stalled by another process on a
@@ -59,14 +64,17 @@ def traced_run(model_overrides: Sequence[str], schedule: str, layers: list[int],
             "summary": json.loads((run_dir / "summary.json").read_text())}
 
 
-def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float]) -> dict[str, float]:
-    """The three costs (and the layers' time ratio) from a Chrome trace; ``layer_seconds[r]``: the
-    profiled forward + backward of rank r's layers per micro-batch, ``optimizer_s[r]``: the optimizer fit for its parameters."""
+def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float],
+              per_update: bool = False) -> dict[str, float]:
+    """The costs (and the layers' time ratio) from a Chrome trace; ``layer_seconds[r]``: the
+    profiled forward + backward of rank r's layers per micro-batch, ``optimizer_s[r]``: the optimizer
+    fit for its parameters; ``per_update``: updates happen between the actions (PipeDream), so they
+    are measured per update (``update_s``) instead of per action."""
     steps: dict[tuple[int, int], list[dict]] = defaultdict(list)
     for e in trace["traceEvents"]:
         if e.get("ph") == "X":
             steps[(e["pid"], e["args"]["step"])].append(e)
-    action_s, message_s, step_s, layer_ratio = [], [], [], []
+    action_s, message_s, step_s, layer_ratio, update_s = [], [], [], [], []
     for (rank, _), events in steps.items():
         iteration = next(e for e in events if e["cat"] == "iteration")
         actions = [e for e in events if e["cat"] in _ACTIONS]
@@ -78,19 +86,28 @@ def overheads(trace: dict, layer_seconds: list[float], optimizer_s: list[float])
         last = max(e["ts"] + e["dur"] for e in actions)
         waits = sum(e["dur"] for e in events if e["cat"] == "wait")
         computing = sum(e["dur"] for e in events if e["cat"] in ("forward", "backward"))
-        # the layers are timed by the actions themselves, not by the profile: a traced run's layers can
-        # run slower than the profile's (a phase of a shared machine), a slowdown of the layers that the
-        # same configuration's untraced runs do not show, so only the time between actions is per action
-        other = (last - first - waits - sum(messages) - computing) * 1e-6
+        # PipeDream's updates (STEP and SYNC actions) lie between the others and before the first
+        updates = [e for e in events if per_update and e["cat"] in ("step", "sync")]
+        update_s += [e["dur"] * 1e-6 - optimizer_s[rank] for e in updates if e["cat"] == "step"]
+        inside = sum(e["dur"] for e in updates if first <= e["ts"] < last)
+        # the layers are timed by the actions themselves, not by the profile: their slowdown over the
+        # profile is a factor (layer_time_ratio), so only the time between actions is per action
+        other = (last - first - waits - sum(messages) - computing - inside) * 1e-6
         action_s.append(other / (2 * forwards))
         layer_ratio.append(computing * 1e-6 / (forwards * layer_seconds[rank]))
         if messages:
             message_s.append(statistics.fmean(messages) * 1e-6)
         outside = (first - iteration["ts"]) + (iteration["ts"] + iteration["dur"] - last)
-        step_s.append(outside * 1e-6 - optimizer_s[rank])
-    return {"compute_action_s": max(0.0, statistics.median(action_s)),
-            "message_s": statistics.median(message_s or [0.0]), "step_s": max(0.0, statistics.median(step_s)),
-            "layer_time_ratio": statistics.median(layer_ratio)}  # for the record: traced F/B time / profile
+        if per_update:  # every update is charged per update, the fit's share with it
+            step_s.append((outside - sum(e["dur"] for e in updates) + inside) * 1e-6)
+        else:
+            step_s.append(outside * 1e-6 - optimizer_s[rank])
+    out = {"compute_action_s": max(0.0, statistics.median(action_s)),
+           "message_s": statistics.median(message_s or [0.0]), "step_s": max(0.0, statistics.median(step_s)),
+           "layer_time_ratio": statistics.median(layer_ratio)}  # traced F/B time / profile
+    if per_update:
+        out["update_s"] = max(0.0, float(statistics.median(update_s or [0.0])))
+    return out
 
 
 def planned_bytes(profile_json: dict, bounds: np.ndarray, schedule: str) -> list[float]:
@@ -128,7 +145,7 @@ def measure_runtime(model_overrides: Sequence[str], profile_json: dict, optimize
             if "error" in run:
                 errors[family] = run["error"]
                 continue
-            out[family] = overheads(run["trace"], layer_s, opt_s)
+            out[family] = overheads(run["trace"], layer_s, opt_s, per_update=family == "pipedream")
             planned = planned_bytes(profile_json, bounds, schedule)
             ranks = sorted(run["summary"]["ranks"], key=lambda r: r.get("rank", 0))
             extra += [r["peak_memory_bytes"]["rss"] - process_base_bytes - planned[i] for i, r in enumerate(ranks)]

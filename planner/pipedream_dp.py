@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import cost
+from .cluster_sheet import calibration, measured_allreduce
 from .errors import PlannerError
 from .hardware import Cluster
 from .profile import Profile
@@ -67,6 +68,7 @@ class DPOptions:
     replication: bool = True
     fewer_devices: bool = True
     costs: str = "paper"  # paper | released
+    layer_time_ratio: float = 1.0  # a measured runtime's layers at their traced pace (planner.runtime_costs)
 
 
 @dataclass(frozen=True)
@@ -86,12 +88,12 @@ def _range_table(prefix: np.ndarray, empty: float = 0.0) -> np.ndarray:
     return np.where(np.arange(n)[None, :] > np.arange(n)[:, None], table, empty)
 
 
-def _layer_tables(profile: Profile, micro_batch: int, recompute: bool):
+def _layer_tables(profile: Profile, micro_batch: int, recompute: bool, layer_time_ratio: float = 1.0):
     fwd, bwd = profile.times(micro_batch)
     col = profile.arrays
     kept = np.where(col["recomputable"], col["activation_bytes_recompute"], col["activation_bytes"]) \
         if recompute else col["activation_bytes"]
-    compute = cost.stage_compute(fwd, bwd, recompute, fwd * col["recomputable"])
+    compute = cost.stage_compute(fwd, bwd, recompute, fwd * col["recomputable"]) * layer_time_ratio
     pre = lambda x: np.concatenate([[0.0], np.cumsum(x)])  # noqa: E731
     return (_range_table(pre(compute), INF), _range_table(pre(col["parameter_bytes"])),
             _range_table(pre(col["optimizer_bytes"])), _range_table(pre(kept * micro_batch)),
@@ -107,10 +109,23 @@ def _memory_ok(params, opt, acts, working, in_flight, memory: MemoryModel) -> np
     return need <= memory.limit
 
 
-def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs):
+def replica_stage_time(compute, sync_s, replicas):
+    """A stage on r replicas as this repository's runtime runs it (a measured machine): after each
+    backward the replicas all-reduce the stage's gradients before the update, blocking rather than
+    overlapping compute, so an input costs (A + all-reduce(sum|w|, r)) / r."""
+    return (np.asarray(compute) + np.asarray(sync_s)) / np.asarray(replicas, dtype=float)
+
+
+def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs, replica_sync=None):
     """T(i->j, r) for a split's last stage, the same for a whole range on r components, and the
-    boundary time before layer s as a function of the receiving stage's replicas r."""
+    boundary time before layer s as a function of the receiving stage's replicas r. With
+    ``replica_sync(bytes, r)`` (a measured machine's all-reduce fit) the replicas sync as the runtime
+    does, after each backward and not overlapped, whichever cost model was asked for."""
     cut = np.concatenate([[INF], boundary])  # cut before layer s
+    if replica_sync is not None:
+        split = [None] + [replica_stage_time(prev, replica_sync(params, r), r) for r in range(1, count + 1)]
+        boundary_time = cost.pipedream_boundary_time(cut, bandwidth)
+        return split, split, lambda r: boundary_time
     if costs == "released":
         split = [None] + [cost.released_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
         whole = [None] + [cost.released_stage_time(prev, params, r, bandwidth, divisor) for r in range(1, count + 1)]
@@ -124,10 +139,10 @@ def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs):
 
 
 def _solve_level(prev: np.ndarray, params: np.ndarray, boundary: np.ndarray, count: int, bandwidth: float,
-                 top: bool, options: DPOptions, mem_check, divisor: int = 1) -> _Level:
+                 top: bool, options: DPOptions, mem_check, divisor: int = 1, replica_sync=None) -> _Level:
     n1 = prev.shape[1]
     rows = np.arange(1) if top else np.arange(n1)
-    stage, whole, cut = _stage_times(prev, params, boundary, count, bandwidth, divisor, options.costs)
+    stage, whole, cut = _stage_times(prev, params, boundary, count, bandwidth, divisor, options.costs, replica_sync)
     value = np.full((count + 1, len(rows), n1), INF)
     split = np.full(value.shape, -1, dtype=np.int32)
     reps = np.zeros(value.shape, dtype=np.int32)
@@ -173,7 +188,8 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: 
     """Solve every level, then unfold the partition into stages with global ranks (renumbered densely
     when devices stay unused); None if infeasible."""
     memory = memory or MemoryModel(None)
-    compute, params, opt, acts, out_bytes, working = _layer_tables(profile, micro_batch, memory.recompute)
+    compute, params, opt, acts, out_bytes, working = _layer_tables(profile, micro_batch, memory.recompute,
+                                                                   options.layer_time_ratio)
     n_layers = profile.num_layers
     levels: list[_Level] = []
     prev = compute
@@ -187,7 +203,8 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: 
             def mem_check(m: int, r: int):
                 return True
         divisor = int(np.prod([low.count for low in cluster.levels[:k]])) if k else 1
-        level = _solve_level(prev, params, out_bytes, lv.count, lv.bandwidth, top, options, mem_check, divisor)
+        level = _solve_level(prev, params, out_bytes, lv.count, lv.bandwidth, top, options, mem_check, divisor,
+                             replica_sync(cluster))
         levels.append(level)
         prev = level.value
     best = float(prev[0, n_layers])
@@ -212,6 +229,15 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: 
     dense = {rank: k for k, rank in enumerate(sorted(r for st in stages for r in st.ranks))}
     return DPResult(best, micro_batch, tuple(DPStage(st.start, st.end, tuple(dense[r] for r in st.ranks))
                                              for st in stages))
+
+
+def replica_sync(cluster: Cluster):
+    """``(bytes, r) -> seconds`` of a replicated stage's gradient all-reduce on a measured machine
+    (the sheet's fit; a measured sheet's p2p level has no meaningful bandwidth for the paper's
+    2 (r-1) W / B_k), None elsewhere."""
+    if calibration(cluster) is None:
+        return None
+    return lambda nbytes, replicas: measured_allreduce(cluster, np.asarray(nbytes, dtype=float), replicas)
 
 
 def stage_memory(profile: Profile, stages: tuple[DPStage, ...], micro_batch: int, memory: MemoryModel) -> list[float]:

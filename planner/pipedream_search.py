@@ -17,20 +17,26 @@ from .cluster_sheet import optimizer_seconds
 from .errors import DoesNotFitError
 from .inputs import Inputs
 from .pins import check_pins
-from .pipedream_dp import DPOptions, DPStage, MemoryModel, check_layers, minimum_memory, pipedream_dp, stage_memory
+from .pipedream_dp import (DPOptions, DPStage, MemoryModel, check_layers, minimum_memory, pipedream_dp,
+                           replica_stage_time, replica_sync, stage_memory)
 from .ranking import GIB, Candidate, SearchResult, why_lost
 
 
 def dp_options(inputs: Inputs) -> DPOptions:
-    return DPOptions(inputs.replication, inputs.fewer_devices, inputs.pipedream_costs)
+    return DPOptions(inputs.replication, inputs.fewer_devices, inputs.pipedream_costs,
+                     inputs.runtime.for_schedule("pipedream").layer_time_ratio)
 
 
 def data_parallel_time(inputs: Inputs, micro: int, recompute: bool) -> float:
     """One stage replicated on every device: T^k applied level by level (ch. 2.4.1)."""
     fwd, bwd = inputs.profile.times(micro)
     rec = inputs.profile.arrays["recomputable"]
-    value = float(cost.stage_compute(fwd, bwd, recompute, fwd * rec).sum())
+    value = float(cost.stage_compute(fwd, bwd, recompute, fwd * rec).sum()) * dp_options(inputs).layer_time_ratio
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
+    sync = replica_sync(inputs.cluster)
+    if sync is not None:  # a measured machine: one stage on all n, synced as the runtime does
+        n = inputs.cluster.num_devices
+        return float(replica_stage_time(value, sync(weights, n), n))
     below = 1
     for level in inputs.cluster.levels:
         if inputs.pipedream_costs == "released":
@@ -46,7 +52,7 @@ def _breakdown(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     """Attribute the slowest stage's time to compute or data-parallel sync (the larger of the two)."""
     fwd, bwd = inputs.profile.times(micro)
     rec = inputs.profile.arrays["recomputable"]
-    comp = cost.stage_compute(fwd, bwd, recompute, fwd * rec)
+    comp = cost.stage_compute(fwd, bwd, recompute, fwd * rec) * dp_options(inputs).layer_time_ratio
     worst = max(float(comp[st.start:st.end].sum()) / st.replicas for st in stages)
     compute = min(worst, per_input) * inputs_per_iteration
     rest = max(per_input * inputs_per_iteration - compute, 0.0)
@@ -66,13 +72,14 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     batch = microbatches * micro
     first = stages[0].replicas
     mem = max(stage_memory(inputs.profile, stages, micro, memory))
-    # weight stashing updates after every micro-batch (ch. 2.4.3): a replica's optimizer step per input it runs
+    # weight stashing updates after every micro-batch (ch. 2.4.3): a replica's optimizer step per input it
+    # runs, with the runtime's calibrated work per update beyond the optimizer fit (cluster=measured)
+    overheads = inputs.runtime.for_schedule("pipedream")
     weights = inputs.profile.arrays["parameter_bytes"]
-    update = max(float(optimizer_seconds(inputs.cluster, weights[st.start:st.end].sum())) / st.replicas
-                 for st in stages)
+    update = max((float(optimizer_seconds(inputs.cluster, weights[st.start:st.end].sum())) + overheads.update_s)
+                 / st.replicas for st in stages)
     # the runtime's own work per input (cluster=measured): a FWD and a BWD, a send and a receive per
     # boundary side, spread over the stage's replicas; its per-step part over the step's inputs
-    overheads = inputs.runtime.for_schedule("pipedream")
     last = len(stages) - 1
     runtime = max(float(overheads.per_microbatch(2, 2 * ((i > 0) + (i < last)))) / st.replicas
                   for i, st in enumerate(stages))

@@ -56,6 +56,7 @@ class RankStats:
     chunk_backward: np.ndarray
     boundary_bytes: np.ndarray  # (nb, v, p) output bytes each chunk sends on (0 for the last)
     messages: np.ndarray | None = None  # (p,) sends and receives each rank posts per micro-batch
+    p2p_latency: float = 0.0  # the part of p2p_comm that is the messages' latency (2 v per micro-batch)
 
     @property
     def compute(self) -> np.ndarray:
@@ -115,7 +116,8 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         param_bytes=ranks(col["parameter_bytes"]), optimizer_bytes=ranks(col["optimizer_bytes"]),
         activation_bytes=np.outer(bs, ranks(kept)), working_bytes=working,
         chunk_forward=c_fwd, chunk_backward=c_bwd,
-        boundary_bytes=np.multiply.outer(bs, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes))
+        boundary_bytes=np.multiply.outer(bs, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
+        p2p_latency=2 * v * level.latency if p > 1 else 0.0)
 
 
 @dataclass(frozen=True)
@@ -153,7 +155,11 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     overheads = runtime.for_schedule(schedule)
     messages = stats.messages if stats.messages is not None else np.zeros(p)
     runtime_per_mb = overheads.per_microbatch(2.0 * v, messages)  # (p,): a FWD and a BWD per chunk
-    per_mb = stats.per_microbatch + runtime_per_mb[None, :]  # (nb, p)
+    # measured runtime costs (planner.runtime_costs): the layers at their traced pace, and a message
+    # costs its traced send or receive, which holds its transfer (no fitted latency on top)
+    compute = stats.compute * overheads.layer_time_ratio
+    p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)
+    per_mb = compute + stats.tp_comm + p2p + runtime_per_mb[None, :]  # (nb, p)
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
@@ -178,5 +184,5 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     memory = cost.device_memory(stats.param_bytes[None, :], stats.optimizer_bytes[None, :], versions,
                                 stats.activation_bytes, flight, stats.working_bytes[:, None], workspace).max(axis=1)
     memory = memory + runtime.process_bytes
-    return Estimates(valid, m, iteration, memory, bubble, (stats.compute[rows, slow] + runtime_per_mb[slow]) * m,
-                     stats.tp_comm[rows, slow] * m, stats.p2p_comm[rows, slow] * m, bubble_time, dp_comm)
+    return Estimates(valid, m, iteration, memory, bubble, (compute[rows, slow] + runtime_per_mb[slow]) * m,
+                     stats.tp_comm[rows, slow] * m, p2p[rows, slow] * m, bubble_time, dp_comm)

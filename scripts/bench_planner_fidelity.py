@@ -19,6 +19,9 @@ its section of docs/benchmarks.md.
 
 Run: .venv/bin/python scripts/bench_planner_fidelity.py [--steps 12] [--repeats 2] [--recalibrate]
      .venv/bin/python scripts/bench_planner_fidelity.py --quick   (3 configurations, nothing under docs/)
+     .venv/bin/python scripts/bench_planner_fidelity.py --only pipedream --out-dir /tmp/x   (matching rows)
+     .venv/bin/python scripts/bench_planner_fidelity.py --repredict docs/bench_planner_fidelity.json
+         (the saved rows planned again from the work dir's saved calibrations: no runs)
 """
 from __future__ import annotations
 
@@ -160,14 +163,21 @@ def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, po
             "other_load": other_load(before, cpu_busy_jiffies(), own)}
 
 
-def calibrate(path: Path, repeats: int) -> None:
+def calibrate(path: Path, repeats: int, models: set[str]) -> None:
     for model, overrides in MODELS.items():
+        if model not in models:
+            continue
         cmd = [sys.executable, "-m", "planner.calibrate", *overrides, f"planner.calibration_out={path}",
                f"planner.calibrate_repeats={repeats}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise SystemExit(f"calibration of {model} failed: {proc.stderr.strip()}")
         print(proc.stdout.strip(), flush=True)
+
+
+def selected(name: str, only: str) -> bool:
+    """--only: the rows whose name holds one of its |-separated parts (all rows without it)."""
+    return any(part in name for part in only.split("|"))
 
 
 def error(pred: float, meas: float) -> float:
@@ -179,23 +189,25 @@ def run(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     sheets = [work / f"calibration{r}.json" for r in range(args.repeats)]
     calibration = sheets[0]
+    configs = grid(args.quick)
+    models = {c.model for c in configs if selected(c.name, args.only)} or {c.model for c in configs}
     if args.recalibrate or not calibration.exists():
         calibration.unlink(missing_ok=True)
-        calibrate(calibration, args.calibrate_repeats)
-    configs = grid(args.quick)
+        calibrate(calibration, args.calibrate_repeats, models)
     choices = {}
-    for model in sorted({c.model for c in configs}):
+    for model in sorted(models):
         choice_plan = free_choice(model, calibration, work / f"choice_{model}.json")
         choice = config_of(model, choice_plan)
         choices[model] = choice
         if choice not in configs:
             configs.append(choice)
+    configs = [c for c in configs if selected(c.name, args.only)]
     plans: dict[Config, list[tuple[Path, dict]]] = {cfg: [] for cfg in configs}
     runs: dict[Config, list[dict]] = {cfg: [] for cfg in configs}
     for r in range(args.repeats):
         if r > 0:  # each round is predicted from a calibration taken just before it, in the same phase of the machine
             sheets[r].unlink(missing_ok=True)
-            calibrate(sheets[r], args.calibrate_repeats)
+            calibrate(sheets[r], args.calibrate_repeats, models)
         for i, cfg in enumerate(configs):
             path = work / f"plan{i}_round{r}.json"
             plans[cfg].append((path, plan(cfg, sheets[r], path)))
@@ -251,6 +263,33 @@ def run(args: argparse.Namespace) -> dict:
                         "median_abs_rss_error": statistics.median(abs(r["rss_error"]) for r in rows),
                         "worst_choice_gap": max((c["gap"] for c in choice_rows), default=float("nan")),
                         "median_other_load": statistics.median(loads) if loads else None}}
+
+
+def repredict(data: dict, work: Path, only: str = "") -> list[dict]:
+    """The saved rows re-planned from the saved calibrations of each round (nothing runs): what the
+    planner predicts now for what was measured then."""
+    out = []
+    sheets = [work / f"calibration{r}.json" for r in range(data["repeats"])]
+    for row in data["rows"]:
+        if not selected(row["name"], only):
+            continue
+        cfg = Config(**row["config"])
+        preds = [plan(cfg, sheet, work / f"repredict{r}.json")["predicted"]["iteration_time_s"]
+                 for r, sheet in enumerate(sheets)]
+        pred = statistics.median(preds)
+        out.append({"name": row["name"], "measured_step_s": row["measured_step_s"],
+                    "before_s": row["predicted_step_s"], "before_error": row["step_error"],
+                    "now_s": pred, "now_error": error(pred, row["measured_step_s"])})
+    return out
+
+
+def repredict_markdown(rows: list[dict]) -> str:
+    lines = ["| configuration | measured | predicted then | error | predicted now | error |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['name']} | {r['measured_step_s'] * 1e3:.1f} ms | {r['before_s'] * 1e3:.1f} ms | "
+              f"{r['before_error'] * 100:+.0f}% | {r['now_s'] * 1e3:.1f} ms | {r['now_error'] * 100:+.0f}% |" for r in rows]
+    errors = [abs(r["now_error"]) for r in rows]
+    return "\n".join(lines + ["", f"now: median |step error| {statistics.median(errors) * 100:.1f}%, worst "
+                                   f"{max(errors) * 100:.1f}%"])
 
 
 def markdown(data: dict) -> str:
@@ -331,7 +370,13 @@ def main() -> int:
     parser.add_argument("--work-dir", default=str(ROOT / "runs" / "bench_planner_fidelity"))
     parser.add_argument("--out-dir", default=None, help="default docs/ (none with --quick)")
     parser.add_argument("--report-only", metavar="JSON", help="rewrite the Markdown from a saved JSON, measure nothing")
+    parser.add_argument("--only", default="", metavar="TEXT", help="only the configurations whose name holds TEXT (alternatives separated by |)")
+    parser.add_argument("--repredict", metavar="JSON", help="re-plan a saved JSON's rows from the work dir's "
+                        "calibrations and print predicted then vs now against what was measured; runs nothing")
     args = parser.parse_args()
+    if args.repredict:
+        print(repredict_markdown(repredict(json.loads(Path(args.repredict).read_text()), Path(args.work_dir), args.only)))
+        return 0
     data = json.loads(Path(args.report_only).read_text()) if args.report_only else run(args)
     text = markdown(data)
     print(text)

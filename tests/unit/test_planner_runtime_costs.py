@@ -13,8 +13,10 @@ from planner.calibrate_runtime import overheads
 from tests.unit.test_planner_calibration import LATENCY, BANDWIDTH, OPT_OVERHEAD, OPT_PER_BYTE, plan_for, write_sheet
 
 ACTION, MESSAGE, STEP, PROCESS = 1e-3, 3e-4, 5e-3, 1e8
-RUNTIME = {"flush": {"compute_action_s": ACTION, "message_s": MESSAGE, "step_s": STEP},
-           "2bw": {"compute_action_s": 2 * ACTION, "message_s": 2 * MESSAGE, "step_s": 2 * STEP},
+RATIO = 1.25   # the traced runs' layers / the profile's
+RUNTIME = {"flush": {"compute_action_s": ACTION, "message_s": MESSAGE, "step_s": STEP, "layer_time_ratio": RATIO},
+           "2bw": {"compute_action_s": 2 * ACTION, "message_s": 2 * MESSAGE, "step_s": 2 * STEP,
+                   "layer_time_ratio": 2 * RATIO},
            "process_bytes": PROCESS}
 FLUSH_1F1B = ("train.micro_batch_size=4", "planner.pp=2", "planner.dp=1", "planner.schedules=[1f1b]",
               "planner.recompute=[false]")
@@ -38,8 +40,13 @@ def test_flush_prediction_adds_actions_messages_and_the_step(tmp_path):
     fwd, bwd = inputs.profile.times(4)
     stage = max(float((fwd + bwd)[0:3].sum()), float((fwd + bwd)[3:6].sum()))
     out_bytes = inputs.profile.arrays["output_bytes"][2] * 4
-    # each rank: a FWD and a BWD, two messages (an activation out and its gradient in, or the reverse)
-    slot = stage + 2 * LATENCY + out_bytes / BANDWIDTH + 2 * ACTION + 2 * MESSAGE
+    # each rank: its layers at the traced pace, a FWD and a BWD, two messages (an activation out and its
+    # gradient in, or the reverse) at their traced cost, which holds the transfer: no fitted latency on top
+    slot = stage * RATIO + out_bytes / BANDWIDTH + 2 * ACTION + 2 * MESSAGE
+    assert before.predicted.iteration_time_s == pytest.approx(
+        (8 + 2 - 1) * (stage + 2 * LATENCY + out_bytes / BANDWIDTH) + OPT_OVERHEAD
+        + OPT_PER_BYTE * max(inputs.profile.arrays["parameter_bytes"][0:3].sum(),
+                             inputs.profile.arrays["parameter_bytes"][3:6].sum()), rel=1e-9)
     weights = inputs.profile.arrays["parameter_bytes"]
     update = OPT_OVERHEAD + OPT_PER_BYTE * max(weights[0:3].sum(), weights[3:6].sum())
     assert after.predicted.iteration_time_s == pytest.approx((8 + 2 - 1) * slot + update + STEP, rel=1e-9)
@@ -60,7 +67,8 @@ def test_two_bw_uses_its_own_costs(tmp_path):
     fwd, bwd = inputs.profile.times(4)
     stage = max(float((fwd + bwd)[0:3].sum()), float((fwd + bwd)[3:6].sum()))
     out_bytes = inputs.profile.arrays["output_bytes"][2] * 4
-    slot = stage + 2 * LATENCY + out_bytes / BANDWIDTH + 2 * (2 * ACTION) + 2 * (2 * MESSAGE)
+    # one pace for every family's layers: the least of the traced runs' ratios (flush's here)
+    slot = stage * RATIO + out_bytes / BANDWIDTH + 2 * (2 * ACTION) + 2 * (2 * MESSAGE)
     weights = inputs.profile.arrays["parameter_bytes"]
     update = OPT_OVERHEAD + OPT_PER_BYTE * max(weights[0:3].sum(), weights[3:6].sum())
     assert two_bw.iteration_time == pytest.approx(8 * slot + update + 2 * STEP, rel=1e-9)
@@ -115,3 +123,13 @@ def test_overheads_from_a_trace():
     assert slower["layer_time_ratio"] == pytest.approx(23 / 16)
     assert got["message_s"] == pytest.approx(0.5e-3)
     assert got["step_s"] == pytest.approx((4 + 11) * 1e-3 - 0.004)
+
+
+def test_layer_pace_is_the_least_disturbed_runs():
+    from planner.runtime_costs import layer_pace, runtime_costs
+
+    assert layer_pace([1.3, 2.1, 1.1]) == pytest.approx(1.1)
+    assert layer_pace([]) == 1.0
+    costs = runtime_costs({"runtime": RUNTIME})
+    assert costs.for_schedule("2bw").layer_time_ratio == pytest.approx(RATIO)
+    assert costs.for_schedule("1f1b").layer_time_ratio == pytest.approx(RATIO)
