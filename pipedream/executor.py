@@ -77,6 +77,7 @@ class Executor:
         forward and backward its weight version."""
         result = IterationResult()
         order, split = self._issue_order(actions)
+        recorder = self.recorder
         for action in order:
             kind = action.kind
             if kind is Kind.RECV_ACT:
@@ -85,7 +86,7 @@ class Executor:
             if kind is Kind.RECV_GRAD:
                 self.comm.post_recv_gradient(action.microbatch, action.chunk)
                 continue
-            start = self.clock()
+            start = self.clock() if recorder is not None else 0.0   # the clock only for the trace
             wait = 0.0
             if kind is Kind.FWD:
                 wait = self._forward(action, batches, loss_scale, result, train, weights)
@@ -93,8 +94,8 @@ class Executor:
                 wait = self._backward(action, weights, split)
             elif kind is Kind.WEIGHT:
                 self.stage.weight_grad(action.microbatch, action.chunk)
-                if self.recorder is not None:
-                    self.recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
+                if recorder is not None:
+                    recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
                 continue
             elif kind is Kind.SEND_ACT:
                 self.comm.send_activation(action.microbatch, action.chunk,
@@ -102,21 +103,21 @@ class Executor:
             elif kind is Kind.SEND_GRAD:
                 grad = self._last_input_grads.pop((action.microbatch, action.chunk))
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
-                if self.recorder is not None:
-                    self.recorder.record(action, start, self.clock(), wait)
+                if recorder is not None:
+                    recorder.record(action, start, self.clock(), wait)
                 if not split:
                     self._run_weight_grads(keep=self.weight_grads_delay)
                 continue
             elif kind is Kind.SYNC_GRADS:
                 self._run_weight_grads(keep=0)
-                start = self.clock()
+                start = self.clock() if recorder is not None else 0.0
                 if self.comm is not None and self.sends_before_sync:
                     self.comm.wait_sends()
                 self.sync_grads()
             elif kind is Kind.STEP:
                 self.step()
-            if self.recorder is not None:
-                self.recorder.record(action, start, self.clock(), wait)
+            if recorder is not None:
+                recorder.record(action, start, self.clock(), wait)
         self._run_weight_grads(keep=0)
         if self.comm is not None:
             self.comm.wait_sends()
@@ -138,7 +139,7 @@ class Executor:
         """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""
         queue = self.stage.weight_grads
         while len(queue) > keep:
-            start = self.clock()
+            start = self.clock() if self.recorder is not None else 0.0
             microbatch, chunk = queue.run_oldest()
             if self.recorder is not None:
                 self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
@@ -152,9 +153,10 @@ class Executor:
         elif chunk in self.handover:
             inputs = self._outputs.pop((mb, self.handover[chunk]))
         else:
-            before = self.clock()
+            before = self.clock() if self.recorder is not None else 0.0
             inputs = self.comm.wait_activation(mb, chunk)
-            wait = self.clock() - before
+            if self.recorder is not None:
+                wait = self.clock() - before
         target = batches[mb][1] if self.stage.is_last[chunk] else None
         if train:
             version = weights.weights_for(action) if weights is not None else None
@@ -178,9 +180,10 @@ class Executor:
         if chunk in self._handed_to:
             grad_output = self._last_input_grads.pop((mb, self._handed_to[chunk]))
         elif not self.stage.is_last[chunk]:
-            before = self.clock()
+            before = self.clock() if self.recorder is not None else 0.0
             grad_output = self.comm.wait_gradient(mb, chunk)
-            wait = self.clock() - before
+            if self.recorder is not None:
+                wait = self.clock() - before
         defer = self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk]
         grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer and not split,
                                          split=split and weights is None)
