@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
 from .comm import PipeComm
 from .schedules import Action, Kind
 from .schedules.issue_order import issue_order
+from .schedules.weight_hold import held_until_activation_send
 from .stage import Stage
 from .weights import WeightStore
 
@@ -29,6 +30,17 @@ class Recorder(Protocol):
     def record(self, action: Action, start: float, end: float, wait: float) -> None: ...
 
     def record_weight_grads(self, microbatch: int, chunk: int, start: float, end: float) -> None: ...
+
+
+class _Order(NamedTuple):
+    """An action list prepared once: its issue order, whether it splits backwards (W actions), and
+    per action of the order a mark: on a BWD of a chunk that sends no gradient, it holds its
+    weight-gradient GEMMs; on a SEND_ACT, those run after it (``schedules.weight_hold``)."""
+
+    actions: tuple[Action, ...]
+    order: list[Action]
+    split: bool
+    marks: list[bool]
 
 
 @dataclass
@@ -49,7 +61,9 @@ class Executor:
     sends_before_sync: bool
     # A backward whose input gradient is sent computes that gradient first, sends it, then runs
     # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Runs without a
-    # weight store only (weight versions take their gradients at the backward's end).
+    # weight store only (weight versions take their gradients at the backward's end). The first
+    # stage, which sends no gradient, holds them until its next activation send where a forward
+    # comes before its next backward (``schedules.weight_hold``).
     weight_grads_after_send: bool
     # How many later backwards' sends a backward's weight-gradient GEMMs wait for (0: right after
     # its own send). With 1, the GEMMs of B(k) run after B(k+1)'s send: the forward that follows a
@@ -67,7 +81,7 @@ class Executor:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
         self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
-        self._orders: dict[int, tuple[tuple[Action, ...], list[Action], bool]] = {}   # id(actions) -> order
+        self._orders: dict[int, _Order] = {}   # id(actions) -> its prepared order
 
     def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
             train: bool = True, weights: WeightStore | None = None) -> IterationResult:
@@ -76,9 +90,10 @@ class Executor:
         With ``train=False`` forwards run without a graph (evaluation); ``weights`` gives every
         forward and backward its weight version."""
         result = IterationResult()
-        order, split = self._issue_order(actions)
-        recorder = self.recorder
-        for action in order:
+        prepared = self._issue_order(actions)
+        split, recorder = prepared.split, self.recorder
+        holding = weights is None   # weight versions take their gradients at the backward's end
+        for action, marked in zip(prepared.order, prepared.marks):
             kind = action.kind
             if kind is Kind.RECV_ACT:
                 self.comm.post_recv_activation(action.microbatch, action.chunk)
@@ -91,7 +106,7 @@ class Executor:
             if kind is Kind.FWD:
                 wait = self._forward(action, batches, loss_scale, result, train, weights)
             elif kind is Kind.BWD:
-                wait = self._backward(action, weights, split)
+                wait = self._backward(action, weights, split, marked and holding)
             elif kind is Kind.WEIGHT:
                 self.stage.weight_grad(action.microbatch, action.chunk)
                 if recorder is not None:
@@ -100,6 +115,11 @@ class Executor:
             elif kind is Kind.SEND_ACT:
                 self.comm.send_activation(action.microbatch, action.chunk,
                                           self._outputs.pop((action.microbatch, action.chunk)))
+                if marked and holding:   # a first stage's held GEMMs, after the send
+                    if recorder is not None:
+                        recorder.record(action, start, self.clock(), wait)
+                    self._run_weight_grads(keep=0)
+                    continue
             elif kind is Kind.SEND_GRAD:
                 grad = self._last_input_grads.pop((action.microbatch, action.chunk))
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
@@ -123,17 +143,20 @@ class Executor:
             self.comm.wait_sends()
         return result
 
-    def _issue_order(self, actions: list[Action]) -> tuple[list[Action], bool]:
-        """The issue order of ``actions`` and whether it splits backwards (W actions), kept for the
-        list a runner passes every step (recomputed when the list changes)."""
+    def _issue_order(self, actions: list[Action]) -> _Order:
+        """``actions`` prepared (``_Order``), kept for the list a runner passes every step
+        (prepared again when the list changes)."""
         key = tuple(actions)
         cached = self._orders.get(id(actions))
-        if cached is None or cached[0] != key:
+        if cached is None or cached.actions != key:
             split = any(a.kind is Kind.WEIGHT for a in actions)
-            cached = self._orders[id(actions)] = (key, issue_order(actions), split)
+            held = held_until_activation_send(actions) if self.weight_grads_after_send and not split else {}
+            marked = {*held, *held.values()}
+            order = issue_order(actions)
+            cached = self._orders[id(actions)] = _Order(key, order, split, [a in marked for a in order])
             if len(self._orders) > 4:   # the training and evaluation lists, and a few asynchronous windows
                 del self._orders[next(iter(self._orders))]
-        return cached[1], cached[2]
+        return cached
 
     def _run_weight_grads(self, keep: int) -> None:
         """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""
@@ -166,14 +189,14 @@ class Executor:
         else:
             out = self.stage.forward_only(chunk, inputs, target)
         if self.stage.is_last[chunk]:
-            result.loss_sum += float(out)
+            loss = result.losses[mb] = float(out)
+            result.loss_sum += loss
             result.loss_count += 1
-            result.losses[mb] = float(out)
         else:
             self._outputs[(mb, chunk)] = out
         return wait
 
-    def _backward(self, action: Action, weights: WeightStore | None, split: bool) -> float:
+    def _backward(self, action: Action, weights: WeightStore | None, split: bool, held: bool) -> float:
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         grad_output = None
@@ -184,7 +207,7 @@ class Executor:
             grad_output = self.comm.wait_gradient(mb, chunk)
             if self.recorder is not None:
                 wait = self.clock() - before
-        defer = self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk]
+        defer = held or (self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk])
         grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer and not split,
                                          split=split and weights is None)
         if weights is not None:
