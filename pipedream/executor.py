@@ -34,13 +34,14 @@ class Recorder(Protocol):
 
 class _Order(NamedTuple):
     """An action list prepared once: its issue order, whether it splits backwards (W actions), and
-    per action of the order a mark: on a BWD of a chunk that sends no gradient, it holds its
-    weight-gradient GEMMs; on a SEND_ACT, those run after it (``schedules.weight_hold``)."""
+    per action of the order the backwards of a chunk that sends no gradient whose weight-gradient
+    GEMMs it concerns (``schedules.weight_hold``): a BWD that holds them names itself, a SEND_ACT
+    names those that run right after it; empty for any other action."""
 
     actions: tuple[Action, ...]
     order: list[Action]
     split: bool
-    marks: list[bool]
+    held: list[tuple[Action, ...]]
 
 
 @dataclass
@@ -93,7 +94,7 @@ class Executor:
         prepared = self._issue_order(actions)
         split, recorder = prepared.split, self.recorder
         holding = weights is None   # weight versions take their gradients at the backward's end
-        for action, marked in zip(prepared.order, prepared.marks):
+        for action, held in zip(prepared.order, prepared.held):
             kind = action.kind
             if kind is Kind.RECV_ACT:
                 self.comm.post_recv_activation(action.microbatch, action.chunk)
@@ -106,7 +107,7 @@ class Executor:
             if kind is Kind.FWD:
                 wait = self._forward(action, batches, loss_scale, result, train, weights)
             elif kind is Kind.BWD:
-                wait = self._backward(action, weights, split, marked and holding)
+                wait = self._backward(action, weights, split, bool(held) and holding)
             elif kind is Kind.WEIGHT:
                 self.stage.weight_grad(action.microbatch, action.chunk)
                 if recorder is not None:
@@ -115,10 +116,10 @@ class Executor:
             elif kind is Kind.SEND_ACT:
                 self.comm.send_activation(action.microbatch, action.chunk,
                                           self._outputs.pop((action.microbatch, action.chunk)))
-                if marked and holding:   # a first stage's held GEMMs, after the send
+                if held and holding:   # a first stage's held GEMMs, after the send
                     if recorder is not None:
                         recorder.record(action, start, self.clock(), wait)
-                    self._run_weight_grads(keep=0)
+                    self._run_held_weight_grads(held)
                     continue
             elif kind is Kind.SEND_GRAD:
                 grad = self._last_input_grads.pop((action.microbatch, action.chunk))
@@ -151,9 +152,12 @@ class Executor:
         if cached is None or cached.actions != key:
             split = any(a.kind is Kind.WEIGHT for a in actions)
             held = held_until_activation_send(actions) if self.weight_grads_after_send and not split else {}
-            marked = {*held, *held.values()}
+            released: dict[Action, tuple[Action, ...]] = {}
+            for backward, send in held.items():
+                released[send] = (*released.get(send, ()), backward)
             order = issue_order(actions)
-            cached = self._orders[id(actions)] = _Order(key, order, split, [a in marked for a in order])
+            cached = self._orders[id(actions)] = _Order(
+                key, order, split, [(a,) if a in held else released.get(a, ()) for a in order])
             if len(self._orders) > 4:   # the training and evaluation lists, and a few asynchronous windows
                 del self._orders[next(iter(self._orders))]
         return cached
@@ -166,6 +170,15 @@ class Executor:
             microbatch, chunk = queue.run_oldest()
             if self.recorder is not None:
                 self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
+
+    def _run_held_weight_grads(self, backwards: tuple[Action, ...]) -> None:
+        """Runs the groups of these backwards only: other chunks' groups keep their own turn (each
+        weight belongs to one chunk, so its gradient is summed in the same order either way)."""
+        for backward in backwards:
+            start = self.clock() if self.recorder is not None else 0.0
+            self.stage.weight_grads.run((backward.microbatch, backward.chunk))
+            if self.recorder is not None:
+                self.recorder.record_weight_grads(backward.microbatch, backward.chunk, start, self.clock())
 
     def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
                  train: bool, weights: WeightStore | None) -> float:

@@ -216,6 +216,14 @@ class _Rank:
             self.timeline.append(Interval(action, self.clock, self.clock + duration, weight_grads=True))
             self.clock += duration
 
+    def run_held_until(self, send: Action, held_until: dict[Action, Action]) -> None:
+        """Runs the weight-gradient parts held until ``send`` (a first stage's), leaving the others."""
+        for entry in [e for e in self.held if held_until.get(e[0]) == send]:
+            self.held.remove(entry)
+            action, duration = entry
+            self.timeline.append(Interval(action, self.clock, self.clock + duration, weight_grads=True))
+            self.clock += duration
+
 
 class _Simulation:
     """One iteration in progress: every rank runs its actions in turn until it is blocked (an input
@@ -243,7 +251,6 @@ class _Simulation:
         # backwards that send none (the first stage's) but precede a forward's activation send: held
         # until that send, as the executor does (``schedules.weight_hold``)
         self.held_until = [held_until_activation_send(actions) for actions in schedule]
-        self.releases = [set(held.values()) for held in self.held_until]
 
     def run(self) -> None:
         while any(state.pc < len(actions) for state, actions in zip(self.ranks, self.schedule)):
@@ -298,8 +305,8 @@ class _Simulation:
         self.arrivals.setdefault((rank, dst), []).append(start + size / costs.bandwidth + costs.latency)
         if action.kind is Kind.SEND_GRAD:
             state.run_weight_grads(self.weight_grads_delay)
-        elif action in self.releases[rank]:
-            state.run_weight_grads(0)
+        else:
+            state.run_held_until(action, self.held_until[rank])
 
     def _compute(self, rank: int, action: Action) -> bool:
         state = self.ranks[rank]

@@ -27,15 +27,15 @@ WEIGHT_GRADS_DELAY = {"1f1b-no-delay": 0}   # default: 1
 
 def expected_weight_grad_order(actions: list[Action], delay: int) -> list[str]:
     """Sends and weight-gradient events as the executor interleaves them: W of a backward whose
-    input gradient is sent right after the send of the backward ``delay`` later; W of a first
-    stage's backward that a forward's send follows (``held_until_activation_send``) right after
-    that send; the rest right after the last send."""
+    input gradient is sent right after the send of the backward ``delay`` later (the rest right
+    after the last send); W of a first stage's backward that a forward's send follows
+    (``held_until_activation_send``) right after that send."""
     held_until = held_until_activation_send(actions)
     sends_grad = {(a.microbatch, a.chunk) for a in actions if a.kind is Kind.SEND_GRAD}
     order: list[str] = []
     held: list[str] = []
     for action in actions:
-        if action.kind is Kind.BWD and ((action.microbatch, action.chunk) in sends_grad or action in held_until):
+        if action.kind is Kind.BWD and (action.microbatch, action.chunk) in sends_grad:
             held.append(WEIGHT_GRADS + str(action).removeprefix("B"))
         elif action.kind is Kind.SEND_GRAD:
             order.append(str(action))
@@ -43,8 +43,7 @@ def expected_weight_grad_order(actions: list[Action], delay: int) -> list[str]:
                 order.append(held.pop(0))
         elif action.kind is Kind.SEND_ACT:
             order.append(str(action))
-            if action in held_until.values():
-                order, held = order + held, []
+            order += [WEIGHT_GRADS + str(b).removeprefix("B") for b, send in held_until.items() if send == action]
     return order + held
 
 
