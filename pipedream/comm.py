@@ -68,14 +68,26 @@ class PipeComm:
     _recvs: dict[tuple[bool, int, int], _Pending] = field(default_factory=dict)
     _sends: list[_Pending] = field(default_factory=list)
     _warned_indivisible: bool = False
+    # (chunk, forward) -> the peer's rank (unless stage replicas route by micro-batch) and chunk:
+    # fixed by the layout, found once rather than per message
+    _peers: dict[tuple[int, bool], int] = field(default_factory=dict)
+    _peer_chunks: dict[tuple[int, bool], int] = field(default_factory=dict)
 
     def _peer(self, microbatch: int, chunk: int, forward: bool) -> int:
-        return self.layout.peer_rank(self.rank, microbatch, chunk, forward)
+        if self.layout.stage_replicas:
+            return self.layout.peer_rank(self.rank, microbatch, chunk, forward)
+        peer = self._peers.get((chunk, forward))
+        if peer is None:
+            peer = self._peers[(chunk, forward)] = self.layout.peer_rank(self.rank, microbatch, chunk, forward)
+        return peer
 
     def _peer_chunk(self, chunk: int, forward: bool) -> int:
-        pp_rank = self.layout.coords(self.rank).pp
-        step = self.layout.next_virtual_stage if forward else self.layout.prev_virtual_stage
-        return step(pp_rank, chunk)[1]
+        peer_chunk = self._peer_chunks.get((chunk, forward))
+        if peer_chunk is None:
+            pp_rank = self.layout.coords(self.rank).pp
+            step = self.layout.next_virtual_stage if forward else self.layout.prev_virtual_stage
+            peer_chunk = self._peer_chunks[(chunk, forward)] = step(pp_rank, chunk)[1]
+        return peer_chunk
 
     # activations flow forward: I send my chunk's output, receive my chunk's input
     def send_activation(self, microbatch: int, chunk: int, tensor: Boundary) -> None:
@@ -136,7 +148,7 @@ class PipeComm:
     def _send(self, tensor: Boundary, dst: int, tag: int) -> None:
         if not isinstance(tensor, torch.Tensor):
             tensor = pack(tensor, self._packing_parts())
-        if self._splits(tensor.shape):
+        if self.scatter_gather and self._splits(tensor.shape):
             tensor = scatter_chunk(tensor, self.tp)
         tensor = tensor.contiguous()
         work = dist.isend(tensor, dst, group=self.groups.carrying(self.rank, dst), tag=tag)
@@ -150,7 +162,7 @@ class PipeComm:
         packed = spec if isinstance(spec, TupleSpec) else None
         shape, dtype = ((packed.packed_bytes(self._packing_parts()),), torch.uint8) if packed else spec
         gather_to = None
-        if self._splits(torch.Size(shape)):
+        if self.scatter_gather and self._splits(torch.Size(shape)):
             gather_to, shape = torch.Size(shape), (math.prod(shape) // self.tp.size,)
         buffer = torch.empty(shape, dtype=dtype, device=self.device)
         work = dist.irecv(buffer, src, group=self.groups.carrying(src, self.rank), tag=tag)

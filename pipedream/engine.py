@@ -3,6 +3,7 @@ from a RunSpec, picks the runner of the schedule once (``runner_class``: flush o
 asynchronous), and runs training steps and evaluation through it."""
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
 
@@ -64,7 +65,8 @@ class PipelineEngine:
         chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
-                           precision.fp32_loss(model.loss_fn), recompute=spec.recompute, autocast=precision.autocast)
+                           precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
+                           autocast=precision.autocast if precision.enabled else nullcontext)
         if train.fuse_grad_accumulation and multi is None:   # fused layers run their Linears under vmap
             for chunk in chunks:
                 fuse_grad_accumulation(chunk, self.stage.weight_grads)
@@ -100,6 +102,7 @@ class PipelineEngine:
             self.comm.connect()
             parts.comm = self.comm
         self.parts = parts
+        self._chunks_training = False
         self.runner: Runner = MultiModelRunner(parts, multi) if multi else runner(parts)
         self.fused_stage = prepare_fused_stage(self, multi.settings) if multi else None
 
@@ -123,8 +126,10 @@ class PipelineEngine:
         asynchronous schedules: of the micro-batches that completed in this step's window).
         ``grad_norm=False`` lets a flush schedule skip the gradient norm when it does not clip
         (every rank must pass the same value)."""
-        for model_chunk in self.stage.chunks:
-            model_chunk.train()
+        if not self._chunks_training:   # once, and again after an evaluation (a Python call per module)
+            for model_chunk in self.stage.chunks:
+                model_chunk.train()
+            self._chunks_training = True
         return self.runner.run_step(batches, grad_norm)
 
     def drain(self) -> StepResult | None:
@@ -141,6 +146,7 @@ class PipelineEngine:
         in-flight micro-batches keep their own versions and resume at the next step)."""
         for model_chunk in self.stage.chunks:
             model_chunk.eval()
+        self._chunks_training = False
         parked = self.comm.park() if self.comm is not None else None   # receives posted for training
         with self.parts.shapes.evaluating(batches):
             result = self.executor.run(self.eval_actions, self.parts.to_device(batches), loss_scale=1.0, train=False)

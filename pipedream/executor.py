@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, NamedTuple, Protocol
 
 import torch
 
 from .comm import PipeComm
 from .schedules import Action, Kind
 from .schedules.issue_order import issue_order
+from .schedules.weight_hold import held_until_activation_send
 from .stage import Stage
 from .weights import WeightStore
 
@@ -29,6 +30,18 @@ class Recorder(Protocol):
     def record(self, action: Action, start: float, end: float, wait: float) -> None: ...
 
     def record_weight_grads(self, microbatch: int, chunk: int, start: float, end: float) -> None: ...
+
+
+class _Order(NamedTuple):
+    """An action list prepared once: its issue order, whether it splits backwards (W actions), and
+    per action of the order the backwards of a chunk that sends no gradient whose weight-gradient
+    GEMMs it concerns (``schedules.weight_hold``): a BWD that holds them names itself, a SEND_ACT
+    names those that run right after it; empty for any other action."""
+
+    actions: tuple[Action, ...]
+    order: list[Action]
+    split: bool
+    held: list[tuple[Action, ...]]
 
 
 @dataclass
@@ -49,7 +62,9 @@ class Executor:
     sends_before_sync: bool
     # A backward whose input gradient is sent computes that gradient first, sends it, then runs
     # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Runs without a
-    # weight store only (weight versions take their gradients at the backward's end).
+    # weight store only (weight versions take their gradients at the backward's end). The first
+    # stage, which sends no gradient, holds them until its next activation send where a forward
+    # comes before its next backward (``schedules.weight_hold``).
     weight_grads_after_send: bool
     # How many later backwards' sends a backward's weight-gradient GEMMs wait for (0: right after
     # its own send). With 1, the GEMMs of B(k) run after B(k+1)'s send: the forward that follows a
@@ -67,7 +82,7 @@ class Executor:
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
         self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
-        self._orders: dict[int, tuple[tuple[Action, ...], list[Action], bool]] = {}   # id(actions) -> order
+        self._orders: dict[int, _Order] = {}   # id(actions) -> its prepared order
 
     def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
             train: bool = True, weights: WeightStore | None = None) -> IterationResult:
@@ -76,8 +91,10 @@ class Executor:
         With ``train=False`` forwards run without a graph (evaluation); ``weights`` gives every
         forward and backward its weight version."""
         result = IterationResult()
-        order, split = self._issue_order(actions)
-        for action in order:
+        prepared = self._issue_order(actions)
+        split, recorder = prepared.split, self.recorder
+        holding = weights is None   # weight versions take their gradients at the backward's end
+        for action, held in zip(prepared.order, prepared.held):
             kind = action.kind
             if kind is Kind.RECV_ACT:
                 self.comm.post_recv_activation(action.microbatch, action.chunk)
@@ -85,63 +102,83 @@ class Executor:
             if kind is Kind.RECV_GRAD:
                 self.comm.post_recv_gradient(action.microbatch, action.chunk)
                 continue
-            start = self.clock()
+            start = self.clock() if recorder is not None else 0.0   # the clock only for the trace
             wait = 0.0
             if kind is Kind.FWD:
                 wait = self._forward(action, batches, loss_scale, result, train, weights)
             elif kind is Kind.BWD:
-                wait = self._backward(action, weights, split)
+                wait = self._backward(action, weights, split, bool(held) and holding)
             elif kind is Kind.WEIGHT:
                 self.stage.weight_grad(action.microbatch, action.chunk)
-                if self.recorder is not None:
-                    self.recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
+                if recorder is not None:
+                    recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
                 continue
             elif kind is Kind.SEND_ACT:
                 self.comm.send_activation(action.microbatch, action.chunk,
                                           self._outputs.pop((action.microbatch, action.chunk)))
+                if held and holding:   # a first stage's held GEMMs, after the send
+                    if recorder is not None:
+                        recorder.record(action, start, self.clock(), wait)
+                    self._run_held_weight_grads(held)
+                    continue
             elif kind is Kind.SEND_GRAD:
                 grad = self._last_input_grads.pop((action.microbatch, action.chunk))
                 self.comm.send_gradient(action.microbatch, action.chunk, grad)
-                if self.recorder is not None:
-                    self.recorder.record(action, start, self.clock(), wait)
+                if recorder is not None:
+                    recorder.record(action, start, self.clock(), wait)
                 if not split:
                     self._run_weight_grads(keep=self.weight_grads_delay)
                 continue
             elif kind is Kind.SYNC_GRADS:
                 self._run_weight_grads(keep=0)
-                start = self.clock()
+                start = self.clock() if recorder is not None else 0.0
                 if self.comm is not None and self.sends_before_sync:
                     self.comm.wait_sends()
                 self.sync_grads()
             elif kind is Kind.STEP:
                 self.step()
-            if self.recorder is not None:
-                self.recorder.record(action, start, self.clock(), wait)
+            if recorder is not None:
+                recorder.record(action, start, self.clock(), wait)
         self._run_weight_grads(keep=0)
         if self.comm is not None:
             self.comm.wait_sends()
         return result
 
-    def _issue_order(self, actions: list[Action]) -> tuple[list[Action], bool]:
-        """The issue order of ``actions`` and whether it splits backwards (W actions), kept for the
-        list a runner passes every step (recomputed when the list changes)."""
+    def _issue_order(self, actions: list[Action]) -> _Order:
+        """``actions`` prepared (``_Order``), kept for the list a runner passes every step
+        (prepared again when the list changes)."""
         key = tuple(actions)
         cached = self._orders.get(id(actions))
-        if cached is None or cached[0] != key:
+        if cached is None or cached.actions != key:
             split = any(a.kind is Kind.WEIGHT for a in actions)
-            cached = self._orders[id(actions)] = (key, issue_order(actions), split)
+            held = held_until_activation_send(actions) if self.weight_grads_after_send and not split else {}
+            released: dict[Action, tuple[Action, ...]] = {}
+            for backward, send in held.items():
+                released[send] = (*released.get(send, ()), backward)
+            order = issue_order(actions)
+            cached = self._orders[id(actions)] = _Order(
+                key, order, split, [(a,) if a in held else released.get(a, ()) for a in order])
             if len(self._orders) > 4:   # the training and evaluation lists, and a few asynchronous windows
                 del self._orders[next(iter(self._orders))]
-        return cached[1], cached[2]
+        return cached
 
     def _run_weight_grads(self, keep: int) -> None:
         """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""
         queue = self.stage.weight_grads
         while len(queue) > keep:
-            start = self.clock()
+            start = self.clock() if self.recorder is not None else 0.0
             microbatch, chunk = queue.run_oldest()
             if self.recorder is not None:
                 self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
+
+    def _run_held_weight_grads(self, backwards: tuple[Action, ...]) -> None:
+        """Runs the groups of these backwards only: other chunks' groups keep their own turn (each
+        weight belongs to one chunk, so its gradient is summed in the same order either way)."""
+        for backward in backwards:
+            start = self.clock() if self.recorder is not None else 0.0
+            self.stage.weight_grads.run((backward.microbatch, backward.chunk))
+            if self.recorder is not None:
+                self.recorder.record_weight_grads(backward.microbatch, backward.chunk, start, self.clock())
 
     def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
                  train: bool, weights: WeightStore | None) -> float:
@@ -152,9 +189,10 @@ class Executor:
         elif chunk in self.handover:
             inputs = self._outputs.pop((mb, self.handover[chunk]))
         else:
-            before = self.clock()
+            before = self.clock() if self.recorder is not None else 0.0
             inputs = self.comm.wait_activation(mb, chunk)
-            wait = self.clock() - before
+            if self.recorder is not None:
+                wait = self.clock() - before
         target = batches[mb][1] if self.stage.is_last[chunk] else None
         if train:
             version = weights.weights_for(action) if weights is not None else None
@@ -164,24 +202,25 @@ class Executor:
         else:
             out = self.stage.forward_only(chunk, inputs, target)
         if self.stage.is_last[chunk]:
-            result.loss_sum += float(out)
+            loss = result.losses[mb] = float(out)
+            result.loss_sum += loss
             result.loss_count += 1
-            result.losses[mb] = float(out)
         else:
             self._outputs[(mb, chunk)] = out
         return wait
 
-    def _backward(self, action: Action, weights: WeightStore | None, split: bool) -> float:
+    def _backward(self, action: Action, weights: WeightStore | None, split: bool, held: bool) -> float:
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         grad_output = None
         if chunk in self._handed_to:
             grad_output = self._last_input_grads.pop((mb, self._handed_to[chunk]))
         elif not self.stage.is_last[chunk]:
-            before = self.clock()
+            before = self.clock() if self.recorder is not None else 0.0
             grad_output = self.comm.wait_gradient(mb, chunk)
-            wait = self.clock() - before
-        defer = self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk]
+            if self.recorder is not None:
+                wait = self.clock() - before
+        defer = held or (self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk])
         grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer and not split,
                                          split=split and weights is None)
         if weights is not None:

@@ -18,8 +18,7 @@ over micro-batches in the same order whenever the groups run: results do not dep
 from __future__ import annotations
 
 from collections import deque
-from contextlib import contextmanager
-from typing import Hashable, Iterator
+from typing import Hashable
 
 import torch
 import torch.nn.functional as F
@@ -46,18 +45,22 @@ class WeightGradQueue:
 
     def __init__(self) -> None:
         self._collecting: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
+        self._key: Hashable = None
         self._groups: deque[tuple[Hashable, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]] = deque()
 
-    @contextmanager
-    def deferred(self, key: Hashable) -> Iterator[None]:
-        gemms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._collecting = gemms
-        try:
-            yield
-        finally:
-            self._collecting = None
-            if gemms:
-                self._groups.append((key, gemms))
+    def deferred(self, key: Hashable) -> WeightGradQueue:
+        """``with queue.deferred(key):`` holds the GEMMs of the backward inside as the group ``key``
+        (the queue is its own context: a generator-based one costs a few Python calls per backward)."""
+        self._key = key
+        return self
+
+    def __enter__(self) -> None:
+        self._collecting = []
+
+    def __exit__(self, *exc_info: object) -> None:
+        gemms, self._collecting = self._collecting, None
+        if gemms:
+            self._groups.append((self._key, gemms))
 
     def accumulate(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
         if self._collecting is not None:
@@ -115,8 +118,24 @@ class _LinearAccumulatingGrad(torch.autograd.Function):
             else:
                 accumulate_weight_grad(weight, grad_output, inputs)
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0).to(weight.dtype)
+            grad_bias = grad_output.reshape(-1, grad_output.shape[-1]).sum(0)
+            if grad_bias.dtype != weight.dtype:   # skip the no-op cast: one fewer call per backward
+                grad_bias = grad_bias.to(weight.dtype)
         return grad_inputs, None, grad_bias, None
+
+
+def _run_backward(ctx, grad_output: torch.Tensor):
+    return _LinearAccumulatingGrad.backward(ctx, grad_output)
+
+
+# autograd calls ``apply`` on the backward node; the inherited one looks the user's backward up on
+# every call (``_get_user_fn``, ``boxed_grads_call``); this Function's is fixed, so it goes there
+_LinearAccumulatingGrad._backward_cls.apply = _run_backward
+# ``Function.apply`` is a Python wrapper (default arguments, functorch's checks and the unwrapping
+# of every argument: about a dozen Python calls per Linear) around the C apply, which outside a
+# functorch transform is all it calls: it is called directly then. The wrapper's unwrapping is for
+# tensors left over from a finished transform; the layers' parameters and inputs are none.
+_apply_in_c = super(torch.autograd.function._SingleLevelFunction, _LinearAccumulatingGrad).apply
 
 
 def accumulating_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -125,7 +144,9 @@ def accumulating_linear(inputs: torch.Tensor, weight: torch.Tensor, bias: torch.
     given); plain ``F.linear`` where no leaf gradient is taken (evaluation, a frozen weight)."""
     if not (weight.requires_grad and weight.is_leaf) or not torch.is_grad_enabled():
         return F.linear(inputs, weight, bias)
-    return _LinearAccumulatingGrad.apply(inputs, weight, bias, queue)
+    if torch._C._are_functorch_transforms_active():   # vmap/grad (fused multi-model layers)
+        return _LinearAccumulatingGrad.apply(inputs, weight, bias, queue)
+    return _apply_in_c(inputs, weight, bias, queue)
 
 
 class AccumulatingLinear(nn.Linear):

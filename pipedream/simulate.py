@@ -16,6 +16,7 @@ from typing import Callable, Hashable, Union
 
 from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
 from pipedream.schedules.common import ScheduleError, needed_receive, peer_stage
+from pipedream.schedules.weight_hold import held_until_activation_send
 
 PeerFn = Callable[[int, Action, int, int], tuple[int, int]]
 """(rank, comm action, pp, vpp) -> (peer rank, peer chunk)."""
@@ -215,6 +216,14 @@ class _Rank:
             self.timeline.append(Interval(action, self.clock, self.clock + duration, weight_grads=True))
             self.clock += duration
 
+    def run_held_until(self, send: Action, held_until: dict[Action, Action]) -> None:
+        """Runs the weight-gradient parts held until ``send`` (a first stage's), leaving the others."""
+        for entry in [e for e in self.held if held_until.get(e[0]) == send]:
+            self.held.remove(entry)
+            action, duration = entry
+            self.timeline.append(Interval(action, self.clock, self.clock + duration, weight_grads=True))
+            self.clock += duration
+
 
 class _Simulation:
     """One iteration in progress: every rank runs its actions in turn until it is blocked (an input
@@ -239,6 +248,9 @@ class _Simulation:
                            for a in actions if a.kind is Kind.SEND_GRAD}
         self.explicit_weight = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
                                 for a in actions if a.kind is Kind.WEIGHT}
+        # backwards that send none (the first stage's) but precede a forward's activation send: held
+        # until that send, as the executor does (``schedules.weight_hold``)
+        self.held_until = [held_until_activation_send(actions) for actions in schedule]
 
     def run(self) -> None:
         while any(state.pc < len(actions) for state, actions in zip(self.ranks, self.schedule)):
@@ -293,6 +305,8 @@ class _Simulation:
         self.arrivals.setdefault((rank, dst), []).append(start + size / costs.bandwidth + costs.latency)
         if action.kind is Kind.SEND_GRAD:
             state.run_weight_grads(self.weight_grads_delay)
+        else:
+            state.run_held_until(action, self.held_until[rank])
 
     def _compute(self, rank: int, action: Action) -> bool:
         state = self.ranks[rank]
@@ -343,7 +357,7 @@ class _Simulation:
             state.backed.add(key)
             return duration - weight_grad
         self._release(state, rank, key)
-        if weight_grad > 0 and (rank, *key) in self.sends_grad:
+        if weight_grad > 0 and ((rank, *key) in self.sends_grad or action in self.held_until[rank]):
             duration -= weight_grad
             state.held.append((action, weight_grad))
         return duration

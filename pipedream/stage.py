@@ -115,21 +115,29 @@ class Stage:
         key = (chunk, boundary.shape_key(inputs), boundary.dtypes(inputs), weights is None)
         nbytes = self._saved_bytes.get(key)
         counter = None if nbytes is not None else self._counter(weights)
-        with nullcontext() if counter is None else torch.autograd.graph.saved_tensors_hooks(counter.pack, _same):
-            if self.recompute:
-                outputs = checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
-            else:
-                outputs = self._run_chunk(chunk, inputs, weights)
-            if self.is_last[chunk]:
-                loss = self.loss_fn(outputs, target)
-                outputs = loss * loss_scale
-        if counter is not None:
+        if counter is None:
+            loss, outputs = self._forward_graph(chunk, inputs, target, loss_scale, weights)
+        else:
+            with torch.autograd.graph.saved_tensors_hooks(counter.pack, _same):
+                loss, outputs = self._forward_graph(chunk, inputs, target, loss_scale, weights)
             for held in (*boundary.tensors(inputs), *boundary.tensors(outputs)):
                 counter.pack(held)   # the stash holds the inputs and outputs too (each storage counted once)
             nbytes = self._saved_bytes[key] = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
         self.stats.add(chunk, nbytes)
         return loss.detach() if self.is_last[chunk] else boundary.detach(outputs)
+
+    def _forward_graph(self, chunk: int, inputs: Boundary, target: Boundary | None, loss_scale: float,
+                       weights: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor | None, Boundary]:
+        """(the unscaled loss or None, what the backward starts from: the output or the scaled loss)."""
+        if self.recompute:
+            outputs = checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
+        else:
+            outputs = self._run_chunk(chunk, inputs, weights)
+        if not self.is_last[chunk]:
+            return None, outputs
+        loss = self.loss_fn(outputs, target)
+        return loss, loss * loss_scale
 
     def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
         weight_ptrs = self._parameter_ptrs
@@ -138,6 +146,8 @@ class Stage:
         return _SavedBytesCounter(weight_ptrs)
 
     def _run_chunk(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
+        if self.autocast is nullcontext and weights is None:   # fp32: no context to enter
+            return self.chunks[chunk](inputs)
         with self.autocast():
             if weights is None:
                 return self.chunks[chunk](inputs)
@@ -150,18 +160,26 @@ class Stage:
         (microbatch, chunk), for the caller to run. ``split`` (a zero-bubble schedule's B) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
-        with self.weight_grads.deferred((microbatch, chunk)) if defer_weight_grads or split else nullcontext():
-            if self.is_last[chunk]:
-                stashed.outputs.backward()
-            else:
-                outputs, grads = boundary.backward_pairs(stashed.outputs, grad_output)
-                if outputs:
-                    torch.autograd.backward(outputs, grads)
+        if defer_weight_grads or split:
+            with self.weight_grads.deferred((microbatch, chunk)):
+                self._backpropagate(chunk, stashed, grad_output)
+        else:
+            self._backpropagate(chunk, stashed, grad_output)
         if split:
             self._awaiting_weight[(microbatch, chunk)] = stashed.saved_bytes
         else:
             self.stats.remove(stashed.saved_bytes)
         return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
+
+    def _backpropagate(self, chunk: int, stashed: _Stashed, grad_output: Boundary | None) -> None:
+        if self.is_last[chunk]:
+            stashed.outputs.backward()
+        elif isinstance(stashed.outputs, torch.Tensor):   # one tensor crossed: no pairing to do
+            torch.autograd.backward(stashed.outputs, grad_output)
+        else:
+            outputs, grads = boundary.backward_pairs(stashed.outputs, grad_output)
+            if outputs:
+                torch.autograd.backward(outputs, grads)
 
     def weight_grad(self, microbatch: int, chunk: int) -> None:
         """A zero-bubble schedule's W: the weight-gradient GEMMs that the split backward of

@@ -128,27 +128,35 @@ def trace_notes(workload: dict[str, Any], pp: int, img: str | None) -> list[str]
 
 
 def limits(data: dict[str, Any]) -> list[str]:
-    """Generated explanation for unmet targets, from the MLP workload's numbers and trace."""
-    w = data["workloads"].get("mlp")
-    if not w or all(t["met"] for t in data["targets"]):
-        return []
+    """Generated explanation for unmet targets, from the numbers and trace of each workload that
+    has one (a target names its workload: "(MLP", "(GPT")."""
+    unmet = [t["name"] for t in data["targets"] if not t["met"]]
+    lines: list[str] = []
+    for name, w in data["workloads"].items():
+        if any(f"({name.upper()}" in target for target in unmet) and "vs_torch" in w["cases"].get("pipedream 1f1b", {}):
+            lines += _workload_limits(name.upper(), w, data["settings"]["pp"])
+    return lines
+
+
+def _workload_limits(label: str, w: dict[str, Any], pp: int) -> list[str]:
+    """Our 1f1b on one workload: its ratio to torch's, against the ideal, and its traced iteration."""
     ours = w["cases"]["pipedream 1f1b"]
-    lines = [f"What limits it: the per-round ratio of our 1f1b's throughput to torch's has median "
+    lines = [f"What limits it ({label}): the per-round ratio of our 1f1b's throughput to torch's has median "
              f"{ours['vs_torch']['median']:.2f}x (range {ours['vs_torch']['min']:.2f}-{ours['vs_torch']['max']:.2f}), "
              f"and our step is {ours['of_ideal']['median']:.0%} of the ideal (range {ours['of_ideal']['min']:.0%}-"
              f"{ours['of_ideal']['max']:.0%})."]
     if "of_ideal_both_cores" in ours:
         lines.append("The ideal takes each core to compute as fast as the single process alone; the "
-                     "*[both cores]* line under the MLP table measures how far this machine's cores fall short "
+                     f"*[both cores]* line under the {label} table measures how far this machine's cores fall short "
                      "of that while both work, and our 1f1b against the ideal rebuilt from that speed.")
     r = (w.get("traced") or {}).get("report")
     if r:
-        solo = w["cases"]["single-process"]["step_time_s"]["median"] / (w["microbatches"] * data["settings"]["pp"])
+        solo = w["cases"]["single-process"]["step_time_s"]["median"] / (w["microbatches"] * pp)
         slowest = max(r["forward_s"][k] + r["backward_s"][k] for k in r["forward_s"])
         on_path = r["iteration_time_s"] <= 1.1 * r["predicted_iteration_time_s"]
         ideal = ours["ideal_step_time_s"]
         lines.append(f"The traced "
-                     f"iteration, taken while they used {w['traced'].get('other_load') or 0.0:.0%} of the CPU, took {r['iteration_time_s'] * 1e3:.1f} ms: "
+                     f"iteration, taken while other processes used {w['traced'].get('other_load') or 0.0:.0%} of the CPU, took {r['iteration_time_s'] * 1e3:.1f} ms: "
                      f"{ideal / r['iteration_time_s']:.0%} of the ideal {ideal * 1e3:.1f} ms.")
         lines.append(f"The ideal assumes each stage computes a micro-batch as fast as the single process does "
                      f"({solo * 1e3:.1f} ms per half model); in the traced pipeline iteration the slowest stage "
@@ -210,6 +218,32 @@ def global_check(workload: dict[str, Any]) -> list[str]:
             "the check fails) could save at most that."]
 
 
+def rows_note(cases: set[str]) -> str:
+    """What the rows beyond the plain schedules are: only those among ``cases`` (a run with
+    ``--targets-only`` leaves out the variants and the asynchronous schedules)."""
+    text = ""
+    if any(name.endswith(("[plain autograd]", "[no send-first]", "[no delay]")) for name in cases):
+        text += (" Rows *[plain autograd]*, *[no send-first]* and *[no delay]* are our 1f1b with its runtime "
+                 "optimisations turned off: all (`train.fuse_grad_accumulation=false "
+                 "train.weight_grads_after_send=false`), the send-first split (`train.weight_grads_after_send=false`), "
+                 "and only the holding back of weight gradients behind the next backward's send "
+                 "(`train.weight_grads_delay=0`).")
+    if BOTH_CORES in cases:
+        text += (" Row *single-process [both cores]* runs a copy of the single process on each core at the same "
+                 "time (rank 0's time): one core's speed while both work.")
+    if any(name.split(" [")[0] in ("pipedream 2bw", "pipedream pipedream") for name in cases):
+        text += (" The asynchronous schedules (*2bw*, *pipedream*: no flush; torch has no counterpart) are ours "
+                 "only; their ideal assumes no bubble. A *pipedream* step is m optimizer updates (one per "
+                 "micro-batch), a *2bw* step one.")
+    if any(name.split(" [")[0].split(" ")[-1] in ("zb_h2", "zbv", "interleaved_zb", "dualpipev") for name in cases):
+        text += (" Zero-bubble rows: ours *zb_h2* and *zbv* (W actions), torch's `ScheduleZBVZeroBubble` "
+                 "(*torch zbv*), `ScheduleInterleavedZeroBubble` (*torch interleaved_zb*, two chunks per rank) "
+                 "and `ScheduleDualPipeV` (*dualpipev*, ours and torch's), on the same blocks and batch; their "
+                 "ideal bubble is the zero-bubble order's flushed iteration at F = B = W per chunk "
+                 "(planner/zero_bubble.py; the two-chunk schedules counted as zbv).")
+    return text
+
+
 def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
     m, s = data["machine"], data["settings"]
     load = data.get("other_load")
@@ -228,20 +262,8 @@ def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
            f"benchmark waits for other processes to use less than {s.get('max_other_load', 1):.0%} of the CPU "
            f"(at most {s.get('wait_budget_s', 0):.0f} s in all). Step time: median (min-max) over rounds. Ratios "
            f"are taken within each round, then median (min-max). *vs torch*: our throughput / torch's on "
-           f"the same schedule. *Ideal*: single-process time / (p (1 - bubble)), bubble = (p-1)/(v m + p-1). "
-           f"Rows *[plain autograd]*, *[no send-first]* and *[no delay]* are our 1f1b with its runtime "
-           f"optimisations turned off: all (`train.fuse_grad_accumulation=false "
-           f"train.weight_grads_after_send=false`), the send-first split (`train.weight_grads_after_send=false`), "
-           f"and only the holding back of weight gradients behind the next backward's send "
-           f"(`train.weight_grads_delay=0`). Row *single-process [both cores]* runs a copy of the single "
-           f"process on each core at the same time (rank 0's time): one core's speed while both work. "
-           f"The asynchronous schedules (*2bw*, *pipedream*: no flush; torch has no counterpart) are ours only; "
-           f"their ideal assumes no bubble. A *pipedream* step is m optimizer updates (one per micro-batch), "
-           f"a *2bw* step one. Zero-bubble rows: ours *zb_h2* and *zbv* (W actions), torch's "
-           f"`ScheduleZBVZeroBubble` (*torch zbv*), `ScheduleInterleavedZeroBubble` (*torch interleaved_zb*, "
-           f"two chunks per rank) and `ScheduleDualPipeV` (*dualpipev*, ours and torch's), on the same blocks "
-           f"and batch; their ideal bubble is the zero-bubble order's flushed iteration at F = B = W per chunk "
-           f"(planner/zero_bubble.py; the two-chunk schedules counted as zbv).", ""]
+           f"the same schedule. *Ideal*: single-process time / (p (1 - bubble)), bubble = (p-1)/(v m + p-1)."
+           + rows_note({name for w in data["workloads"].values() for name in w["cases"]}), ""]
     for name, w in data["workloads"].items():
         loads = [v for values in w.get("other_load_per_run", {}).values() for v in values]
         load_line = (f" Other processes' share of the CPU during the timed runs: median "

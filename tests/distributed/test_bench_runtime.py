@@ -99,3 +99,22 @@ def test_small_model_targets_pair_each_schedule_with_its_counterpart() -> None:
     assert found["pipedream 1f1b"]["value"] == 1.0 and not found["pipedream 1f1b"]["met"]
     assert "torch zbv" in found["pipedream zb_h2"]["name"] and found["pipedream zb_h2"]["value"] == 1.2
     assert found["pipedream zb_h2"]["met"] and set(found) == {"pipedream 1f1b", "pipedream zb_h2"}
+
+
+def test_generated_text_describes_only_rows_that_ran() -> None:
+    from bench_runtime_report import limits, rows_note
+
+    targets_only = {"single-process", "single-process [both cores]", "pipedream 1f1b", "torch 1f1b", "pipedream zbv",
+                    "torch zbv"}
+    note = rows_note(targets_only)
+    assert "[both cores]" in note and "Zero-bubble rows" in note
+    assert "[plain autograd]" not in note and "asynchronous" not in note
+    full = rows_note(targets_only | {"pipedream 1f1b [plain autograd]", "pipedream 2bw"})
+    assert "[plain autograd]" in full and "asynchronous" in full
+    times = {"single-process": [1.0, 1.0], "pipedream 1f1b": [0.55, 0.6], "torch 1f1b": [0.56, 0.6]}
+    workload = {"cases": analyse(times, global_batch=8, microbatches=8, pp=2), "microbatches": 8, "traced": None}
+    data = {"workloads": {"mlp": workload, "gpt": workload}, "settings": {"pp": 2},
+            "targets": [{"name": "pipedream 1f1b >= 1.05x torch 1f1b (GPT, per-round throughput ratio)", "met": False},
+                        {"name": "our 1f1b >= 1.10x the throughput of torch Schedule1F1B (MLP)", "met": True}]}
+    text = " ".join(limits(data))
+    assert text.startswith("What limits it (GPT)") and "(MLP)" not in text

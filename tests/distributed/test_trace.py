@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pipedream.schedules import Action, Kind, build_schedule
+from pipedream.schedules.weight_hold import held_until_activation_send
 from pipedream.specs import TraceSpec
 from pipedream.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
 from pipedream.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
@@ -24,15 +25,25 @@ RUNS = {"1f1b": ["schedule=1f1b"], "interleaved": ["schedule=interleaved", "para
 WEIGHT_GRADS_DELAY = {"1f1b-no-delay": 0}   # default: 1
 
 
-def expected_weight_grad_order(sends: list[str], delay: int) -> list[str]:
-    """Sends and weight-gradient events as the executor interleaves them: W of the j-th backward
-    right after the send of backward j + delay; the rest right after the last send."""
-    order, held = [], []
-    for send in sends:
-        order.append(send)
-        held.append(WEIGHT_GRADS + send.removeprefix("SG"))
-        while len(held) > delay:
-            order.append(held.pop(0))
+def expected_weight_grad_order(actions: list[Action], delay: int) -> list[str]:
+    """Sends and weight-gradient events as the executor interleaves them: W of a backward whose
+    input gradient is sent right after the send of the backward ``delay`` later (the rest right
+    after the last send); W of a first stage's backward that a forward's send follows
+    (``held_until_activation_send``) right after that send."""
+    held_until = held_until_activation_send(actions)
+    sends_grad = {(a.microbatch, a.chunk) for a in actions if a.kind is Kind.SEND_GRAD}
+    order: list[str] = []
+    held: list[str] = []
+    for action in actions:
+        if action.kind is Kind.BWD and (action.microbatch, action.chunk) in sends_grad:
+            held.append(WEIGHT_GRADS + str(action).removeprefix("B"))
+        elif action.kind is Kind.SEND_GRAD:
+            order.append(str(action))
+            while len(held) > delay:
+                order.append(held.pop(0))
+        elif action.kind is Kind.SEND_ACT:
+            order.append(str(action))
+            order += [WEIGHT_GRADS + str(b).removeprefix("B") for b, send in held_until.items() if send == action]
     return order + held
 
 
@@ -184,13 +195,14 @@ def test_trace_covers_every_action_in_schedule_order(traced_runs, name) -> None:
             # (or the last ones right before the gradient sync): never with compute in between.
             names = [e["name"] for e in executed]
             sends = [n for n in names if n.startswith("SG")]
-            sends_and_weight_grads = [n for n in names if n.startswith(("SG", WEIGHT_GRADS))]
-            assert sends_and_weight_grads == expected_weight_grad_order(sends, WEIGHT_GRADS_DELAY.get(name, 1))
+            sends_and_weight_grads = [n for n in names if n.startswith(("SG", "SA", WEIGHT_GRADS))]
+            assert sends_and_weight_grads == expected_weight_grad_order(schedule[rank],
+                                                                        WEIGHT_GRADS_DELAY.get(name, 1))
             sync = names.index("SYNC")
             for i, event in enumerate(names):
                 if event.startswith(WEIGHT_GRADS):
                     tail = all(n.startswith(WEIGHT_GRADS) for n in names[i:sync])
-                    assert tail or names[i - 1].startswith(("SG", WEIGHT_GRADS)), " ".join(names)
+                    assert tail or names[i - 1].startswith(("SG", "SA", WEIGHT_GRADS)), " ".join(names)
             if sends:
                 assert names[sync - 1].startswith(WEIGHT_GRADS)
             for before, after in zip(actions, actions[1:]):

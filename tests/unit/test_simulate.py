@@ -85,7 +85,8 @@ def test_per_stage_costs_and_sync_step() -> None:
 def test_weight_gradients_run_after_sends_and_held_back() -> None:
     """F = 1, B = 2 of which W = 1 runs after the send: 1F1B at p = 2, m = 8 takes 27 units whole,
     26 with W right after its own send and 25 held behind the next backward's send (the last
-    stage skips one W before its second forward); GPipe gains the first unit only."""
+    stage skips one W before its second forward); GPipe gains the first unit only. The first
+    stage holds its W behind the next forward's activation send."""
     schedule = build_schedule("1f1b", 2, 8)
     whole = simulate(schedule, Costs(forward=1.0, backward=2.0))
     split = Costs(forward=1.0, backward=2.0, weight_grad=1.0)
@@ -97,7 +98,11 @@ def test_weight_gradients_run_after_sends_and_held_back() -> None:
     assert labels[:5] == ["F0", "B0", "F1", "B1", "WB0"]
     assert labels[-6:] == ["F7", "B7", "WB6", "WB7", "SYNC", "STEP"]
     assert [label for label in labels if label.startswith("W")] == [f"WB{k}" for k in range(8)]
-    assert not any(i.weight_grads for i in held.timelines[0])    # the first stage sends nothing
+    # the first stage sends no gradient: its W(k) waits for the activation send of F(k+2), except
+    # where a backward follows (the drain)
+    first = [("W" if i.weight_grads else "") + str(i.action) for i in held.timelines[0]]
+    assert first[:8] == ["F0", "F1", "B0", "F2", "WB0", "B1", "F3", "WB1"]
+    assert first[-6:] == ["F7", "WB5", "B6", "B7", "SYNC", "STEP"]
     gpipe = build_schedule("gpipe", 2, 8)
     assert [simulate(gpipe, split, weight_grads_delay=d).iteration_time for d in (0, 1)] == [26.0, 26.0]
 
