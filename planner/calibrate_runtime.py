@@ -42,7 +42,7 @@ from .profile import profile_from_json
 from .uniform_cost import even_boundaries
 
 RUN_SCHEDULES = {"flush": "1f1b", "2bw": "2bw", "pipedream": "pipedream"}
-STEPS, TRACED = 9, (4, 5, 6, 7, 8, 9)
+STEPS, TRACED = 15, tuple(range(4, 16))   # 12 traced iterations: a step here varies by +-25%
 GLOBAL_BATCH, MICRO = 32, 4
 _ACTIONS = ("forward", "backward", "send", "recv", "wait")
 

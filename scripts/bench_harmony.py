@@ -313,7 +313,7 @@ def markdown(data: dict) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=30, help="steps per run; the median after warm-up is kept (a step here varies by +-25%%)")
     parser.add_argument("--calibrate-repeats", type=int, default=3)
     parser.add_argument("--calibrate-once", action="store_true",
                         help="one calibration per device count (kept in --work-dir) instead of one before each row")
