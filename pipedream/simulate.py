@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Hashable, Union
 
 from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
+from pipedream.schedules.channels import RECEIVE_OF, PeerFn, check_channel_order
 from pipedream.schedules.common import ScheduleError, needed_receive, peer_stage
 from pipedream.schedules.weight_hold import held_until_activation_send
 
-PeerFn = Callable[[int, Action, int, int], tuple[int, int]]
-"""(rank, comm action, pp, vpp) -> (peer rank, peer chunk)."""
 NeedsFn = Callable[[int, Action], Union[Action, None]]
 """(rank, compute action) -> the receive it consumes, or None."""
 SyncGroupFn = Callable[[int], Union[Hashable, None]]
@@ -27,15 +26,8 @@ SyncGroupFn = Callable[[int], Union[Hashable, None]]
 Value = Union[float, Mapping[tuple[int, int], float]]
 """A scalar for every (rank, chunk), or a mapping (rank, chunk) -> value."""
 
-_RECV_OF = {Kind.SEND_ACT: Kind.RECV_ACT, Kind.SEND_GRAD: Kind.RECV_GRAD}
-
-
 class DeadlockError(RuntimeError):
     """No rank can make progress; the message names where each rank is blocked."""
-
-
-class ChannelError(ScheduleError):
-    """Sends and receives do not match (count or order) on some (src, dst) channel."""
 
 
 @dataclass(frozen=True)
@@ -115,50 +107,6 @@ class SimResult:
     peak_stash_bytes: list[float]
     starts: list[list[float]] = field(default_factory=list)  # per rank, per action: when it started
     steady_bubble_fraction: float = 0.0
-
-
-def _messages(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn) -> tuple[dict, dict]:
-    """Per (src, dst): the receiver-side actions in send order, and the receives in post order."""
-    sends: dict[tuple[int, int], list[Action]] = {}
-    recvs: dict[tuple[int, int], list[Action]] = {}
-    for rank, actions in enumerate(schedule):
-        for action in actions:
-            if action.kind in _RECV_OF:
-                dst, chunk = peer(rank, action, pp, vpp)
-                sends.setdefault((rank, dst), []).append(Action(_RECV_OF[action.kind], action.microbatch, chunk))
-            elif action.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
-                src, _ = peer(rank, action, pp, vpp)
-                recvs.setdefault((src, rank), []).append(action)
-    return sends, recvs
-
-
-def _check_matching(sends: dict, recvs: dict) -> None:
-    problems = []
-    for src, dst in sorted(set(sends) | set(recvs)):
-        sent, posted = Counter(sends.get((src, dst), [])), Counter(recvs.get((src, dst), []))
-        for msg in sorted(sent - posted, key=str):
-            problems.append(f"rank {src} sends a message that rank {dst} never receives ({msg} is not posted there)")
-        for msg in sorted(posted - sent, key=str):
-            problems.append(f"rank {dst} posts {msg} but rank {src} never sends it")
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise ChannelError("unmatched communication: " + "; ".join(problems[:3]) + more)
-
-
-def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn = peer_stage) -> None:
-    """For each ordered (src, dst) pair, receives are posted in the order the sends are issued.
-
-    NCCL matches point-to-point messages by order, so any other order pairs the wrong tensors.
-    Checks matching first; raises ChannelError.
-    """
-    sends, recvs = _messages(schedule, pp, vpp, peer)
-    _check_matching(sends, recvs)
-    for channel in sorted(sends):
-        for i, (sent, posted) in enumerate(zip(sends[channel], recvs[channel])):
-            if sent != posted:
-                src, dst = channel
-                raise ChannelError(f"channel rank {src} -> rank {dst}: message #{i} is sent for {sent} but rank "
-                                   f"{dst} posts {posted} there; receives must follow the send order")
 
 
 def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: int | None = None,
@@ -275,7 +223,7 @@ class _Simulation:
         if action.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
             self._post_receive(rank, action)
             return True
-        if action.kind in _RECV_OF:
+        if action.kind in RECEIVE_OF:
             self._send(rank, action)
             return True
         if action.kind in COMPUTE_KINDS:

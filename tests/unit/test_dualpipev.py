@@ -8,7 +8,8 @@ import torch
 
 from pipedream.schedules import Action, Kind, ScheduleError, build_schedule, schedule_placement
 from pipedream.schedules.issue_order import issue_order
-from pipedream.simulate import Costs, check_channel_order, simulate
+from pipedream.schedules.channels import check_channel_order
+from pipedream.simulate import Costs, simulate
 from pipedream.stream_model import check_stream_order
 from tests.loopback import LoopbackNetwork, run_ranks
 from tests.schedule_checks import check_compute, check_local_handover

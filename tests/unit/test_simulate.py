@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipedream.schedules import ScheduleError, build_schedule, parse_actions
-from pipedream.simulate import ChannelError, Costs, DeadlockError, check_channel_order, simulate
+from pipedream.schedules.channels import ChannelError, check_channel_order
+from pipedream.simulate import Costs, DeadlockError, simulate
 from tests.schedule_checks import check_compute
 
 

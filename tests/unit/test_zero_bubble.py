@@ -11,7 +11,8 @@ from pipedream.schedules import (SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Action, Ki
                                  build_schedule, parse_action, parse_actions, schedule_placement)
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.issue_order import issue_order
-from pipedream.simulate import Costs, check_channel_order, simulate
+from pipedream.schedules.channels import check_channel_order
+from pipedream.simulate import Costs, simulate
 from pipedream.stream_model import check_stream_order
 from tests.schedule_checks import check_compute, check_local_handover
 
