@@ -19,7 +19,7 @@ import logging
 import signal
 import sys
 
-from pipedream.errors import FINAL_EXIT, REFUSED_EXIT
+from pipedream.errors import FINAL_EXIT, REFUSED_EXIT, stderr_line
 
 FINAL_CODES = (REFUSED_EXIT, FINAL_EXIT)
 IGNORE = "--ignore-signal="
@@ -59,7 +59,7 @@ def report_child_failure(failures: dict) -> int:
     codes = []
     for rank, failure in sorted(causes.items()):
         if failure.exitcode < 0:
-            print(killed_line(rank, failure.exitcode), file=sys.stderr, flush=True)
+            stderr_line(killed_line(rank, failure.exitcode))
         codes.append(failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode)
     return next((code for code in codes if code in FINAL_CODES), codes[0])
 
@@ -94,7 +94,7 @@ def main(argv: list[str]) -> int:
     except ChildFailedError as failed:
         return report_child_failure(failed.failures)
     except RendezvousError as error:
-        print(rendezvous_line(error, argv), file=sys.stderr, flush=True)
+        stderr_line(rendezvous_line(error, argv))
         return 1
     return 0
 

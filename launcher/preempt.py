@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from pipedream.errors import stderr_line
 from pipedream.preemption import PreemptionSpec, read_marker
 
 REPEAT_S = 1.0
@@ -46,8 +46,8 @@ class Relay:
 
     def receive(self, signum: int, _frame: Any) -> None:
         if self.signum is None:
-            print(f"launch: {signal.Signals(signum).name} received: passed on to the ranks, which save a "
-                  f"checkpoint at the next step boundary and stop", file=sys.stderr, flush=True)
+            stderr_line(f"launch: {signal.Signals(signum).name} received: passed on to the ranks, which save a "
+                        f"checkpoint at the next step boundary and stop")
         self.signum = signum
 
     def pass_on(self, agent_pid: int) -> None:
@@ -74,7 +74,7 @@ def job_exit_code(code: int, run_dir: Path, spec: PreemptionSpec) -> int:
     """torchrun's exit code, or the requeue code where the ranks stopped for preemption (they end with
     0 then, so that torchrun does not restart them)."""
     if code == 0 and spec.signal is not None and (record := read_marker(run_dir)) is not None:
-        print(f"launch: stopped for preemption after step {record.get('step')}; exit code "
-              f"{spec.requeue_exit_code} asks for a requeue", file=sys.stderr, flush=True)
+        stderr_line(f"launch: stopped for preemption after step {record.get('step')}; exit code "
+                    f"{spec.requeue_exit_code} asks for a requeue")
         return spec.requeue_exit_code
     return code

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_optimizer_state_dict)
 
 from .checkpoint_integrity import MARKER, checkpoint_problem, completeness_problem, has_checksums, manifest
+from .errors import stderr_line
 from .specs import CheckpointSpec
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -70,7 +70,7 @@ def complete_checkpoints(root: Path) -> list[Path]:
 
 def _warn(rank: int, message: str) -> None:
     if rank == 0:
-        print(f"warning: {message}", file=sys.stderr, flush=True)
+        stderr_line(f"warning: {message}")
 
 
 def _agreed(rank: int, decide: Any) -> Any:

@@ -1,4 +1,5 @@
 """Errors that the entry points turn into one clear line and a non-zero exit."""
+import sys
 
 
 class ConfigError(ValueError):
@@ -17,3 +18,10 @@ class InvariantError(RuntimeError):
 
 REFUSED_EXIT = 2   # a configuration refused before any process group exists
 FINAL_EXIT = 3     # a deterministic failure after start (data, NaN, checkpoint): restarting cannot help
+
+
+def stderr_line(text: str) -> None:
+    """Writes `text` and its newline to stderr in one system call: `print` makes two, and the lines
+    of ranks sharing the launcher's stderr then run together ("...malformederror: ...")."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()

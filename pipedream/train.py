@@ -18,7 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from .distributed import init_distributed, shutdown, world_size_from_env
-from .errors import FINAL_EXIT, REFUSED_EXIT, ConfigError
+from .errors import FINAL_EXIT, REFUSED_EXIT, ConfigError, stderr_line
 from .plan_config import apply_plan, check_plan_world_size
 from .preemption import PreemptionSpec
 from .run_outputs import claim_run_dir
@@ -40,9 +40,9 @@ def run(cfg: Any) -> int:
             claim_run_dir(spec, Path(spec.loop.run_dir))
             from .data_checks import check_data   # what the launcher checks, for runs started by torchrun
             for note in check_data(cfg.data, cfg.model, spec.seq_len):
-                print(f"warning: {note}", file=sys.stderr, flush=True)
+                stderr_line(f"warning: {note}")
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr, flush=True)
+        stderr_line(f"error: {error}")
         return REFUSED_EXIT
     torch.set_num_threads(spec.train.threads)
     from .failures import USER_ERRORS, debug_requested, failure_report, wait_for_peer_report  # late: fast errors
@@ -55,8 +55,7 @@ def run(cfg: Any) -> int:
         rank = int(os.environ.get("RANK", "0"))
         wait_for_peer_report(error)
         if rank == 0 or not isinstance(error, NonFiniteError):   # every rank sees a NaN: one line says it
-            print(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)),
-                  file=sys.stderr, flush=True)
+            stderr_line(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)))
         return FINAL_EXIT if isinstance(error, USER_ERRORS) else 1   # the launcher does not restart FINAL_EXIT
     finally:
         shutdown()
