@@ -58,11 +58,20 @@ def _median_time(fn: Callable[[], Any], repeats: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def matmul_flops(repeats: int = 9, n: int = 256) -> float:
+def matmul_flops(seconds: float = 0.3, n: int = 256) -> float:
+    """FLOP/s of back-to-back n x n matmuls over a window of ``seconds``: many scheduler time slices
+    long, so processes time-sliced on shared cores show as slower (a few short timings can each
+    fit in one slice and miss it)."""
     import torch
 
     a, b = torch.randn(n, n), torch.randn(n, n)
-    return 2 * n**3 * 8 / _median_time(lambda: [a @ b for _ in range(8)], repeats)
+    for _ in range(2):
+        a @ b
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
 
 
 def copy_bandwidth(repeats: int = 9, mib: int = 64) -> float:
@@ -150,9 +159,9 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
     for _ in range(max(3, repeats // 2)):  # paired rounds: both see the same phase of a shared machine
         dist.barrier()
         if rank == 0:
-            alone.append(matmul_flops(3))  # the others wait in the barrier, using no CPU
+            alone.append(matmul_flops())  # the others wait in the barrier, using no CPU
         dist.barrier()
-        concurrent.append(matmul_flops(3))  # every process computing at once
+        concurrent.append(matmul_flops())  # every process computing at once
     dist.barrier()
     profile = measure_profile(model_cfg, micro_batches, "cpu", warmup=2, repeats=repeats).to_json()
     dist.barrier()

@@ -137,7 +137,7 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict)
     out: dict[str, Any] = {}
     errors = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for processes in PROCESSES:
+        for processes in sorted({*PROCESSES, int(sheet.get("processes", 1))}):
             before = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
             run = traced_harmony_run(model_overrides, processes, Path(tmp, f"harmony{processes}"))
             if "error" in run:
