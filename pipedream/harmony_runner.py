@@ -27,7 +27,7 @@ from .optim import NonFiniteError
 from .runner import StepResult
 from .schedules.actions import Action, Kind
 from .schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
-from .schedules.issue_order import issue_order
+from .schedules.issue_order import receives_at_group_start
 from .shapes import BoundaryShapes, input_shapes
 
 _ACT, _GRAD = 0, 1
@@ -106,16 +106,16 @@ class HarmonyExecutor:
         return it
 
     def _issue_order(self, actions: list[Action]) -> list[Action]:
-        """On Gloo (CPU) receives are posted one compute ahead (``schedules.issue_order``), as the
-        flush executor does: a message the sender has sent lands while this rank computes, instead of
-        after it asks. Not on NCCL: round the wrap-around, a receive posted early can block the
+        """On Gloo (CPU) each receive is posted at the start of the group that consumes it
+        (``schedules.issue_order.receives_at_group_start``): a message the sender has sent lands
+        while this rank computes, instead of after it asks. Not on NCCL: round the wrap-around, a receive posted early can block the
         stream a send to another device waits on (3 devices already; ``stream_model``), so there
         the list's own order, which the stream model checks, is the issue order."""
         if self.tier.device.type != "cpu":
             return actions
         cached = self._orders.get(id(actions))
         if cached is None or cached[0] is not actions:
-            cached = self._orders[id(actions)] = (actions, issue_order(actions))
+            cached = self._orders[id(actions)] = (actions, receives_at_group_start(actions))
         return cached[1]
 
     def _run(self, a: Action, index: int, actions: list[Action], it: _Iteration, optimizer) -> float:

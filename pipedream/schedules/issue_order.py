@@ -32,3 +32,30 @@ def issue_order(actions: list[Action]) -> list[Action]:
             order += hoisted.get(i, [])
             order.append(action)
     return order
+
+
+def receives_at_group_start(actions: list[Action]) -> list[Action]:
+    """``actions`` with each receive moved up to just after the swap-in of its task's pack (the
+    start of the micro-batch group that consumes it; ``schedules.harmony``): Harmony's order on
+    Gloo. Round the wrap-around a sender is often a whole group ahead of its receiver, and on Gloo
+    a message matched only after the sender has moved on to wait for a message of its own can sit
+    for milliseconds (both ranks blocked, 2-6 ms here); posted at the group's start every receive
+    is matched long before its compute. A receive with no swap-in of its task before it keeps
+    ``issue_order``'s place."""
+    order = issue_order(actions)
+    group_start: dict[int, int] = {}          # task -> position after its latest pack swap-in
+    placed: dict[int, list[Action]] = {}      # position -> receives posted there
+    rest: list[tuple[int, Action]] = []
+    for a in order:
+        if a.kind in _RECEIVES and a.chunk in group_start:
+            placed.setdefault(group_start[a.chunk], []).append(a)
+            continue
+        rest.append((len(rest), a))
+        if a.kind is Kind.SWAP_IN and a.microbatch < 0:
+            group_start[a.chunk] = len(rest)
+    out: list[Action] = []
+    for i, a in rest:
+        out += placed.get(i, [])
+        out.append(a)
+    out += placed.get(len(rest), [])
+    return out
