@@ -6,9 +6,11 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.cluster
 * per-layer forward and backward times of the model at ``planner.calibrate_micro_batches``, on
   ``planner.calibrate_threads`` threads as the trainer runs (``planner.measure``), in every process
   of the node at once (as they contend in training) and averaged over them;
-* fp32 matmul FLOP/s and copy bandwidth of one process, and how much slower the same matmul runs
-  while every process of the node computes at once (``matmul_slowdown_all_busy``, for the record:
-  the layer profile is itself measured with every process computing, so ``compute_slowdown`` is 1);
+* fp32 matmul FLOP/s and copy bandwidth of one process, and how much slower the same matmuls run
+  while every process of the node computes at once (``matmul_slowdown_all_busy``, over 0.3 s
+  windows so that more processes than cores show their time slicing; Harmony's estimator takes
+  its compute slots and the layers timed alone from it; the layer profile is itself measured
+  with every process computing, so ``compute_slowdown`` is 1);
 * between two processes over Gloo: point-to-point one-way time vs message size (ping-pong) and
   all-reduce time vs size, each fitted as latency + bytes / bandwidth;
 * the optimizer step (gradient clipping, AdamW, zeroing) vs parameter bytes;

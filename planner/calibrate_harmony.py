@@ -4,7 +4,7 @@ The flush families' costs (``planner.calibrate_runtime``) miss what only Harmony
 weight swaps, stash files in shared memory, the host update, and its layers run differently from
 the profile (a forward task runs without a graph; a backward task recomputes its pack into
 preallocated gradients). So the model is trained with ``schedule=harmony_pp`` on 1 and on 2
-processes (one layer per pack, every micro-batch in one group: every kind of action occurs) and
+processes, and on the sheet's own process count when that is more (one layer per pack, every micro-batch in one group: every kind of action occurs) and
 traced. Per rank and traced iteration, with the configuration's own action costs
 (``planner.harmony_tasks.ProfileCosts``) from the model's layers timed alone right before and
 right after the run (the geometric mean of the two ratios):
@@ -21,8 +21,9 @@ right after the run (the geometric mean of the two ratios):
 * ``step_s``: the iteration's time before its first and after its last action.
 
 Each is the median over ranks and traced iterations. The estimator
-(``planner.harmony_estimator.HarmonyOverheads``) charges them per action; with more devices than
-calibrated processes it uses the 2-process costs (the processes share the cores alike).
+(``planner.harmony_estimator.HarmonyOverheads``) charges them per action, from the most processes
+calibrated up to the configuration's device count: more processes than cores time-slice, which
+only their own runs measure (4 on 2 cores: layers 1.7-2.0x the profile's, against 1.1-1.2x with 2).
 """
 from __future__ import annotations
 
