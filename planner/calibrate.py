@@ -41,6 +41,7 @@ from .calibrate_harmony import measure_harmony, print_harmony
 from .calibrate_runtime import measure_runtime
 from .cluster_sheet import SCHEMA, fit_line, model_fingerprint
 from .errors import PlannerError
+from .profile import mean_profile
 
 # bytes; the smallest gives the latency, the largest the bandwidth (below 4 KiB Gloo's back-to-back
 # tiny messages stall on TCP acknowledgements, which a pipeline's activations never are)
@@ -234,15 +235,6 @@ def latency_bandwidth(points: list) -> tuple[float, float]:
     return max(0.0, statistics.median(t - x / bandwidth for x, t in pts)), bandwidth
 
 
-def mean_profile(profiles: list[dict]) -> dict:
-    """Every process's layer times averaged (they profiled the same model at the same time)."""
-    out = json.loads(json.dumps(profiles[0]))
-    for i, layer in enumerate(out["layers"]):
-        for key in ("forward_s", "backward_s"):
-            layer[key] = [statistics.fmean(p["layers"][i][key][k] for p in profiles) for k in range(len(layer[key]))]
-    return out
-
-
 def _cpu_jiffies() -> tuple[int, int]:
     try:
         fields = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
@@ -297,7 +289,7 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
         entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
                                            data["process_base_bytes"])
-        entry["runtime"]["harmony"] = measure_harmony(model_overrides, plain, data)
+        entry["runtime"]["harmony"] = measure_harmony(model_overrides, plain, data, list(micro_batches))
     data["profiles"][model_fingerprint(plain)] = entry
     return data
 

@@ -41,7 +41,7 @@ from typing import Any, Sequence
 from pipedream.schedules.harmony import FORWARD, harmony_config
 
 from .harmony_tasks import ProfileCosts
-from .profile import Profile
+from .profile import Profile, mean_profile
 
 PROCESSES = (1, 2)
 STEPS, TRACED = 19, tuple(range(4, 20))   # 16 traced iterations: a step here varies by +-25%
@@ -121,7 +121,8 @@ def harmony_overheads(trace: dict, profile: Profile, processes: int, swap_bandwi
     return {name: max(0.0, statistics.median(values)) for name, values in sorted(per.items())}
 
 
-def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict) -> dict[str, Any]:
+def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict,
+                    micro_batches: Sequence[int] = (MICRO,)) -> dict[str, Any]:
     """The ``runtime.harmony`` section of a sheet profile entry: costs by process count (as strings,
     JSON keys), runs that failed under ``errors`` (e.g. a model harmony_pp refuses). ``sheet``: the
     calibration so far (swap bandwidth, optimizer fit, the all-busy slowdown).
@@ -131,25 +132,34 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict)
     sheet's profile, which another phase of a shared machine may have timed: so they hold
     harmony_pp's own slowdown (with two processes, their contention too), not the machine's
     change; the estimator applies them to the sheet's profile timed alone
-    (``harmony_plan.harmony_profile``)."""
+    (``harmony_plan.harmony_profile``): ``profile_alone``, the mean of those timings (at
+    ``micro_batches``, the sheet's profile's sizes, and ``MICRO``). The sheet's own profile is
+    timed with every calibrated process busy: with more processes than cores it holds their time
+    slicing, and by how much varies from one calibration to the next (4 processes on 2 cores:
+    0.49-0.69 of it alone), which no matmul's slowdown recovers."""
     from .measure import measure_profile
 
     optimizer = sheet["optimizer"]
     out: dict[str, Any] = {}
     errors = {}
+    alone_timings = []
+    sizes = sorted({*micro_batches, MICRO})
     with tempfile.TemporaryDirectory() as tmp:
         for processes in sorted({*PROCESSES, int(sheet.get("processes", 1))}):
-            before = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
+            before = measure_profile(model_cfg, sizes, "cpu", repeats=5)
             run = traced_harmony_run(model_overrides, processes, Path(tmp, f"harmony{processes}"))
             if "error" in run:
                 errors[str(processes)] = run["error"]
                 continue
-            after = measure_profile(model_cfg, [MICRO], "cpu", repeats=5)
+            after = measure_profile(model_cfg, sizes, "cpu", repeats=5)
             # the layers timed on both sides of the run: the geometric mean of the two ratios
             first, second = (harmony_overheads(run["trace"], alone, processes, float(sheet["device"]["swap_bandwidth"]),
                                                float(optimizer["seconds_per_parameter_byte"]),
                                                float(optimizer["step_overhead_s"])) for alone in (before, after))
             out[str(processes)] = {**first, **{k: math.sqrt(first[k] * second[k]) for k in _RATIOS if k in first}}
+            alone_timings += [before.to_json(), after.to_json()]
+    if alone_timings:
+        out["profile_alone"] = mean_profile(alone_timings)
     if errors:
         out["errors"] = errors
     return out

@@ -10,7 +10,7 @@ from pipedream.config_loading import compose_config, describe_missing_option
 from . import zero_bubble
 from .errors import PlannerError
 from .cluster_sheet import measured_profile, measured_runtime, measured_tp_profiles
-from .harmony_costs import measured_harmony
+from .harmony_costs import alone_profile, measured_harmony, sheet_entry
 from .hardware import cluster_from_config
 from .inputs import Inputs
 from .model_specs import spec_from_config
@@ -112,7 +112,8 @@ def _calibrated(cfg: Any, cluster, profile: Profile) -> dict:
         return {}
     model_cfg = _plain(cfg.model)
     return {"runtime": measured_runtime(cluster, model_cfg), "tp_profiles": measured_tp_profiles(cluster, model_cfg),
-            "harmony_costs": measured_harmony(cluster, model_cfg)}
+            "harmony_costs": measured_harmony(cluster, model_cfg),
+            "harmony_alone_profile": alone_profile(sheet_entry(cluster, model_cfg))}
 
 
 def _schedules(values: Any) -> tuple[str, ...]:

@@ -18,9 +18,23 @@ def harmony_costs(entry: Mapping[str, Any] | None) -> Mapping[int, HarmonyOverhe
                              for n, costs in section.items() if n.isdigit()})
 
 
-def measured_harmony(cluster, model_cfg: Mapping[str, Any]) -> Mapping[int, HarmonyOverheads]:
-    """The costs for this model from the cluster's calibration sheet (none without one)."""
+def alone_profile(entry: Mapping[str, Any] | None):
+    """The model's layers timed alone around the harmony runs (``profile_alone``), as a Profile; None
+    for sheets written before it was measured."""
+    from .profile import profile_from_json
+
+    section = ((entry or {}).get("runtime") or {}).get("harmony") or {}
+    return profile_from_json(section["profile_alone"]) if "profile_alone" in section else None
+
+
+def sheet_entry(cluster, model_cfg: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The cluster's calibration sheet entry for this model (none without one)."""
     from .cluster_sheet import calibration, model_fingerprint
 
     data = calibration(cluster)
-    return harmony_costs(None if data is None else data.get("profiles", {}).get(model_fingerprint(model_cfg)))
+    return None if data is None else data.get("profiles", {}).get(model_fingerprint(model_cfg))
+
+
+def measured_harmony(cluster, model_cfg: Mapping[str, Any]) -> Mapping[int, HarmonyOverheads]:
+    """The costs for this model from the cluster's calibration sheet (none without one)."""
+    return harmony_costs(sheet_entry(cluster, model_cfg))

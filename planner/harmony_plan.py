@@ -106,14 +106,18 @@ def host_update(inputs: Inputs) -> tuple[HostUpdate, str]:
 def harmony_profile(inputs: Inputs, devices: int) -> Profile:
     """The profile the estimator starts from. A measured CPU profile is timed with every calibrated
     process computing at once; one device computes alone, which the calibration measured as
-    ``matmul_slowdown_all_busy`` times faster. With harmony_pp's own costs in the sheet every
-    device count starts from the layers alone: their ratios are a run's layers over the layers
-    timed alone (``planner.calibrate_harmony``), contention between the processes included."""
+    ``matmul_slowdown_all_busy`` times faster; where harmony_pp's runs were calibrated, the
+    model's own layers timed alone around them replace it (``profile_alone``). With
+    harmony_pp's own costs in the sheet every device count starts from the layers alone: their
+    ratios are a run's layers over the layers timed alone (``planner.calibrate_harmony``),
+    contention between the processes included."""
     sheet = calibration(inputs.cluster)
     if inputs.cluster.runtime_device != "cpu" or inputs.profile.source != "measured" or not sheet:
         return inputs.profile
     if devices > 1 and not inputs.harmony_costs:
         return inputs.profile
+    if inputs.harmony_alone_profile is not None:   # the model's own layers timed alone
+        return inputs.harmony_alone_profile
     return profile_alone(inputs.profile, sheet)
 
 

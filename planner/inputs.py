@@ -39,6 +39,7 @@ class Inputs:
     tp_profiles: Mapping[int, Profile] = field(default_factory=lambda: MappingProxyType({}))  # measured at t > 1
     device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
     harmony_costs: Mapping[int, Any] = field(default_factory=lambda: MappingProxyType({}))  # processes -> HarmonyOverheads
+    harmony_alone_profile: Profile | None = None  # the layers timed alone around harmony_pp's calibration runs
 
     @property
     def capacity(self) -> float:

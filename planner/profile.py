@@ -25,7 +25,9 @@ this device: ``python -m planner.profile model=...``), ``planner.graph_txt`` (Pi
 """
 from __future__ import annotations
 
+import copy
 import json
+import statistics
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
@@ -150,6 +152,15 @@ def profile_from_json(data: dict) -> Profile:
                        **{k: v for k, v in data.items() if k in top})
     except (KeyError, TypeError) as err:
         raise ProfileError(f"profile JSON is missing or mistypes a field: {err}") from None
+
+
+def mean_profile(profiles: list[dict]) -> dict:
+    """Every process's layer times averaged (they profiled the same model at the same time)."""
+    out = copy.deepcopy(profiles[0])
+    for i, layer in enumerate(out["layers"]):
+        for key in ("forward_s", "backward_s"):
+            layer[key] = [statistics.fmean(p["layers"][i][key][k] for p in profiles) for k in range(len(layer[key]))]
+    return out
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -150,15 +150,23 @@ def write_plan(row: Row, budget: float, path: Path) -> None:
     plan.save(path)
 
 
-def train(plan_path: Path, run_dir: Path, steps: int) -> dict:
+def train(plan_path: Path, run_dir: Path, steps: int, repeats: int) -> dict:
+    """``repeats`` launches of the plan: the median of their median step times (one launch's steps
+    agree with each other far better than two launches do: 53-70 ms for one configuration here)."""
     from bench_planner_fidelity import launch_plan
 
-    # Harmony updates each pack right after its backward: no global gradient norm to clip with
-    out = launch_plan([*MODEL, "train.grad_clip=0"], plan_path, run_dir, steps, 29300, 1200)
-    if "error" in out:
-        return out
-    summary = out.pop("summary")
-    return {"step_s": summary["median_step_time_s"], **out, "ranks": summary.get("ranks", [])}
+    runs = []
+    for _ in range(repeats):
+        # Harmony updates each pack right after its backward: no global gradient norm to clip with
+        out = launch_plan([*MODEL, "train.grad_clip=0"], plan_path, run_dir, steps, 29300, 1200)
+        if "error" in out:
+            return out
+        runs.append(out)
+    launches = [r["summary"]["median_step_time_s"] for r in runs]
+    return {"step_s": statistics.median(launches), "launch_step_s": launches,
+            "other_load": max((r.get("other_load") or 0.0) for r in runs),
+            "wall_s": sum(r["wall_s"] for r in runs),
+            "ranks": runs[-1]["summary"].get("ranks", [])}   # the counters are the same in every launch
 
 
 def planner_choice(sheet_path: Path, out: Path, budget: float) -> tuple[Row, float]:
@@ -228,7 +236,7 @@ def run(args: argparse.Namespace) -> dict:
         budget = pred["peak_managed_bytes"] * 1.25
         plan_path = work / f"plan{i}.json"
         write_plan(row, budget, plan_path)
-        measured = train(plan_path, work / "run", args.steps)
+        measured = train(plan_path, work / "run", args.steps, args.repeats)
         result = {"name": label + row.name, "row": asdict(row), "devices": row.devices, "budget_bytes": budget,
                   "predicted": pred, **measured,
                   "calibration": {"flops_fp32": sheet["device"]["flops_fp32"], "compute_slots": cpu_slots(sheet),
@@ -241,7 +249,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"{result['name']}: predicted {pred['iteration_s'] * 1e3:.1f} ms, " +
               (f"failed: {measured['error']}" if "step_s" not in measured else
                f"measured {measured['step_s'] * 1e3:.1f} ms ({result['step_error'] * 100:+.0f}%)"), flush=True)
-    return {"machine": machine(), "steps": args.steps, "global_batch": GLOBAL_BATCH, "model": list(MODEL),
+    return {"machine": machine(), "steps": args.steps, "repeats": args.repeats, "global_batch": GLOBAL_BATCH, "model": list(MODEL),
             "calibration": {k: v for k, v in first_sheet.items() if k != "profiles"}, "rows": results,
             "calibrate_once": args.calibrate_once, "search": search_times(), "wall_s": time.perf_counter() - started,
             "command": " ".join([".venv/bin/python scripts/bench_harmony.py", *sys.argv[1:]])}
@@ -256,16 +264,18 @@ def markdown(data: dict) -> str:
     lines = [
         "## Harmony: the runtime estimator against real runs, and the search time", "",
         f"Written by `{data.get('command', 'scripts/bench_harmony.py')}` in {data.get('wall_s', 0) / 60:.0f} min "
-        f"({data['steps']} steps per run, median step time after warm-up; global batch {data['global_batch']}; "
+        f"({data.get('repeats', 1)} launch(es) of {data['steps']} steps per row, the median of their median step "
+        f"times after warm-up; global batch {data['global_batch']}; "
         f"`{' '.join(data['model'])}`; {data['machine']['cpu']}, {data['machine']['cores']} cores). Each row's "
         f"prediction is `planner.harmony_search.evaluate`: the runtime's harmony_pp action lists simulated with the "
         f"measured per-layer profile, swap bandwidth ({cal['device'].get('swap_bandwidth', cal['device']['memory_bandwidth'] / 2) / 1e9:.2f} GB/s), "
         f"point-to-point {cal['p2p']['latency_s'] * 1e6:.0f} us + {cal['p2p']['bandwidth'] / 1e9:.2f} GB/s and optimizer "
         f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) and the runtime's "
         f"own costs per action kind (weight swap, stash copy, update), message and step and its layers' time over the "
-        f"profile's (traced harmony_pp runs on 1 and 2 processes, `planner.calibrate_harmony`) of a "
-        f"calibration "
-        f"with as many processes as devices (2 for one device), "
+        f"profile's (traced harmony_pp runs on 1 and 2 processes and on the calibration's own process count, "
+        f"`planner.calibrate_harmony`; a row takes those of the most processes up to its devices) of a "
+        f"calibration with as many processes as devices (2 for one device; with 4 processes on 2 cores each "
+        f"process's GFLOP/s below is about half), "
         + ("one per device count" if data.get("calibrate_once") else "taken just before each row's run (the first "
            "one's numbers here)")
         + "; copies are synchronous on CPU, and the processes share the compute slots the calibration measured. "
@@ -300,7 +310,9 @@ def markdown(data: dict) -> str:
                       f"{signed[len(signed) // 2] * 100:+.0f}%). A calibration taken while other processes load the "
                       f"machine times the layers and the runtime's own costs slower than the run may meet them "
                       f"(or faster), and one traced harmony_pp configuration per process count sets the layers' "
-                      f"ratio to the profile for every configuration."]
+                      f"ratio to the profile for every configuration. Traces show what the estimator does not "
+                      f"model: on Gloo a receive (even posting it) now and then stalls for milliseconds, more often "
+                      f"with several groups per task."]
     lines += ["", "Search time (`planner.harmony_search.harmony_search`, analytic profiles, 8 x H200 with "
                   "budget |W| / 4, micro-batches up to 32):", "", "| model | layers | mini-batch | configurations | "
                   "seconds | best |", "|---|---|---|---|---|---|"]
@@ -314,6 +326,7 @@ def markdown(data: dict) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="steps per run; the median after warm-up is kept (a step here varies by +-25%%)")
+    parser.add_argument("--repeats", type=int, default=2, help="launches per row; the median of their medians is kept")
     parser.add_argument("--calibrate-repeats", type=int, default=3)
     parser.add_argument("--calibrate-once", action="store_true",
                         help="one calibration per device count (kept in --work-dir) instead of one before each row")

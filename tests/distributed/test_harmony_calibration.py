@@ -3,7 +3,7 @@ estimator harmony_pp's own costs; a model harmony_pp refuses is recorded, not fa
 from __future__ import annotations
 
 from planner.calibrate_harmony import measure_harmony
-from planner.harmony_costs import harmony_costs
+from planner.harmony_costs import alone_profile, harmony_costs
 from planner.harmony_estimator import HarmonyOverheads, Links, estimate
 from planner.harmony_tasks import ProfileCosts
 from planner.measure import measure_profile
@@ -18,8 +18,11 @@ SHEET = {"device": {"swap_bandwidth": 1e10}, "matmul_slowdown_all_busy": 1.0,
 def test_harmony_runs_give_the_estimator_its_costs():
     model = compose_config(MODEL).model
     profile = measure_profile(model, [2], "cpu", repeats=2)
-    section = measure_harmony(MODEL, model, SHEET)
+    section = measure_harmony(MODEL, model, SHEET, micro_batches=[1, 2])
     assert "errors" not in section, section
+    # the layers timed alone around the runs, at the sheet's sizes: what the ratios are over
+    alone = alone_profile({"runtime": {"harmony": section}})
+    assert alone.num_layers == profile.num_layers and list(alone.micro_batch_sizes) == [1, 2]
     costs = harmony_costs({"runtime": {"harmony": section}})
     assert sorted(costs) == [1, 2]
     for measured in costs.values():
@@ -41,3 +44,16 @@ def test_a_model_harmony_pp_refuses_is_recorded():
     section = measure_harmony(model, compose_config(model).model, SHEET)
     assert sorted(section) == ["errors"] and sorted(section["errors"]) == ["1", "2"]
     assert all("tie" in reason for reason in section["errors"].values()), section
+
+
+def test_harmony_pp_is_also_traced_at_the_sheets_own_process_count(monkeypatch):
+    """More processes than cores time-slice, which only their own runs measure."""
+    launched = []
+
+    def refused(overrides, processes, run_dir):
+        launched.append(processes)
+        return {"error": "error: stopped here"}
+    monkeypatch.setattr("planner.calibrate_harmony.traced_harmony_run", refused)
+    monkeypatch.setattr("planner.measure.measure_profile", lambda *args, **kwargs: None)
+    section = measure_harmony(MODEL, compose_config(MODEL).model, {**SHEET, "processes": 4})
+    assert launched == [1, 2, 4] and sorted(section["errors"]) == ["1", "2", "4"]

@@ -134,6 +134,21 @@ def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
     from planner.harmony_estimator import HarmonyOverheads
     costed = replace(inp, harmony_costs=MappingProxyType({2: HarmonyOverheads(train_ratio=1.5)}))
     assert harmony_profile(costed, 2).layers[1].backward_s[0] == pytest.approx(profile.layers[1].backward_s[0] / 2)
+    # the layers timed alone around the harmony runs, where the sheet has them, for every device count
+    timed_alone = replace(random_profile(random.Random(2), 3), source="measured")
+    with_alone = replace(costed, harmony_alone_profile=timed_alone)
+    assert harmony_profile(with_alone, 1) is timed_alone and harmony_profile(with_alone, 4) is timed_alone
+
+
+def test_the_harmony_section_gives_the_layers_timed_alone():
+    from planner.harmony_costs import alone_profile
+    from tests.planner_helpers import random_profile
+    import random
+
+    profile = replace(random_profile(random.Random(3), 3), source="measured")
+    entry = {"runtime": {"harmony": {"2": {"train_ratio": 1.2}, "profile_alone": profile.to_json()}}}
+    assert alone_profile(entry).layers == profile.layers
+    assert alone_profile({"runtime": {"harmony": {"2": {"train_ratio": 1.2}}}}) is None   # an older sheet
 
 
 def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
