@@ -4,10 +4,11 @@ The flush families' costs (``planner.calibrate_runtime``) miss what only Harmony
 weight swaps, stash files in shared memory, the host update, and its layers run differently from
 the profile (a forward task runs without a graph; a backward task recomputes its pack into
 preallocated gradients). So the model is trained with ``schedule=harmony_pp`` on 1 and on 2
-processes, and on the sheet's own process count when that is more (one layer per pack, every micro-batch in one group: every kind of action occurs) and
-traced. Per rank and traced iteration, with the configuration's own action costs
-(``planner.harmony_tasks.ProfileCosts``) from the model's layers timed alone right before and
-right after the run (the geometric mean of the two ratios):
+processes, and on the sheet's own process count when that is more (one layer per pack, every
+micro-batch in one group: every kind of action occurs) and traced. Per rank and traced
+iteration, with the configuration's own action costs (``planner.harmony_tasks.ProfileCosts``)
+from the model's layers timed alone right before and right after the run (the geometric mean of
+the two ratios):
 
 * ``forward_ratio`` / ``train_ratio``: the forward tasks' FWD time, and the graph-building passes'
   (the jit pack's FWD and BWD, the recomputing backward tasks' BWD), over those layer times (with
@@ -45,6 +46,7 @@ from .profile import Profile, mean_profile
 
 PROCESSES = (1, 2)
 STEPS, TRACED = 19, tuple(range(4, 20))   # 16 traced iterations: a step here varies by +-25%
+LAUNCHES = 2   # per process count, the median of each cost: whole launches differ by 10-15% here
 GLOBAL_BATCH, MICRO = 8, 2
 _COMPUTE, _MESSAGES = ("forward", "backward"), ("send", "recv")
 _RATIOS = ("forward_ratio", "train_ratio")
@@ -122,7 +124,7 @@ def harmony_overheads(trace: dict, profile: Profile, processes: int, swap_bandwi
 
 
 def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict,
-                    micro_batches: Sequence[int] = (MICRO,)) -> dict[str, Any]:
+                    micro_batches: Sequence[int] = (MICRO,), launches: int = LAUNCHES) -> dict[str, Any]:
     """The ``runtime.harmony`` section of a sheet profile entry: costs by process count (as strings,
     JSON keys), runs that failed under ``errors`` (e.g. a model harmony_pp refuses). ``sheet``: the
     calibration so far (swap bandwidth, optimizer fit, the all-busy slowdown).
@@ -131,12 +133,14 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict,
     before and right after it (``planner.measure``; the geometric mean of the two), not with the
     sheet's profile, which another phase of a shared machine may have timed: so they hold
     harmony_pp's own slowdown (with two processes, their contention too), not the machine's
-    change; the estimator applies them to the sheet's profile timed alone
-    (``harmony_plan.harmony_profile``): ``profile_alone``, the mean of those timings (at
+    change; the estimator applies them to those layers timed alone
+    (``harmony_plan.harmony_profile``). Each process count is launched ``launches`` times (a
+    launch as a whole runs 10-15% faster or slower than the next here) and each cost is the median
+    over the launches. ``profile_alone``: the mean of the layer timings around the runs (at
     ``micro_batches``, the sheet's profile's sizes, and ``MICRO``). The sheet's own profile is
     timed with every calibrated process busy: with more processes than cores it holds their time
-    slicing, and by how much varies from one calibration to the next (4 processes on 2 cores:
-    0.49-0.69 of it alone), which no matmul's slowdown recovers."""
+    slicing, by an amount that varies from one calibration to the next (4 processes on 2 cores: the
+    layers alone took 0.49-0.69 of its times), which no matmul's slowdown recovers."""
     from .measure import measure_profile
 
     optimizer = sheet["optimizer"]
@@ -146,18 +150,23 @@ def measure_harmony(model_overrides: Sequence[str], model_cfg: Any, sheet: dict,
     sizes = sorted({*micro_batches, MICRO})
     with tempfile.TemporaryDirectory() as tmp:
         for processes in sorted({*PROCESSES, int(sheet.get("processes", 1))}):
-            before = measure_profile(model_cfg, sizes, "cpu", repeats=5)
-            run = traced_harmony_run(model_overrides, processes, Path(tmp, f"harmony{processes}"))
-            if "error" in run:
-                errors[str(processes)] = run["error"]
-                continue
-            after = measure_profile(model_cfg, sizes, "cpu", repeats=5)
-            # the layers timed on both sides of the run: the geometric mean of the two ratios
-            first, second = (harmony_overheads(run["trace"], alone, processes, float(sheet["device"]["swap_bandwidth"]),
-                                               float(optimizer["seconds_per_parameter_byte"]),
-                                               float(optimizer["step_overhead_s"])) for alone in (before, after))
-            out[str(processes)] = {**first, **{k: math.sqrt(first[k] * second[k]) for k in _RATIOS if k in first}}
-            alone_timings += [before.to_json(), after.to_json()]
+            per_launch = []
+            for _ in range(launches):
+                before = measure_profile(model_cfg, sizes, "cpu", repeats=5)
+                run = traced_harmony_run(model_overrides, processes, Path(tmp, f"harmony{processes}"))
+                if "error" in run:
+                    errors[str(processes)] = run["error"]
+                    break
+                after = measure_profile(model_cfg, sizes, "cpu", repeats=5)
+                # the layers timed on both sides of the run: the geometric mean of the two ratios
+                first, second = (harmony_overheads(run["trace"], alone, processes,
+                                                   float(sheet["device"]["swap_bandwidth"]),
+                                                   float(optimizer["seconds_per_parameter_byte"]),
+                                                   float(optimizer["step_overhead_s"])) for alone in (before, after))
+                per_launch.append({**first, **{k: math.sqrt(first[k] * second[k]) for k in _RATIOS if k in first}})
+                alone_timings += [before.to_json(), after.to_json()]
+            if per_launch and str(processes) not in errors:
+                out[str(processes)] = {k: statistics.median(c[k] for c in per_launch) for k in per_launch[0]}
     if alone_timings:
         out["profile_alone"] = mean_profile(alone_timings)
     if errors:

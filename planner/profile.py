@@ -155,7 +155,8 @@ def profile_from_json(data: dict) -> Profile:
 
 
 def mean_profile(profiles: list[dict]) -> dict:
-    """Every process's layer times averaged (they profiled the same model at the same time)."""
+    """Timings of the same model's layers (profile JSON) averaged layer by layer: the processes that
+    profiled it at once, or one process's timings at several moments."""
     out = copy.deepcopy(profiles[0])
     for i, layer in enumerate(out["layers"]):
         for key in ("forward_s", "backward_s"):

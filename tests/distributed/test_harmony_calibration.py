@@ -2,6 +2,8 @@
 estimator harmony_pp's own costs; a model harmony_pp refuses is recorded, not fatal."""
 from __future__ import annotations
 
+import pytest
+
 from planner.calibrate_harmony import measure_harmony
 from planner.harmony_costs import alone_profile, harmony_costs
 from planner.harmony_estimator import HarmonyOverheads, Links, estimate
@@ -18,7 +20,7 @@ SHEET = {"device": {"swap_bandwidth": 1e10}, "matmul_slowdown_all_busy": 1.0,
 def test_harmony_runs_give_the_estimator_its_costs():
     model = compose_config(MODEL).model
     profile = measure_profile(model, [2], "cpu", repeats=2)
-    section = measure_harmony(MODEL, model, SHEET, micro_batches=[1, 2])
+    section = measure_harmony(MODEL, model, SHEET, micro_batches=[1, 2], launches=1)
     assert "errors" not in section, section
     # the layers timed alone around the runs, at the sheet's sizes: what the ratios are over
     alone = alone_profile({"runtime": {"harmony": section}})
@@ -57,3 +59,25 @@ def test_harmony_pp_is_also_traced_at_the_sheets_own_process_count(monkeypatch):
     monkeypatch.setattr("planner.measure.measure_profile", lambda *args, **kwargs: None)
     section = measure_harmony(MODEL, compose_config(MODEL).model, {**SHEET, "processes": 4})
     assert launched == [1, 2, 4] and sorted(section["errors"]) == ["1", "2", "4"]
+
+
+def test_each_cost_is_the_median_over_launches(monkeypatch):
+    """A launch as a whole runs faster or slower than the next: every cost is taken over launches."""
+    import itertools
+    import random
+    from dataclasses import replace
+
+    from tests.planner_helpers import random_profile
+
+    alone = replace(random_profile(random.Random(4), 3), source="measured")
+    swaps = itertools.count(1)
+    monkeypatch.setattr("planner.calibrate_harmony.traced_harmony_run", lambda *args: {"trace": {}})
+    monkeypatch.setattr("planner.measure.measure_profile", lambda *args, **kwargs: alone)
+    monkeypatch.setattr("planner.calibrate_harmony.harmony_overheads",
+                        lambda *args: {"swap_s": float(next(swaps)), "forward_ratio": 1.0, "train_ratio": 1.0})
+    section = measure_harmony(MODEL, compose_config(MODEL).model, SHEET, launches=3)
+    # two timings per launch (before and after) give costs 1,2 | 3,4 | 5,6: each launch keeps its first
+    assert section["1"]["swap_s"] == 3.0 and section["2"]["swap_s"] == 9.0
+    mean = alone_profile({"runtime": {"harmony": section}})   # the mean of identical timings
+    assert [t for la in mean.layers for t in la.forward_s] == pytest.approx([t for la in alone.layers
+                                                                            for t in la.forward_s])
