@@ -272,7 +272,7 @@ def markdown(data: dict) -> str:
         f"point-to-point {cal['p2p']['latency_s'] * 1e6:.0f} us + {cal['p2p']['bandwidth'] / 1e9:.2f} GB/s and optimizer "
         f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) and the runtime's "
         f"own costs per action kind (weight swap, stash copy, update), message and step and its layers' time over the "
-        f"profile's (traced harmony_pp runs on 1 and 2 processes and on the calibration's own process count, "
+        f"same layers timed alone around those runs (traced harmony_pp runs on 1 and 2 processes and on the calibration's own process count, "
         f"`planner.calibrate_harmony`; a row takes those of the most processes up to its devices) of a "
         f"calibration with as many processes as devices (2 for one device; with 4 processes on 2 cores each "
         f"process's GFLOP/s below is about half), "
