@@ -108,9 +108,10 @@ class HarmonyExecutor:
     def _issue_order(self, actions: list[Action]) -> list[Action]:
         """On Gloo (CPU) each receive is posted at the start of the group that consumes it
         (``schedules.issue_order.receives_at_group_start``): a message the sender has sent lands
-        while this rank computes, instead of after it asks. Not on NCCL: round the wrap-around, a receive posted early can block the
-        stream a send to another device waits on (3 devices already; ``stream_model``), so there
-        the list's own order, which the stream model checks, is the issue order."""
+        while this rank computes, instead of after it asks. Not on NCCL: round the wrap-around, a
+        receive posted early can block the stream a send to another device waits on (3 devices
+        already; ``stream_model``), so there the list's own order, which the stream model checks,
+        is the issue order."""
         if self.tier.device.type != "cpu":
             return actions
         cached = self._orders.get(id(actions))

@@ -1,4 +1,5 @@
-"""The order in which one rank issues its actions: receives move up by one compute.
+"""The order in which one rank issues its actions: receives move up by one compute (Harmony's
+executor on Gloo: up to the start of their group, ``receives_at_group_start``).
 
 A schedule places each receive just before the compute that consumes it. The executor posts it
 earlier, before the compute *before* that one, so the transfer overlaps that compute; sends are
@@ -35,27 +36,25 @@ def issue_order(actions: list[Action]) -> list[Action]:
 
 
 def receives_at_group_start(actions: list[Action]) -> list[Action]:
-    """``actions`` with each receive moved up to just after the swap-in of its task's pack (the
-    start of the micro-batch group that consumes it; ``schedules.harmony``): Harmony's order on
-    Gloo. Round the wrap-around a sender is often a whole group ahead of its receiver, and on Gloo
-    a message matched only after the sender has moved on to wait for a message of its own can sit
-    for milliseconds (both ranks blocked, 2-6 ms here); posted at the group's start every receive
-    is matched long before its compute. A receive with no swap-in of its task before it keeps
-    ``issue_order``'s place."""
-    order = issue_order(actions)
-    group_start: dict[int, int] = {}          # task -> position after its latest pack swap-in
-    placed: dict[int, list[Action]] = {}      # position -> receives posted there
-    rest: list[tuple[int, Action]] = []
-    for a in order:
+    """``actions`` with each receive moved up to just after the latest swap-in of its task's pack
+    that ``issue_order`` issues before it (the start of its micro-batch group, or of the group
+    before; ``schedules.harmony``): Harmony's order on Gloo. Round the wrap-around a sender is
+    often a whole group ahead of its receiver, and on Gloo a message matched only after the sender
+    has moved on to wait for a message of its own can sit for milliseconds (both ranks blocked,
+    2-6 ms here); posted at the group's start every receive is matched long before its compute. A
+    receive with no such swap-in keeps ``issue_order``'s place."""
+    others: list[Action] = []                 # everything but the moved receives, in issue order
+    group_start: dict[int, int] = {}          # task -> position in ``others`` after its latest pack swap-in
+    placed: dict[int, list[Action]] = {}      # position in ``others`` -> receives posted there
+    for a in issue_order(actions):
         if a.kind in _RECEIVES and a.chunk in group_start:
             placed.setdefault(group_start[a.chunk], []).append(a)
             continue
-        rest.append((len(rest), a))
+        others.append(a)
         if a.kind is Kind.SWAP_IN and a.microbatch < 0:
-            group_start[a.chunk] = len(rest)
+            group_start[a.chunk] = len(others)
     out: list[Action] = []
-    for i, a in rest:
+    for i, a in enumerate(others):
         out += placed.get(i, [])
         out.append(a)
-    out += placed.get(len(rest), [])
-    return out
+    return out + placed.get(len(others), [])
