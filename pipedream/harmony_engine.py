@@ -77,7 +77,7 @@ class HarmonyEngine:
         self.host_dir = shared_host_dir(rank)
         if rank == 0:
             weakref.finalize(self, shutil.rmtree, self.host_dir, True)
-        host = HostTier(self.host_dir)
+        host = HostTier(self.host_dir, pin=device.type == "cuda")   # async swaps need page-locked memory
         self.tier = DeviceTier(host, device, spec.harmony.device_budget_bytes)
         self.state = PackState(modules, owned, host, self.tier, dist.barrier)
         # a rank that owns no layer still keeps the learning-rate schedule (an empty placeholder)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import warnings
 from pathlib import Path
 from typing import Hashable
 
@@ -23,13 +24,25 @@ def _file_name(key: Hashable) -> str:
     return _UNSAFE.sub("-", "_".join(str(p) for p in parts)) + ".bin"
 
 
+_REGISTER_PORTABLE = 1   # cudaHostRegisterPortable: page-locked for every CUDA context
+
+
+def _cuda_call(name: str, *args) -> None:
+    """A CUDA runtime call through torch (``cudaHostRegister``/``cudaHostUnregister``), checked."""
+    code = int(getattr(torch.cuda.cudart(), name)(*args))
+    if code != 0:
+        raise RuntimeError(f"{name} failed with CUDA error {code}")
+
+
 class HostTier:
     def __init__(self, shared_dir: str | os.PathLike | None = None, pin: bool = False):
-        """``pin`` (CUDA only): page-locked process memory, so copies to the device can run
-        asynchronously; shared-memory tensors are not pinned."""
+        """``pin`` (CUDA only): page-locked host memory, so copies to the device can run
+        asynchronously: process memory is allocated pinned, a shared-memory mapping is registered
+        with CUDA (``cudaHostRegister``) and unregistered when this process lets go of it."""
         self.shared_dir = Path(shared_dir) if shared_dir is not None else None
         self.pin = pin and torch.cuda.is_available()
         self._tensors: dict[Hashable, torch.Tensor] = {}
+        self._registered: set[Hashable] = set()   # shared mappings page-locked by this process
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._tensors
@@ -60,8 +73,23 @@ class HostTier:
             elif not path.exists():
                 raise FileNotFoundError(f"shared host tensor {key!r} does not exist at {path}")
             tensor = torch.from_file(str(path), shared=True, size=numel, dtype=dtype).view(shape)
+            if self.pin and tensor.nbytes:
+                self.forget(key)   # a key mapped again: the old mapping goes first
+                self._register(key, tensor)
         self._tensors[key] = tensor
         return tensor
+
+    def _register(self, key: Hashable, tensor: torch.Tensor) -> None:
+        """Page-lock a shared mapping; where CUDA refuses, the tier goes on unpinned (copies are then
+        staged by the driver: slower, not wrong) and says so once."""
+        try:
+            _cuda_call("cudaHostRegister", tensor.data_ptr(), tensor.nbytes, _REGISTER_PORTABLE)
+        except RuntimeError as error:
+            warnings.warn(f"shared host memory stays pageable ({error}): host-device copies will not "
+                          f"overlap compute", stacklevel=3)
+            self.pin = False
+            return
+        self._registered.add(key)
 
     def put(self, key: Hashable, value: torch.Tensor, *, create: bool = True) -> torch.Tensor:
         """Allocate ``key`` with ``value``'s shape and dtype and copy ``value`` into it."""
@@ -77,7 +105,10 @@ class HostTier:
 
     def forget(self, key: Hashable) -> None:
         """Drop this process's reference to ``key`` (its memory goes once nothing else holds it)."""
-        self._tensors.pop(key, None)
+        tensor = self._tensors.pop(key, None)
+        if key in self._registered:
+            self._registered.discard(key)
+            _cuda_call("cudaHostUnregister", tensor.data_ptr())
 
     def remove(self, key: Hashable) -> None:
         """Remove ``key`` from this tier: its shared-memory file (if any) and this process's reference."""
@@ -90,7 +121,7 @@ class HostTier:
     def remove_files(self) -> None:
         """Delete this tier's shared-memory files (call once, from one process, after the others
         are done); a process-memory tier just forgets its tensors."""
-        if self.shared_dir is not None:
-            for key in list(self._tensors):
+        for key in list(self._tensors):
+            if self.shared_dir is not None:
                 (self.shared_dir / _file_name(key)).unlink(missing_ok=True)
-        self._tensors.clear()
+            self.forget(key)

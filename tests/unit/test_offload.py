@@ -156,3 +156,60 @@ def test_remove_drops_one_key_and_its_shared_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["b_0.bin"]
     assert host.resident_bytes() == 8
     host.remove(("a", 0))   # removing what is gone is a no-op
+
+
+class FakeCudart:
+    """Records page-locking calls (the CPU wheel has no CUDA runtime); ``refuse`` fails them."""
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.calls: list[tuple] = []
+        self.refuse = refuse
+
+    def cudaHostRegister(self, ptr, nbytes, flags):
+        self.calls.append(("register", ptr, nbytes, flags))
+        return 1 if self.refuse else 0
+
+    def cudaHostUnregister(self, ptr):
+        self.calls.append(("unregister", ptr))
+        return 0
+
+
+def pinned_shared_tier(monkeypatch, tmp_path, cudart):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    return HostTier(tmp_path, pin=True)
+
+
+def test_a_pinned_shared_tier_page_locks_each_mapping_until_it_lets_go(monkeypatch, tmp_path):
+    cudart = FakeCudart()
+    host = pinned_shared_tier(monkeypatch, tmp_path, cudart)
+    a = host.allocate("a", (4, 2))
+    b = host.allocate("b", (3,))
+    assert cudart.calls == [("register", a.data_ptr(), 32, 1), ("register", b.data_ptr(), 12, 1)]
+    again = host.allocate("a", (4, 2), create=False)   # mapped again: the old mapping is let go first
+    assert cudart.calls[2:] == [("unregister", a.data_ptr()), ("register", again.data_ptr(), 32, 1)]
+    host.remove("b")
+    assert cudart.calls[-1] == ("unregister", b.data_ptr())
+    host.remove_files()
+    assert cudart.calls[-1] == ("unregister", again.data_ptr()) and len(cudart.calls) == 6
+
+
+def test_where_cuda_refuses_to_pin_the_tier_warns_once_and_goes_on_pageable(monkeypatch, tmp_path):
+    cudart = FakeCudart(refuse=True)
+    host = pinned_shared_tier(monkeypatch, tmp_path, cudart)
+    with pytest.warns(UserWarning, match="stays pageable"):
+        host.allocate("a", (4,))
+    host.allocate("b", (4,))
+    host.remove_files()
+    assert [c[0] for c in cudart.calls] == ["register"] and not host.pin
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_shared_mapping_is_page_locked_and_prefetched_asynchronously(tmp_path):
+    host = HostTier(tmp_path, pin=True)
+    source = host.put(("w", 0), torch.arange(1 << 16, dtype=torch.float32))
+    assert source.is_pinned()
+    device = DeviceTier(host, torch.device("cuda"), None)
+    assert device.prefetch(("w", 0), W)
+    assert torch.equal(device.swap_in(("w", 0), W).cpu(), torch.arange(1 << 16, dtype=torch.float32))
+    host.remove_files()
