@@ -11,16 +11,16 @@ from typing import Any
 from hydra.errors import HydraException, MissingConfigException
 from omegaconf.errors import OmegaConfBaseException
 
-from pipedream.config_loading import compose_config, describe_missing_option
+from pipedream.config.loading import compose_config, describe_missing_option
 from pipedream.errors import ConfigError
 
-from .commands import build_launch
-from .memory_check import check_memory
-from .prechecks import check_before_launch, check_launch_keys
-from .preempt import agent_options, job_exit_code, relayed_signals
-from .sbatch import emit_script
-from .slurm import apply_allocation
-from .supervise import run_supervised
+from launcher.commands import build_launch
+from launcher.memory_check import check_memory
+from launcher.prechecks import check_before_launch, check_launch_keys
+from launcher.preempt import agent_options, job_exit_code, relayed_signals
+from launcher.sbatch import emit_script
+from launcher.slurm import apply_allocation
+from launcher.supervise import run_supervised
 
 
 def model_label(cfg: Any, argv: list[str]) -> str:
@@ -40,10 +40,10 @@ def main(argv: list[str]) -> int:
     overrides = [a for a in argv if not a.startswith("launcher.")]
     try:
         cfg, slurm_notes = apply_allocation(compose_config(argv), argv, os.environ)
-        from pipedream.plan_config import apply_plan
-        from pipedream.preemption import PreemptionSpec
-        from pipedream.run_outputs import claim_run_dir
-        from pipedream.run_spec import build_run_spec
+        from pipedream.config.plan_config import apply_plan
+        from pipedream.lifecycle.preemption import PreemptionSpec
+        from pipedream.observe.run_outputs import claim_run_dir
+        from pipedream.config.run_spec import build_run_spec
         label = model_label(cfg, argv)
         run_dir = str(cfg.train.run_dir)
         check_launch_keys(cfg)

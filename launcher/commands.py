@@ -20,7 +20,7 @@ def world_size_of(cfg: Any) -> int:
     ``parallel.stage_replicas`` or pp * tp * dp."""
     plan_path = cfg.parallel.get("plan")
     if plan_path:
-        from pipedream.plan_file import PlanError, load_plan
+        from pipedream.config.plan_file import PlanError, load_plan
         try:
             return int(load_plan(str(plan_path)).world_size)
         except PlanError as error:

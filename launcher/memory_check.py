@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipedream.errors import ConfigError
-from pipedream.specs import OptimSpec
+from pipedream.config.specs import OptimSpec
 
 GIB = 1024 ** 3
 FP32 = 4
@@ -57,7 +57,7 @@ def microbatches_in_flight(schedule: str, pp: int, microbatches: int) -> float:
 
 def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> MemoryEstimate:
     """``spec`` is the run's ``RunSpec``; each process holds about 1/(pp tp) of the model."""
-    from planner.model_specs import spec_from_config
+    from planner.inputs.model_specs import spec_from_config
 
     model = spec_from_config({**dict(model_cfg), "precision": "fp32"})
     layers = model.layer_specs(1)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.errors import ConfigError
-from pipedream.specs import Section
+from pipedream.config.specs import Section
 
 DEVICES = ("cpu", "cuda", "auto")
 
@@ -58,7 +58,7 @@ def check_device_and_packages(cfg: Any, runs_here: bool) -> None:
 
 def check_outputs(cfg: Any, run_dir: str) -> None:
     """The run folder and a separate checkpoint folder must be folders this user can create or write."""
-    from pipedream.run_outputs import output_path_problem
+    from pipedream.observe.run_outputs import output_path_problem
     for key, value in (("train.run_dir", run_dir), ("checkpoint.dir", Section(cfg, "checkpoint").optional_text("dir"))):
         problem = value and output_path_problem(value)
         if problem:
@@ -72,7 +72,7 @@ def check_resume(cfg: Any, spec: Any, run_dir: str) -> None:
     resume = spec.checkpoint.resume
     if not resume:
         return
-    from pipedream.checkpoint_integrity import MARKER, checkpoint_problem
+    from pipedream.checkpoint.integrity import MARKER, checkpoint_problem
     if resume == "auto":   # the ranks fall back past damaged ones; another model's is refused here
         root = spec.checkpoint.root(Path(run_dir))
         intact = [p for p in sorted(root.glob("step_*")) if checkpoint_problem(p) is None] if root.is_dir() else []
@@ -97,7 +97,7 @@ def check_resume(cfg: Any, spec: Any, run_dir: str) -> None:
 
 
 def _check_shapes(cfg: Any, path: Path, named: str) -> None:
-    from pipedream.checkpoint_shapes import shape_mismatch
+    from pipedream.checkpoint.shapes import shape_mismatch
     mismatch = shape_mismatch(path, cfg.model)
     if mismatch:
         raise ConfigError(f"{named} was saved by another model: {mismatch}: resume with the model settings it "
@@ -120,7 +120,7 @@ def check_rendezvous_port(cfg: Any) -> None:
 
 def check_before_launch(cfg: Any, spec: Any, run_dir: str, launching: bool, hosts_rendezvous: bool) -> list[str]:
     """Every check above that applies; returns warnings (one line each)."""
-    from pipedream.data_checks import check_data
+    from pipedream.data.checks import check_data
 
     check_device_and_packages(cfg, launching)
     check_outputs(cfg, run_dir)

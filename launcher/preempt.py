@@ -1,4 +1,4 @@
-"""The launcher's part in preemption (``pipedream.preemption``): torchrun ignores the signal, the
+"""The launcher's part in preemption (``pipedream.lifecycle.preemption``): torchrun ignores the signal, the
 launcher passes it on to the ranks without stopping anything, and a run the ranks stopped for
 preemption ends the launcher with ``preemption.requeue_exit_code``.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.errors import stderr_line
-from pipedream.preemption import PreemptionSpec, read_marker
+from pipedream.lifecycle.preemption import PreemptionSpec, read_marker
 
 REPEAT_S = 1.0
 

@@ -11,9 +11,9 @@ import shlex
 from typing import Any
 
 from pipedream.errors import ConfigError
-from pipedream.preemption import PreemptionSpec
+from pipedream.lifecycle.preemption import PreemptionSpec
 
-from .slurm import explicit_launcher_keys
+from launcher.slurm import explicit_launcher_keys
 
 # set by the script (run dir, resume) or derived from SLURM inside the job
 NOT_PASSED = ("launcher.nnodes", "launcher.node_rank", "launcher.master_addr", "launcher.dry_run", "launcher.emit",

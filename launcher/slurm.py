@@ -16,7 +16,7 @@ from omegaconf import open_dict
 
 from pipedream.errors import ConfigError
 
-from .commands import world_size_of
+from launcher.commands import world_size_of
 
 DERIVED = {"nnodes": "SLURM_JOB_NUM_NODES", "node_rank": "SLURM_NODEID",
            "master_addr": "the first host of SLURM_JOB_NODELIST"}

@@ -20,7 +20,7 @@ import time
 import uuid
 from pathlib import Path
 
-from .preempt import Relay
+from launcher.preempt import Relay
 
 TAG = "PIPEDREAM_LAUNCH_ID"   # environment variable every process of one launch inherits
 FORWARDED = (signal.SIGINT, signal.SIGTERM)

@@ -8,15 +8,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from pipedream.errors import ConfigError
+from models.errors import ConfigError
 
-from .facts import option, pipeline_layer_count
-from .vision_facts import VISION_MODELS
+from models.facts import option, pipeline_layer_count
+from models.plugin_config import plugin_target
+from models.vision_facts import VISION_MODELS
 
 if TYPE_CHECKING:
-    from pipedream.tensor_parallel import TensorParallel
+    from models.tensor_parallel import TensorParallel
 
-    from .spec import LayerModel
+    from models.spec import LayerModel
 
 _LAZY = {"bert_model": ".bert", "gpt_model": ".gpt", "mlp_model": ".mlp", "LayerModel": ".spec",
          "vgg16_model": ".vision", "resnet50_model": ".vision",
@@ -41,19 +42,19 @@ def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
     if name not in ("gpt", "bert"):
         raise ConfigError(f"model={name} has no tensor-parallel form but parallel.tp={tp}: set parallel.tp=1 "
                           f"or train model=gpt_tiny / model=bert_tiny")
-    from .gpt import check_tensor_parallel
+    from models.gpt import check_tensor_parallel
     check_tensor_parallel(int(model_cfg["hidden_size"]), int(model_cfg["num_heads"]), tp)
 
 
 def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
     """``model_cfg`` is the Hydra ``model`` group (or any mapping with the same keys). With ``tp``
     (a ``TensorParallel`` context) GPT and BERT are built as this rank's tensor-parallel slice."""
-    from .bert import bert_model
-    from .gpt import gpt_model
-    from .mlp import mlp_model
+    from models.bert import bert_model
+    from models.gpt import gpt_model
+    from models.mlp import mlp_model
 
     if model_cfg.get("_target_") is not None:   # a plugin (docs/models.md)
-        from pipedream.plugins import plugin_model
+        from models.plugins import plugin_model
         check_tensor_parallel_config(model_cfg, 1 if tp is None else tp.size)
         return plugin_model(model_cfg, seed)
     name = model_cfg["name"]
@@ -82,7 +83,7 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
 
 def vision_model(model_cfg: Any, seed: int) -> LayerModel:
     """``model=vgg16`` / ``model=resnet50`` (and their small presets)."""
-    from .vision import resnet50_model, vgg16_model
+    from models.vision import resnet50_model, vgg16_model
     sizes = dict(image_size=int(model_cfg["image_size"]), num_classes=int(model_cfg["num_classes"]),
                  width_multiplier=float(model_cfg["width_multiplier"]), seed=seed)
     if model_cfg["name"] == "vgg16":
@@ -91,4 +92,13 @@ def vision_model(model_cfg: Any, seed: int) -> LayerModel:
 
 
 __all__ = ["LayerModel", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model", "build_model", "check_tensor_parallel_config", "gpt_model",
-           "mlp_model", "pipeline_layer_count", "resnet50_model", "vgg16_model"]
+           "layer_count", "mlp_model", "pipeline_layer_count", "resnet50_model", "vgg16_model"]
+
+
+def layer_count(model_cfg: Any) -> int:
+    """Pipeline layers of the configured model; a plugin is built (and checked) to count them."""
+    if plugin_target(model_cfg) is None:
+        return pipeline_layer_count(model_cfg)
+    from models.plugins import checked_model   # torch and the user's code, only for plugins
+
+    return checked_model(model_cfg).model.num_layers

@@ -11,13 +11,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, mark_replicated,
+from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, mark_replicated,
                                        mark_sharded, parallelize_block, shard_tensor, vocab_parallel_cross_entropy,
                                        vocab_parallel_logits)
 
-from .facts import OPTIONAL_KEYS, mlm_mask_id, transformer_pipeline_layers
-from .gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel
-from .spec import LayerModel, seeded
+from models.facts import OPTIONAL_KEYS, mlm_mask_id, transformer_pipeline_layers
+from models.gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel
+from models.spec import LayerModel, seeded
 
 IGNORE_INDEX = -100  # MLM targets at positions that were not masked
 
@@ -110,7 +110,7 @@ def bert_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
                dropout: float = OPTIONAL_KEYS["dropout"], pre_ln: bool = OPTIONAL_KEYS["pre_ln"], seed: int = 0,
                tp: TensorParallel | None = None, mask_fraction: float = OPTIONAL_KEYS["mask_fraction"]) -> LayerModel:
     """BERT as ``num_layers + 2`` pipeline layers; inputs are corrupted tokens, targets the original
-    ids at masked positions and -100 elsewhere (``pipedream.data.MaskedLanguageModeling``)."""
+    ids at masked positions and -100 elsewhere (``pipedream.data.datasets.MaskedLanguageModeling``)."""
     last = num_layers + 1
     if tp is not None:
         check_tensor_parallel(hidden_size, num_heads, tp.size)

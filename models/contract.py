@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterable
 import torch
 from torch import nn
 
-from .spec import LayerModel, PipelineSequential
+from models.spec import LayerModel, PipelineSequential
 
 
 def pipeline_layers(modules: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any, Mapping
 
-from .formulas import gpt_flops_per_iteration, gpt_parameters, mlp_flops_per_iteration
-from .vision_facts import VISION_MODELS, vision_forward_flops_per_sample, vision_layers, vision_parameters
+from models.formulas import gpt_flops_per_iteration, gpt_parameters, mlp_flops_per_iteration
+from models.vision_facts import VISION_MODELS, vision_forward_flops_per_sample, vision_layers, vision_parameters
 
 TRANSFORMERS = ("gpt", "bert")
 EMBEDDING_AND_HEAD = 2  # a transformer's pipeline layers beyond its blocks

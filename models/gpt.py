@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipedream.errors import ConfigError
-from pipedream.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,
+from models.errors import ConfigError
+from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
 
-from .facts import OPTIONAL_KEYS, transformer_pipeline_layers
-from .spec import LayerModel, seeded
+from models.facts import OPTIONAL_KEYS, transformer_pipeline_layers
+from models.spec import LayerModel, seeded
 
 INIT_STD = 0.02
 

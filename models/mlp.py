@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .spec import LayerModel, seeded
+from models.spec import LayerModel, seeded
 
 
 class ResidualMLPBlock(nn.Module):

@@ -8,7 +8,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from pipedream.boundary import call_layer
+from models.boundary import call_layer
 
 
 @dataclass(frozen=True)

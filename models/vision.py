@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .spec import LayerModel, seeded
-from .vision_facts import IMAGE_CHANNELS, VisionLayer, vgg16_layers, resnet50_layers
+from models.spec import LayerModel, seeded
+from models.vision_facts import IMAGE_CHANNELS, VisionLayer, vgg16_layers, resnet50_layers
 
 
 def _init_conv_and_norm(module: nn.Module) -> None:

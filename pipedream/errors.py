@@ -1,14 +1,9 @@
 """Errors that the entry points turn into one clear line and a non-zero exit."""
 import sys
 
+from models.errors import ConfigError, DataError
 
-class ConfigError(ValueError):
-    """A configuration that cannot run: the message names the value, the rule and a way out."""
-
-
-class DataError(ValueError):
-    """Training data this run cannot use (e.g. a shape the schedule does not allow): the message
-    says what was found and a way out."""
+__all__ = ["ConfigError", "DataError", "FINAL_EXIT", "InvariantError", "REFUSED_EXIT", "stderr_line"]
 
 
 class InvariantError(RuntimeError):

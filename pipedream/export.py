@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .checkpoint_integrity import checkpoint_problem
-from .multi_model.export import is_fused_state, model_paths, split_models
-from .specs import default_checkpoint_root
+from pipedream.checkpoint.integrity import checkpoint_problem
+from pipedream.multi_model.export import is_fused_state, model_paths, split_models
+from pipedream.config.specs import default_checkpoint_root
 
 
 class ExportError(ValueError):

@@ -17,12 +17,12 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from .distributed import init_distributed, shutdown, world_size_from_env
-from .errors import FINAL_EXIT, REFUSED_EXIT, ConfigError, stderr_line
-from .plan_config import apply_plan, check_plan_world_size
-from .preemption import PreemptionSpec
-from .run_outputs import claim_run_dir
-from .run_spec import build_run_spec
+from pipedream.runtime.distributed import init_distributed, shutdown, world_size_from_env
+from pipedream.errors import FINAL_EXIT, REFUSED_EXIT, ConfigError, stderr_line
+from pipedream.config.plan_config import apply_plan, check_plan_world_size
+from pipedream.lifecycle.preemption import PreemptionSpec
+from pipedream.observe.run_outputs import claim_run_dir
+from pipedream.config.run_spec import build_run_spec
 
 
 def first_attempt_rank0() -> bool:
@@ -38,16 +38,16 @@ def run(cfg: Any) -> int:
         PreemptionSpec.from_config(cfg)
         if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
             claim_run_dir(spec, Path(spec.loop.run_dir))
-            from .data_checks import check_data   # what the launcher checks, for runs started by torchrun
+            from pipedream.data.checks import check_data   # what the launcher checks, for runs started by torchrun
             for note in check_data(cfg.data, cfg.model, spec.seq_len):
                 stderr_line(f"warning: {note}")
     except ConfigError as error:
         stderr_line(f"error: {error}")
         return REFUSED_EXIT
     torch.set_num_threads(spec.train.threads)
-    from .failures import USER_ERRORS, debug_requested, failure_report, wait_for_peer_report  # late: fast errors
-    from .optim import NonFiniteError
-    from .trainer import train
+    from pipedream.lifecycle.failures import USER_ERRORS, debug_requested, failure_report, wait_for_peer_report  # late: fast errors
+    from pipedream.numerics.optim import NonFiniteError
+    from pipedream.trainer import train
     try:
         ctx = init_distributed(spec.device, spec.train.timeout_s)
         train(cfg, spec, ctx)
@@ -70,6 +70,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    from .plugin_config import plugin_overrides
+    from models.plugin_config import plugin_overrides
     sys.argv[1:] = plugin_overrides(sys.argv[1:])   # model._target_=...: see plugin_config
     main()

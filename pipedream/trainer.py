@@ -15,23 +15,25 @@ from tqdm import tqdm
 
 from models import build_model
 
-from .checkpoint import RunCheckpoints
-from .data import GlobalBatchOrder, build_datasets, microbatches
-from .device_clock import clock_for
-from .distributed import DistContext
-from .engine import PipelineEngine, StepResult
-from .groups import build_groups
-from .multi_model import build_fused_model, multi_model_spec
-from .multi_model.training import StackedData
-from .metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
+from pipedream.checkpoint.store import RunCheckpoints
+from pipedream.data.datasets import build_datasets
+from pipedream.data.batching import GlobalBatchOrder, microbatches
+from pipedream.observe.device_clock import clock_for
+from pipedream.runtime.distributed import DistContext
+from pipedream.runtime.engine import PipelineEngine, StepResult
+from pipedream.runtime.groups import build_groups
+from pipedream.multi_model.settings import multi_model_spec
+from pipedream.multi_model.fused import build_fused_model
+from pipedream.multi_model.training import StackedData
+from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                       peak_memory_bytes, warmup_steps)
-from .peak_flops import PeakFlops, peak_flops
-from .preemption import PreemptionSpec
-from .preemption_watch import PreemptionWatch
-from .run_spec import RunSpec
-from .tensor_parallel import TensorParallel
-from .trace import TraceRecorder, gather_traces, traced_steps
-from .trace_report import TraceReport, write_trace_outputs
+from pipedream.observe.peak_flops import PeakFlops, peak_flops
+from pipedream.lifecycle.preemption import PreemptionSpec
+from pipedream.lifecycle.preemption_watch import PreemptionWatch
+from pipedream.config.run_spec import RunSpec
+from models.tensor_parallel import TensorParallel
+from pipedream.observe.trace import TraceRecorder, gather_traces, traced_steps
+from pipedream.observe.trace_report import TraceReport, write_trace_outputs
 
 
 @dataclass
@@ -77,7 +79,7 @@ def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceReco
     multi = multi_model_spec(cfg)
     dense = build_fused_model(cfg, multi) if multi else build_model(cfg.model, seed=spec.train.seed)
     if spec.harmony is not None:
-        from .harmony_engine import HarmonyEngine
+        from pipedream.harmony.engine import HarmonyEngine
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
     tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None

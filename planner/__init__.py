@@ -17,11 +17,11 @@ Modules, from inputs to output:
   hierarchical dynamic program, then ranked); ``auto`` picks one and assembles the plan;
   ``simcheck`` and ``simcheck_async`` replay it in the runtime's schedule simulator;
 * output: ``report`` (the printed tables), ``__main__`` (``python -m planner``). The plan file's
-  schema is ``pipedream.plan_file`` (a leaf both sides import); this package re-exports ``Plan``,
+  schema is ``pipedream.config.plan_file`` (a leaf both sides import); this package re-exports ``Plan``,
   ``PlanError`` and ``load_plan``.
 """
 from __future__ import annotations
 
-from pipedream.plan_file import Plan, PlanError, load_plan
+from pipedream.config.plan_file import Plan, PlanError, load_plan
 
 __all__ = ["Plan", "PlanError", "load_plan"]

@@ -9,15 +9,15 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from pipedream.plan_file import PlanError, load_plan
+from pipedream.config.plan_file import PlanError, load_plan
 
-from .errors import PlannerError
+from planner.errors import PlannerError
 
 
 def run(argv: Sequence[str]) -> int:
-    from .auto import make_plan
-    from .config import compose, inputs_from_config
-    from .report import alternatives_table, plan_table, training_time
+    from planner.search.auto import make_plan
+    from planner.config import compose, inputs_from_config
+    from planner.report import alternatives_table, plan_table, training_time
 
     cfg = compose(argv)
     p = cfg.planner
@@ -29,7 +29,7 @@ def run(argv: Sequence[str]) -> int:
               f"(pp={plan.parallel.pp} tp={plan.parallel.tp} dp={plan.parallel.dp}, {plan.schedule})")
         return 0
     if p.get("out"):   # before planning: a typo in the path must not cost the search
-        from pipedream.run_outputs import output_path_problem
+        from pipedream.observe.run_outputs import output_path_problem
         problem = output_path_problem(str(p.out), is_file=True)
         if problem:
             raise PlannerError(f"planner.out={p.out} {problem}: give a file path in a folder you can write to")
@@ -37,7 +37,7 @@ def run(argv: Sequence[str]) -> int:
     outcome = make_plan(inputs, str(p.algorithm), str(p.semantics), bool(p.simulate))
     precision = inputs.spec.precision if inputs.spec is not None else inputs.profile.precision
     if outcome.harmony is not None:
-        from .harmony_report import harmony_table
+        from planner.harmony.report import harmony_table
 
         print(harmony_table(outcome, inputs.cluster.device.flops(precision)))
     else:

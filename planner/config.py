@@ -5,16 +5,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipedream.config_loading import compose_config, describe_missing_option
+from pipedream.config.loading import compose_config, describe_missing_option
 
-from . import zero_bubble
-from .errors import PlannerError
-from .cluster_sheet import measured_profile, measured_runtime, measured_tp_profiles
-from .harmony_costs import alone_profile, measured_harmony, sheet_entry
-from .hardware import cluster_from_config
-from .inputs import Inputs
-from .model_specs import spec_from_config
-from .profile import Profile, analytic_profile, load_profile
+from planner.costs import zero_bubble
+from planner.errors import PlannerError
+from planner.inputs.cluster_sheet import measured_cluster, measured_profile, measured_runtime, measured_tp_profiles
+from planner.harmony.costs import alone_profile, measured_harmony, sheet_entry
+from planner.inputs.hardware import Cluster, cluster_from_config
+from planner.inputs.search_inputs import Inputs
+from planner.inputs.model_specs import spec_from_config
+from planner.inputs.profile import Profile, analytic_profile, load_profile
 
 PLANNED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", *zero_bubble.SCHEDULES)
 
@@ -48,7 +48,7 @@ def _plain(node: Any) -> Any:
 def build_profile(cfg: Any, spec, cluster) -> Profile:
     p = cfg.planner
     if p.get("graph"):
-        from .graph_txt import import_graph
+        from planner.inputs.graph_txt import import_graph
 
         path = Path(str(p.graph))   # PipeDream's layout names the model by the folder: profiles/<model>/graph.txt
         label = path.parent.name if path.name == "graph.txt" and path.parent.name else path.name
@@ -61,8 +61,16 @@ def build_profile(cfg: Any, spec, cluster) -> Profile:
     return analytic_profile(spec, cluster.device, 1)
 
 
+def cluster_for(cluster_cfg: Any) -> Cluster:
+    """The cluster to plan on: this machine as ``python -m planner.calibrate`` measured it
+    (``cluster.sheet=measured``) or a preset's topology and device sheet."""
+    if cluster_cfg.get("sheet") == "measured":
+        return measured_cluster(cluster_cfg)
+    return cluster_from_config(cluster_cfg)
+
+
 def inputs_from_config(cfg: Any) -> Inputs:
-    cluster = cluster_from_config(_plain(cfg.cluster))
+    cluster = cluster_for(_plain(cfg.cluster))
     model_cfg = dict(_plain(cfg.model))
     if cfg.planner.get("precision"):
         model_cfg["precision"] = cfg.planner.precision

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from models.formulas import training_days
 
-from .auto import Outcome
-from .ranking import GIB, Candidate
+from planner.search.auto import Outcome
+from planner.search.ranking import GIB, Candidate
 
 
 def _split(c: Candidate, limit: int = 6) -> str:

@@ -2,10 +2,10 @@
 
 For each configuration of the grid (1, 2 and 4 devices; different forward and backward pack
 splits; whole and smaller task groups; the whole model as one jit pack, i.e. no recomputation) the
-estimator (``planner.harmony_search.evaluate``: the runtime's own action lists, timed with the
+estimator (``planner.harmony.search.evaluate``: the runtime's own action lists, timed with the
 per-layer profile, the swap and point-to-point bandwidths, the optimizer step and the runtime's own
 costs per action kind, per message and per step and its layers' time over the profile's (traced harmony_pp runs on 1
-and 2 processes, ``planner.calibrate_harmony``) that ``python -m planner.calibrate`` measured here with as many
+and 2 processes, ``planner.calibrate.harmony``) that ``python -m planner.calibrate`` measured here with as many
 processes as the configuration has devices) predicts
 the iteration time (by default from a calibration taken just before the row's run, so both see the
 same phase of a shared machine); the launcher then trains a plan file of exactly that configuration
@@ -92,7 +92,7 @@ def packs(sizes) -> tuple[tuple[int, int], ...]:
 
 
 def planned(row: Row):
-    from planner.harmony_tasks import PlannedConfig
+    from planner.harmony.tasks import PlannedConfig
 
     m = row.microbatches
     forward, backward = packs(row.forward), packs(row.backward)
@@ -102,7 +102,7 @@ def planned(row: Row):
 
 def calibrate(path: Path, devices: int, repeats: int) -> dict:
     if not path.exists():
-        cmd = [sys.executable, "-m", "planner.calibrate", *MODEL, f"cluster.devices_per_node={max(devices, 2)}",
+        cmd = [sys.executable, "-m", "planner.calibrate.sheet", *MODEL, f"cluster.devices_per_node={max(devices, 2)}",
                f"planner.calibration_out={path}", f"planner.calibrate_repeats={repeats}",
                "planner.calibrate_micro_batches=[1,2,4,8]"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)
@@ -122,8 +122,8 @@ def inputs_for(sheet_path: Path, devices: int):
 
 
 def predict(row: Row, sheet_path: Path) -> dict:
-    from planner.harmony_plan import harmony_links, harmony_overheads, harmony_profile, host_update
-    from planner.harmony_search import evaluate
+    from planner.harmony.plan import harmony_links, harmony_overheads, harmony_profile, host_update
+    from planner.harmony.search import evaluate
 
     inputs = inputs_for(sheet_path, row.devices)
     if inputs.profile.source != "measured":
@@ -140,7 +140,7 @@ def predict(row: Row, sheet_path: Path) -> dict:
 
 
 def write_plan(row: Row, budget: float, path: Path) -> None:
-    from pipedream.plan_file import Batch, ClusterInfo, Harmony, ModelInfo, Parallel, Plan, Predicted
+    from pipedream.config.plan_file import Batch, ClusterInfo, Harmony, ModelInfo, Parallel, Plan, Predicted
 
     cfg = planned(row)
     plan = Plan(ModelInfo("gpt_tiny", LAYERS, 0), ClusterInfo("local_cpu", row.devices, row.devices),
@@ -192,8 +192,8 @@ def planner_choice(sheet_path: Path, out: Path, budget: float) -> tuple[Row, flo
 def search_times() -> list[dict]:
     """The search on analytic GPT profiles of 100+ layers on one 8-GPU server, budget |W| / 4."""
     from planner.config import compose, inputs_from_config
-    from planner.harmony_plan import harmony_links
-    from planner.harmony_search import harmony_search
+    from planner.harmony.plan import harmony_links
+    from planner.harmony.search import harmony_search
 
     out = []
     for blocks, batch in ((120, 64), (250, 64)):
@@ -209,7 +209,7 @@ def search_times() -> list[dict]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from planner.harmony_plan import cpu_slots
+    from planner.harmony.plan import cpu_slots
 
     work = Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
@@ -267,13 +267,13 @@ def markdown(data: dict) -> str:
         f"({data.get('repeats', 1)} launch(es) of {data['steps']} steps per row, the median of their median step "
         f"times after warm-up; global batch {data['global_batch']}; "
         f"`{' '.join(data['model'])}`; {data['machine']['cpu']}, {data['machine']['cores']} cores). Each row's "
-        f"prediction is `planner.harmony_search.evaluate`: the runtime's harmony_pp action lists simulated with the "
+        f"prediction is `planner.harmony.search.evaluate`: the runtime's harmony_pp action lists simulated with the "
         f"measured per-layer profile, swap bandwidth ({cal['device'].get('swap_bandwidth', cal['device']['memory_bandwidth'] / 2) / 1e9:.2f} GB/s), "
         f"point-to-point {cal['p2p']['latency_s'] * 1e6:.0f} us + {cal['p2p']['bandwidth'] / 1e9:.2f} GB/s and optimizer "
         f"step ({cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte) and the runtime's "
         f"own costs per action kind (weight swap, stash copy, update), message and step and its layers' time over the "
         f"same layers timed alone around those runs (traced harmony_pp runs on 1 and 2 processes and on the calibration's own process count, "
-        f"`planner.calibrate_harmony`; a row takes those of the most processes up to its devices) of a "
+        f"`planner.calibrate.harmony`; a row takes those of the most processes up to its devices) of a "
         f"calibration with as many processes as devices (2 for one device; with 4 processes on 2 cores each "
         f"process's GFLOP/s below is about half), "
         + ("one per device count" if data.get("calibrate_once") else "taken just before each row's run (the first "
@@ -313,7 +313,7 @@ def markdown(data: dict) -> str:
                       f"ratio to the profile for every configuration. Traces show what the estimator does not "
                       f"model: on Gloo a receive (even posting it) now and then stalls for milliseconds, more often "
                       f"with several groups per task."]
-    lines += ["", "Search time (`planner.harmony_search.harmony_search`, analytic profiles, 8 x H200 with "
+    lines += ["", "Search time (`planner.harmony.search.harmony_search`, analytic profiles, 8 x H200 with "
                   "budget |W| / 4, micro-batches up to 32):", "", "| model | layers | mini-batch | configurations | "
                   "seconds | best |", "|---|---|---|---|---|---|"]
     for s in data["search"]:

@@ -47,10 +47,10 @@ def _worker(overrides_list: list[list[str]], out: str) -> None:
     """Runs the trainings one after another in this process; writes their summaries' numbers."""
     import torch
 
-    from pipedream.config_loading import compose_config
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.metrics import peak_memory_bytes
-    from pipedream.run_spec import build_run_spec
+    from pipedream.config.loading import compose_config
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.observe.metrics import peak_memory_bytes
+    from pipedream.config.run_spec import build_run_spec
     from pipedream.trainer import train
 
     torch.set_num_threads(1)

@@ -23,11 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-from planner.auto import make_plan  # noqa: E402
+from planner.search.auto import make_plan  # noqa: E402
 from planner.config import compose, inputs_from_config  # noqa: E402
-from planner.pipedream_dp import DPOptions, MemoryModel, pipedream_dp  # noqa: E402
-from planner.pipedream_search import search_candidates  # noqa: E402
-from planner.ptdp import ptdp_search  # noqa: E402
+from planner.search.pipedream_dp import DPOptions, MemoryModel, pipedream_dp  # noqa: E402
+from planner.search.pipedream_search import search_candidates  # noqa: E402
+from planner.search.ptdp import ptdp_search  # noqa: E402
 
 
 def timed(fn, repeats: int) -> dict:

@@ -3,7 +3,7 @@
 For each configuration of the grid (two GPT sizes; pipeline, data and tensor parallelism; gpipe,
 1f1b, interleaved, 2bw and pipedream schedules; several micro-batch sizes) the planner, pinned to
 the configuration and planning with ``cluster=measured`` (this machine as ``python -m
-planner.calibrate`` measured it), writes a plan; the launcher then trains that plan for real (two
+planner.calibrate.sheet`` measured it), writes a plan; the launcher then trains that plan for real (two
 processes over Gloo) and its summary gives the median step time after warm-up and each rank's peak
 RSS. Predicted RSS = the plan's memory without the reserve: on a measured sheet the planner counts the
 process itself (its calibrated base and what a traced run held beyond its model) and the model's
@@ -167,7 +167,7 @@ def calibrate(path: Path, repeats: int, models: set[str]) -> None:
     for model, overrides in MODELS.items():
         if model not in models:
             continue
-        cmd = [sys.executable, "-m", "planner.calibrate", *overrides, f"planner.calibration_out={path}",
+        cmd = [sys.executable, "-m", "planner.calibrate.sheet", *overrides, f"planner.calibration_out={path}",
                f"planner.calibrate_repeats={repeats}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:

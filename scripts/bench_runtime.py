@@ -60,9 +60,9 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
                       quiet: Quiet) -> dict | None:
     """Two traced iterations of our 1f1b after warm-up (the least disturbed of ``tries`` attempts),
     written as trace.json and the timeline PNGs."""
-    from pipedream.specs import TrainSpec
-    from pipedream.trace import TraceRecorder, gather_traces
-    from pipedream.trace_report import write_trace_outputs
+    from pipedream.config.specs import TrainSpec
+    from pipedream.observe.trace import TraceRecorder, gather_traces
+    from pipedream.observe.trace_report import write_trace_outputs
 
     recorder = TraceRecorder()
     step = ours(workload, Case("pipedream", "1f1b"), rank, groups_cache, recorder)

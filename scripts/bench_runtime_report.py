@@ -33,9 +33,9 @@ def ideal_bubble(schedule: str, m: int, pp: int) -> float:
     if schedule in ASYNC:
         return 0.0
     if schedule in ("zb_h2", "zbv", "interleaved_zb", "dualpipev"):
-        # the zero-bubble order's flushed iteration at F = B = W per chunk (planner/zero_bubble.py);
+        # the zero-bubble order's flushed iteration at F = B = W per chunk (planner/costs/zero_bubble.py);
         # torch's two-chunk ones are counted as zbv
-        from planner.zero_bubble import bubble_fraction
+        from planner.costs.zero_bubble import bubble_fraction
 
         relative = float(bubble_fraction("zb_h2" if schedule == "zb_h2" else "zbv", pp, m))
         return relative / (1 + relative)
@@ -72,7 +72,7 @@ def analyse(times: dict[str, list[float]], global_batch: int, microbatches: int,
 def machine() -> dict[str, Any]:
     import torch
 
-    from pipedream.peak_flops import cpu_model
+    from pipedream.observe.peak_flops import cpu_model
 
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "torch": torch.__version__,
             "python": platform.python_version(), "os": f"{platform.system()} {platform.release()}"}
@@ -240,7 +240,7 @@ def rows_note(cases: set[str]) -> str:
                  "(*torch zbv*), `ScheduleInterleavedZeroBubble` (*torch interleaved_zb*, two chunks per rank) "
                  "and `ScheduleDualPipeV` (*dualpipev*, ours and torch's), on the same blocks and batch; their "
                  "ideal bubble is the zero-bubble order's flushed iteration at F = B = W per chunk "
-                 "(planner/zero_bubble.py; the two-chunk schedules counted as zbv).")
+                 "(planner/costs/zero_bubble.py; the two-chunk schedules counted as zbv).")
     return text
 
 

@@ -12,7 +12,7 @@ from bench_runtime_cases import ASYNC_SCHEDULES, BOTH_CORES, OURS_FOR, PP, V_PLA
 
 
 def compose(workload: Workload, case: Case) -> Any:
-    from pipedream.config_loading import compose_config
+    from pipedream.config.loading import compose_config
 
     overrides = list(workload.overrides) + list(VARIANTS.get(case.variant, ())) + [
         f"train.micro_batch_size={workload.micro_batch}", f"train.global_batch_size={workload.global_batch}",
@@ -31,9 +31,9 @@ def microbatches(model, workload: Workload) -> list[tuple[torch.Tensor, torch.Te
 
 def ours(workload: Workload, case: Case, rank: int, groups_cache: dict, recorder=None) -> Callable[[], None]:
     from models import build_model
-    from pipedream.engine import PipelineEngine
-    from pipedream.groups import build_groups
-    from pipedream.run_spec import build_run_spec
+    from pipedream.runtime.engine import PipelineEngine
+    from pipedream.runtime.groups import build_groups
+    from pipedream.config.run_spec import build_run_spec
 
     cfg = compose(workload, case)
     spec = build_run_spec(cfg, PP)
@@ -55,9 +55,9 @@ def theirs(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
                                               ScheduleZBVZeroBubble)
 
     from models import build_model
-    from pipedream.layout import split_layers
-    from pipedream.optim import build_optimizer
-    from pipedream.run_spec import build_run_spec
+    from pipedream.config.layout import split_layers
+    from pipedream.numerics.optim import build_optimizer
+    from pipedream.config.run_spec import build_run_spec
 
     cfg = compose(workload, case)
     spec = build_run_spec(cfg, PP)
@@ -99,8 +99,8 @@ def single(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     """The whole model in one process: the same micro-batches, gradients accumulated, one update
     (on rank 0; with BOTH_CORES rank 1 runs its own copy at the same time)."""
     from models import build_model
-    from pipedream.optim import build_optimizer
-    from pipedream.specs import OptimSpec, TrainSpec
+    from pipedream.numerics.optim import build_optimizer
+    from pipedream.config.specs import OptimSpec, TrainSpec
 
     cfg = compose(workload, Case("pipedream", "1f1b"))
     model = build_model(cfg.model, seed=1)

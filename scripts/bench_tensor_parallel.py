@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from models.gpt import Block  # noqa: E402
 from models.spec import seeded  # noqa: E402
-from pipedream.tensor_parallel import (ColumnParallelLinear, RNGTracker, TensorParallel, copy_to_region,  # noqa: E402
+from models.tensor_parallel import (ColumnParallelLinear, RNGTracker, TensorParallel, copy_to_region,  # noqa: E402
                                        parallelize_block)
 from tests.workers import run_workers  # noqa: E402
 

@@ -14,8 +14,8 @@ sys.path.insert(0, str(ROOT))
 
 from planner.config import compose, inputs_from_config  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
-from planner.ptdp import ptdp_search  # noqa: E402
-from planner.ranking import GIB  # noqa: E402
+from planner.search.ptdp import ptdp_search  # noqa: E402
+from planner.search.ranking import GIB  # noqa: E402
 
 GPT_5_9B = ["model=gpt_1.7b", "model.num_layers=32", "model.hidden_size=3840", "model.num_heads=32"]
 GPT_162B = ["model=gpt_1.7b", "model.num_layers=32", "model.hidden_size=20480", "model.num_heads=128"]

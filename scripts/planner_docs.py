@@ -18,8 +18,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from planner.__main__ import main as planner_main  # noqa: E402
 from planner.config import compose, inputs_from_config  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
-from planner.ptdp import ptdp_search  # noqa: E402
-from planner.ranking import GIB, why_lost  # noqa: E402
+from planner.search.ptdp import ptdp_search  # noqa: E402
+from planner.search.ranking import GIB, why_lost  # noqa: E402
 from planner_claims import memory_section, trends_section  # noqa: E402
 from planner_paper_tables import paper_tables_section  # noqa: E402
 

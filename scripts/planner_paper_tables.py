@@ -13,10 +13,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from planner.auto import make_plan  # noqa: E402
+from planner.search.auto import make_plan  # noqa: E402
 from planner.config import compose, inputs_from_config  # noqa: E402
 from planner.errors import PlannerError  # noqa: E402
-from planner.ptdp import ptdp_search  # noqa: E402
+from planner.search.ptdp import ptdp_search  # noqa: E402
 from planner_claims import plan  # noqa: E402
 
 # Table 4.1 (ch. 4.5.1): preset, GPUs, batch, t, p, achieved TFLOP/s per GPU

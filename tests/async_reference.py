@@ -31,10 +31,11 @@ import torch
 from torch import nn
 
 from models import build_model
-from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
-from pipedream.optim import build_optimizer, warmup_cosine
-from pipedream.precision import MixedPrecision
-from pipedream.run_spec import build_run_spec
+from pipedream.data.datasets import build_datasets
+from pipedream.data.batching import GlobalBatchOrder, microbatches
+from pipedream.numerics.optim import build_optimizer, warmup_cosine
+from pipedream.numerics.precision import MixedPrecision
+from pipedream.config.run_spec import build_run_spec
 
 
 @dataclass
@@ -62,7 +63,7 @@ class Reference:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     train_set: Any
     losses: dict[tuple[int, int], float] = field(default_factory=dict)   # (pipeline, micro-batch) -> loss
-    autocast: Callable[[], Any] = nullcontext   # precision=bf16: the runtime's scheme (pipedream/precision.py)
+    autocast: Callable[[], Any] = nullcontext   # precision=bf16: the runtime's scheme (pipedream/numerics/precision.py)
 
     def final_params(self) -> dict[str, torch.Tensor]:
         """Global layer index . parameter name -> tensor (the harness's naming)."""

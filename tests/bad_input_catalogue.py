@@ -121,7 +121,7 @@ END_TO_END = ["pp-not-a-number", "max-restarts-negative", "pp-huge", "timeout-ze
 
 def _fake_checkpoint(folder: Path, files: dict[str, bytes], step: int = 2) -> Path:
     """A committed checkpoint folder as save_checkpoint leaves it (sizes and CRC-32 in the marker)."""
-    from pipedream.checkpoint_integrity import MARKER, manifest
+    from pipedream.checkpoint.integrity import MARKER, manifest
 
     checkpoint = folder / f"step_{step:08d}"
     checkpoint.mkdir(parents=True)
@@ -174,8 +174,8 @@ def save_other_model_checkpoint(folder: Path) -> None:
     import torch.distributed.checkpoint as dcp
 
     from models import build_model
-    from pipedream.checkpoint import layers_module
-    from pipedream.checkpoint_integrity import MARKER, manifest
+    from pipedream.checkpoint.store import layers_module
+    from pipedream.checkpoint.integrity import MARKER, manifest
     from tests.training_harness import compose_config
 
     model_cfg = compose_config(["model.hidden_size=64"]).model

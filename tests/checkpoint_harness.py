@@ -13,8 +13,8 @@ class Interrupted(Exception):
 
 def train_interrupted(rank: int, world_size: int, overrides: list[str], run_dir: str, stop_after: int) -> str:
     """Trains until the checkpoint after step ``stop_after`` is saved, then stops (every rank)."""
-    from pipedream.checkpoint import RunCheckpoints
-    from pipedream.distributed import init_distributed, shutdown
+    from pipedream.checkpoint.store import RunCheckpoints
+    from pipedream.runtime.distributed import init_distributed, shutdown
 
     original = RunCheckpoints.after_step
 
@@ -35,7 +35,7 @@ def train_interrupted(rank: int, world_size: int, overrides: list[str], run_dir:
 
 
 def train_full(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
-    from pipedream.distributed import init_distributed, shutdown
+    from pipedream.runtime.distributed import init_distributed, shutdown
     init_distributed("cpu", 60)
     try:
         return _train_once(rank, world_size, overrides, run_dir)

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipedream.config_loading import compose_config
+from pipedream.config.loading import compose_config
 
 
 def harmony_train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict[str, Any]]:
     """Like ``training_harness.train_rank``: every (overrides, run_dir) in one process group."""
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.run_spec import build_run_spec
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.config.run_spec import build_run_spec
     from pipedream.trainer import train
 
     init_distributed("cpu", 60)

@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pipedream.config_loading import compose_config
+from pipedream.config.loading import compose_config
 
 
 def planned_harmony_rank(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.plan_config import apply_plan
-    from pipedream.run_spec import build_run_spec
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.config.plan_config import apply_plan
+    from pipedream.config.run_spec import build_run_spec
     from pipedream.trainer import train
 
     init_distributed("cpu", 60)

@@ -16,7 +16,7 @@ from typing import Callable, TypeVar
 
 import torch
 
-from pipedream.layout import ParallelLayout
+from pipedream.config.layout import ParallelLayout
 
 T = TypeVar("T")
 MessageKey = tuple[int, bool, int, int]   # (receiving rank, is_grad, micro-batch, receiving virtual stage)

@@ -6,8 +6,8 @@ import itertools
 import random
 
 from pipedream.devices import DEVICES
-from planner.hardware import Cluster, Level
-from planner.profile import LayerProfile, Profile
+from planner.inputs.hardware import Cluster, Level
+from planner.inputs.profile import LayerProfile, Profile
 
 
 # PipeDream's graph.txt profiler output for a chain of layers (edges listed out of order).
@@ -72,7 +72,7 @@ def replica_splits(total: int, parts: int):
 
 def hierarchical_allreduce(cluster, nbytes, d, t):
     """d members t apart: ring inside one node, else reduce-scatter in the node, ring over nodes on
-    the node's NICs shared by all its devices, all-gather in the node (planner/collectives.py)."""
+    the node's NICs shared by all its devices, all-gather in the node (planner/costs/collectives.py)."""
     per_node = cluster.devices_per_node
     if d * t <= per_node or len(cluster.levels) == 1:
         return 2 * (d - 1) / d * nbytes / cluster.level_for_span(d * t).bandwidth

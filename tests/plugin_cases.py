@@ -1,5 +1,5 @@
 """Plugin targets for the tests: one good model and data set, and one broken plugin per rule the
-pre-check enforces (``pipedream.plugins``)."""
+pre-check enforces (``models.plugins``)."""
 from __future__ import annotations
 
 import torch

@@ -10,10 +10,10 @@ import torch
 def overflow_run(rank: int, world_size: int, runs: list[tuple[list[str], int, int]]) -> list[dict[str, Any]]:
     """Per (overrides, inject_rank, inject_step): the loss scale after each step, whether this
     rank's weights changed in each step, and the losses."""
-    from pipedream.config_loading import compose_config
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.run_spec import build_run_spec
-    from pipedream.trace import TraceRecorder
+    from pipedream.config.loading import compose_config
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.config.run_spec import build_run_spec
+    from pipedream.observe.trace import TraceRecorder
     from pipedream.trainer import ShardedData, _build_engine
 
     ctx = init_distributed("cpu", 60)
@@ -49,9 +49,9 @@ def overflow_run(rank: int, world_size: int, runs: list[tuple[list[str], int, in
 
 def train_on_cuda(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
     """One real training run on CUDA (NCCL): its summary and, for fp16, the loss scaler's state."""
-    from pipedream.config_loading import compose_config
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.run_spec import build_run_spec
+    from pipedream.config.loading import compose_config
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.config.run_spec import build_run_spec
     from pipedream.trainer import train
 
     ctx = init_distributed("cuda", 60)

@@ -15,10 +15,10 @@ def signal_then_resume(rank: int, world_size: int, overrides: list[str], preempt
     """Rank ``signalled_rank`` alone signals itself right after step ``signal_after``; returns the
     preempted run's summary and what it left in its run directory, then the resumed and the
     uninterrupted runs' losses and parameters."""
-    from pipedream.checkpoint import RunCheckpoints, complete_checkpoints
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.preemption import read_marker
-    from pipedream.preemption_watch import PreemptionWatch
+    from pipedream.checkpoint.store import RunCheckpoints, complete_checkpoints
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.lifecycle.preemption import read_marker
+    from pipedream.lifecycle.preemption_watch import PreemptionWatch
 
     original = RunCheckpoints.after_step
     original_stop = PreemptionWatch.stop

@@ -8,12 +8,12 @@ from typing import Callable
 import torch
 from torch import nn
 
-from pipedream.executor import Executor
-from pipedream.grad_accumulation import fuse_grad_accumulation
-from pipedream.layout import ParallelLayout
+from pipedream.runtime.executor import Executor
+from models.grad_accumulation import fuse_grad_accumulation
+from pipedream.config.layout import ParallelLayout
 from pipedream.schedules import build_schedule
-from pipedream.stage import Stage
-from pipedream.trace import TraceRecorder
+from pipedream.runtime.stage import Stage
+from pipedream.observe.trace import TraceRecorder
 from tests.loopback import FakeClock, LoopbackComm, LoopbackNetwork, run_ranks
 
 FORWARD_S, BACKWARD_S, SYNC_S, STEP_S = 2.0, 3.0, 0.5, 0.25

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from pipedream.config_loading import compose_config
+from pipedream.config.loading import compose_config
 
 TINY_GPT = ["model=gpt_tiny", "model.num_layers=6", "model.hidden_size=32", "model.num_heads=2",
             "model.seq_len=16", "train.global_batch_size=8", "train.micro_batch_size=2",
@@ -19,7 +19,7 @@ TINY_GPT = ["model=gpt_tiny", "model.num_layers=6", "model.hidden_size=32", "mod
 def train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict[str, Any]]:
     """Runs the real trainer once per (overrides, run_dir) in one process group (starting processes
     costs more than these tiny runs); returns per run {"params": {"layer.name": tensor}, "losses"}."""
-    from pipedream.distributed import init_distributed, shutdown
+    from pipedream.runtime.distributed import init_distributed, shutdown
 
     init_distributed("cpu", 60)
     try:
@@ -29,9 +29,9 @@ def train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) ->
 
 
 def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
-    from pipedream.distributed import init_distributed
-    from pipedream.run_spec import build_run_spec
-    from pipedream.tensor_parallel import gather_tensor, shard_spec
+    from pipedream.runtime.distributed import init_distributed
+    from pipedream.config.run_spec import build_run_spec
+    from models.tensor_parallel import gather_tensor, shard_spec
     from pipedream.trainer import train
 
     cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
@@ -60,11 +60,12 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
 def reference_training(overrides: list[str]) -> dict[str, Any]:
     """Single-process training of the whole model on the same global batches: the gold standard."""
     from models import build_model
-    from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
-    from pipedream.optim import build_optimizer, build_scheduler
-    from pipedream.precision import MixedPrecision
-    from pipedream.run_spec import OPTIMIZERS
-    from pipedream.specs import OptimSpec, TrainSpec
+    from pipedream.data.datasets import build_datasets
+    from pipedream.data.batching import GlobalBatchOrder, microbatches
+    from pipedream.numerics.optim import build_optimizer, build_scheduler
+    from pipedream.numerics.precision import MixedPrecision
+    from pipedream.config.run_spec import OPTIMIZERS
+    from pipedream.config.specs import OptimSpec, TrainSpec
 
     cfg = compose_config(overrides)
     seed = int(cfg.train.seed)

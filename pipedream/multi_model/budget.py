@@ -13,11 +13,11 @@ from pipedream.errors import ConfigError
 from pipedream.offload import DeviceBudgetError, DeviceTier, HostTier
 from pipedream.schedules.actions import Kind
 
-from .degree import choose_fusion_groups, stage_inputs
-from .feature_plan import BudgetTooSmall, Event, FeatureMap, FeaturePlan, plan
-from .fused import FusedLayer
-from .memory import FeatureMapMemory
-from .settings import MultiModelSpec
+from pipedream.multi_model.degree import choose_fusion_groups, stage_inputs
+from pipedream.multi_model.feature_plan import BudgetTooSmall, Event, FeatureMap, FeaturePlan, plan
+from pipedream.multi_model.fused import FusedLayer
+from pipedream.multi_model.memory import FeatureMapMemory
+from pipedream.multi_model.settings import MultiModelSpec
 
 UNLIMITED = 1 << 62
 

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from pipedream import boundary
-from pipedream.boundary import TupleSpec
+from models import boundary
+from models.boundary import TupleSpec
 
-from .fused import FusedLayer
+from pipedream.multi_model.fused import FusedLayer
 
 
 def divisors(count: int) -> list[int]:

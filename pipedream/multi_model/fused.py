@@ -20,7 +20,8 @@ from torch.func import functional_call
 from models.contract import meta_copy
 from models.spec import LayerModel
 
-from .settings import MultiModelSpec
+from pipedream.errors import ConfigError
+from pipedream.multi_model.settings import MultiModelSpec
 
 MODEL_DIM = 0   # stacked inputs, outputs, parameters: model k at index k of dimension 0
 
@@ -200,7 +201,7 @@ def check_fusable(model: FusedLayerModel, batch_size: int = 2) -> None:
     with torch.device("meta"):
         built = model.build()
         value = model.make_batch(batch_size, torch.Generator().manual_seed(0))[0]
-    from pipedream.boundary import call_layer
+    from models.boundary import call_layer
     for i in range(model.num_layers):
         layer = built[i]
         try:
@@ -210,3 +211,18 @@ def check_fusable(model: FusedLayerModel, batch_size: int = 2) -> None:
             reason = text.split(". ")[0]
             inner = type(layer.models[0]).__name__
             raise NotFusableError(f"layer {i} ({inner}) cannot run fused under torch.vmap: {reason}") from None
+
+
+def build_fused_model(cfg: Any, multi: MultiModelSpec) -> Any:
+    """The fused ``LayerModel`` of the K variants (each built as a run with its seed builds it);
+    ``ConfigError`` naming the layer that cannot fuse and why."""
+    from models import build_model
+
+    members = [build_model(cfg.model, seed=variant.seed) for variant in multi.variants]
+    try:
+        fused = fuse_models(members, multi, groups=multi.fusion_groups or 1)
+        check_fusable(fused)
+    except NotFusableError as error:
+        raise ConfigError(f"train.models={multi.count}: {error}: train these models one by one "
+                          f"(train.models=null)") from None
+    return fused

@@ -20,7 +20,7 @@ import torch
 
 from pipedream.offload import DeviceTier, Direction, TensorClass
 
-from .feature_plan import Decision
+from pipedream.multi_model.feature_plan import Decision
 
 ACTIVATIONS = TensorClass.ACTIVATIONS
 

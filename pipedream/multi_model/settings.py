@@ -86,11 +86,12 @@ def multi_model_spec(cfg: Any) -> MultiModelSpec | None:
     return MultiModelSpec(variants, None if groups == "auto" else groups, budget)
 
 
-def check_multi_model(cfg: Any, schedule: str, asynchronous: bool, tp: int, optim_impl: str) -> None:
-    """What a fused set composes with; one ConfigError line otherwise."""
+def check_multi_model(cfg: Any, schedule: str, asynchronous: bool, tp: int, optim_impl: str) -> MultiModelSpec | None:
+    """What a fused set composes with (the settings alone; ``fused.build_fused_model`` then checks the
+    layers); one ConfigError line otherwise."""
     spec = multi_model_spec(cfg)
     if spec is None:
-        return
+        return None
     if asynchronous or schedule == "harmony_pp":   # harmony_pp swaps whole layers, not fused sets
         raise ConfigError(f"train.models with schedule={schedule}: fused model sets train with the flush "
                           f"schedules only (1f1b, gpipe, interleaved, zb_h2, zbv): choose one of them")
@@ -103,5 +104,4 @@ def check_multi_model(cfg: Any, schedule: str, asynchronous: bool, tp: int, opti
     if str(cfg.precision.name) == "fp16":
         raise ConfigError("train.models with precision=fp16: one loss scale cannot serve several models: "
                           "use precision=bf16 or fp32")
-    from . import build_fused_model   # every layer runs fused once on the meta device
-    build_fused_model(cfg, spec)
+    return spec

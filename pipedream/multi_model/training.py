@@ -10,12 +10,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipedream.optim import GradientSync, NonFiniteError, _sum_of_squares, _with_fused_kernel
-from pipedream.runner import FlushRunner, StepResult
-from pipedream.specs import OptimSpec
+from pipedream.numerics.optim import GradientSync, NonFiniteError, _sum_of_squares, _with_fused_kernel
+from pipedream.runtime.runner import FlushRunner, StepResult
+from pipedream.config.specs import OptimSpec
 
-from .fused import FusedLayerModel, stack_values
-from .settings import MultiModelSpec
+from pipedream.multi_model.fused import FusedLayerModel, stack_values
+from pipedream.multi_model.settings import MultiModelSpec
 
 
 def model_of(param: nn.Parameter) -> int:

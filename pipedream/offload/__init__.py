@@ -6,9 +6,9 @@ counts the bytes moved per tensor class and direction (``SwapCounters``), tracks
 bytes of what it holds (current and peak) and refuses, with one line, to exceed its budget.
 Nothing here knows about schedules: the Harmony runtime is one user.
 """
-from .counters import Direction, SwapCounters, TensorClass
-from .device import DeviceBudgetError, DeviceTier, device_capacity_bytes
-from .host import HostTier
+from pipedream.offload.counters import Direction, SwapCounters, TensorClass
+from pipedream.offload.device import DeviceBudgetError, DeviceTier, device_capacity_bytes
+from pipedream.offload.host import HostTier
 
 __all__ = ["DeviceBudgetError", "DeviceTier", "Direction", "HostTier", "SwapCounters", "TensorClass",
            "device_capacity_bytes"]

@@ -14,9 +14,9 @@ from typing import Hashable
 
 import torch
 
-from ..errors import ConfigError
-from .counters import Direction, SwapCounters, TensorClass
-from .host import HostTier
+from pipedream.errors import ConfigError
+from pipedream.offload.counters import Direction, SwapCounters, TensorClass
+from pipedream.offload.host import HostTier
 
 
 class DeviceBudgetError(ConfigError):

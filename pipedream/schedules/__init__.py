@@ -11,19 +11,20 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Callable
 
-from .actions import Action, Kind, format_actions, parse_action, parse_actions
-from .common import ScheduleError, peer_stage, virtual_stage
-from .dualpipev import dualpipev
-from .gpipe import gpipe
-from .harmony import HarmonyConfig, harmony_config, harmony_pp
-from .interleaved import interleaved
-from .one_f_one_b import one_f_one_b
-from .pipedream_async import pipedream, pipedream_replicated
-from .placement import Placement
-from .replicated import ReplicatedPipeline
-from .two_bw import two_bw
-from .zb_h2 import zb_h2
-from .zbv import zbv
+from pipedream.schedules.actions import Action, Kind, format_actions, parse_action, parse_actions
+from pipedream.schedules.common import peer_stage, virtual_stage
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.dualpipev import dualpipev
+from pipedream.schedules.gpipe import gpipe
+from pipedream.schedules.harmony import HarmonyConfig, harmony_config, harmony_pp
+from pipedream.schedules.interleaved import interleaved
+from pipedream.schedules.one_f_one_b import one_f_one_b
+from pipedream.schedules.pipedream_async import pipedream, pipedream_replicated
+from pipedream.schedules.placement import Placement
+from pipedream.schedules.replicated import ReplicatedPipeline
+from pipedream.schedules.two_bw import two_bw
+from pipedream.schedules.zb_h2 import zb_h2
+from pipedream.schedules.zbv import zbv
 
 ScheduleFn = Callable[..., list[list[Action]]]
 

@@ -21,7 +21,7 @@ from pipedream.schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SPLIT_BACKW
                                  all_schedules, build_schedule, harmony_config, harmony_pp, schedule_placement)
 from pipedream.schedules.actions import Action, Kind, format_actions
 from pipedream.schedules.harmony import describe
-from pipedream.simulate import Costs, SimResult, simulate
+from pipedream.schedules.simulate import Costs, SimResult, simulate
 
 
 class _UsageError(Exception):
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                              for r in range(args.pp))
             print(f"placement {placement.kind}, virtual stages held by each rank (chunk a, b, ...): {held}")
         if args.png:
-            from pipedream.timeline_plot import plot_timeline, spans_from_sim
+            from pipedream.observe.timeline_plot import plot_timeline, spans_from_sim
 
             title = f"{args.schedule} pp={args.pp} vpp={placement.vpp} m={args.microbatches}"
             plot_timeline(spans_from_sim(result), args.png, title)

@@ -70,3 +70,7 @@ def format_actions(actions: list[Action]) -> str:
 
 def parse_actions(text: str) -> list[Action]:
     return [parse_action(t) for t in text.split()]
+
+
+class ScheduleError(ValueError):
+    """A schedule cannot be built for the requested sizes; the message names the rule."""

@@ -2,7 +2,7 @@
 
 NCCL (and the executor's Gloo path) match messages on each ordered (src, dst) pair by order, so a
 schedule whose receives are posted in another order pairs the wrong tensors. Checked on the action
-lists alone, before any simulation or process (``pipedream.simulate`` runs it first).
+lists alone, before any simulation or process (``pipedream.schedules.simulate`` runs it first).
 """
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from collections import Counter
 from typing import Callable
 
 from pipedream.schedules.actions import Action, Kind
-from pipedream.schedules.common import ScheduleError, peer_stage
+from pipedream.schedules.common import peer_stage
+from pipedream.schedules.actions import ScheduleError
 
 PeerFn = Callable[[int, Action, int, int], tuple[int, int]]
 """(rank, comm action, pp, vpp) -> (peer rank, peer chunk)."""

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .actions import Action, Kind
-
-
-class ScheduleError(ValueError):
-    """A schedule cannot be built for the requested sizes; the message names the rule."""
+from pipedream.schedules.actions import Action, Kind, ScheduleError
+from pipedream.schedules.placement import Placement
 
 
 def is_first_virtual_stage(rank: int, chunk: int) -> bool:
@@ -86,7 +83,6 @@ def add_communication(compute: list[list[Action]], pp: int, vpp: int, placement=
     ``placement`` (a ``placement.Placement``) maps chunks to virtual stages; default round-robin.
     """
     if placement is None:
-        from .placement import Placement  # placement imports this module
         placement = Placement(pp, vpp)
     with_sends: list[list[Action]] = []
     for rank, actions in enumerate(compute):

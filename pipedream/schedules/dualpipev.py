@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from collections import deque
 
-from .actions import Action, Kind
-from .common import ScheduleError, add_communication, check_sizes, flush_update
-from .placement import Placement
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.common import add_communication, check_sizes, flush_update
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.placement import Placement
 
 CHUNKS = 2
 

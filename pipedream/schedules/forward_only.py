@@ -1,9 +1,9 @@
 """Forward passes only (evaluation): chunk by chunk, micro-batch by micro-batch; no stash, no update."""
 from __future__ import annotations
 
-from .actions import Action, Kind
-from .common import add_communication, check_sizes, forward_block
-from .placement import Placement
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.common import add_communication, check_sizes, forward_block
+from pipedream.schedules.placement import Placement
 
 
 def forward_only(pp: int, microbatches: int, vpp: int = 1, placement: Placement | None = None) -> list[list[Action]]:

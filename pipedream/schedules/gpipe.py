@@ -1,8 +1,9 @@
 """GPipe: all forwards, then all backwards, then one update (a pipeline flush every iteration)."""
 from __future__ import annotations
 
-from .actions import Action
-from .common import ScheduleError, backward_block, check_sizes, flush_update, forward_block
+from pipedream.schedules.actions import Action
+from pipedream.schedules.common import backward_block, check_sizes, flush_update, forward_block
+from pipedream.schedules.actions import ScheduleError
 
 
 def gpipe(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:

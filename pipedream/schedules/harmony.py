@@ -27,8 +27,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from .actions import Action, Kind
-from .common import ScheduleError, add_communication
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.common import add_communication
+from pipedream.schedules.actions import ScheduleError
 
 MODES = ("pp",)
 FORWARD, JIT, BACKWARD = "forward", "forward+backward", "backward"

@@ -19,8 +19,9 @@ In-flight (mb, chunk) pairs at rank r peak at ``min(warmup + 1, m*v)``
 """
 from __future__ import annotations
 
-from .actions import Action, Kind
-from .common import ScheduleError, add_communication, check_sizes, flush_update
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.common import add_communication, check_sizes, flush_update
+from pipedream.schedules.actions import ScheduleError
 
 
 def check_interleaved(pp: int, microbatches: int, vpp: int) -> None:

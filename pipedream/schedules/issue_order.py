@@ -12,7 +12,7 @@ rules (where a send may wait for its receive and calls on one stream run one aft
 """
 from __future__ import annotations
 
-from .actions import COMPUTE_KINDS, Action, Kind
+from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
 
 _RECEIVES = frozenset({Kind.RECV_ACT, Kind.RECV_GRAD})
 

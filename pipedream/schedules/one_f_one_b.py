@@ -5,8 +5,9 @@ drains the remaining backwards; at most p - s micro-batches are in flight at sta
 """
 from __future__ import annotations
 
-from .actions import Action
-from .common import ScheduleError, backward_block, check_sizes, flush_update, forward_block, one_f_one_b_order
+from pipedream.schedules.actions import Action
+from pipedream.schedules.common import backward_block, check_sizes, flush_update, forward_block, one_f_one_b_order
+from pipedream.schedules.actions import ScheduleError
 
 
 def one_f_one_b(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:

@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from functools import reduce
 
-from .actions import Action, Kind
-from .common import ScheduleError, backward_block, check_sizes, forward_block
-from .replicated import ReplicatedPipeline
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.common import backward_block, check_sizes, forward_block
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.replicated import ReplicatedPipeline
 
 
 def per_microbatch_update() -> list[Action]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .actions import Action, Kind
-from .common import ScheduleError
+from pipedream.schedules.actions import Action, Kind, ScheduleError
 
 PLACEMENTS = ("round-robin", "vshape")
 _DOWNSTREAM = (Kind.SEND_ACT, Kind.RECV_GRAD)

@@ -12,8 +12,8 @@ import math
 from dataclasses import dataclass
 from typing import Hashable
 
-from .actions import Action, Kind
-from .common import ScheduleError
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.actions import ScheduleError
 
 _DOWNSTREAM = (Kind.SEND_ACT, Kind.RECV_GRAD)
 _UPSTREAM = (Kind.RECV_ACT, Kind.SEND_GRAD)

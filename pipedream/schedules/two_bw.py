@@ -10,8 +10,9 @@ is exactly ``1f1b``'s. Steady-state bubble: none; the run's warm-up and drain co
 """
 from __future__ import annotations
 
-from .actions import Action, Kind
-from .common import ScheduleError, backward_block, check_sizes, forward_block, one_f_one_b_order
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.common import backward_block, check_sizes, forward_block, one_f_one_b_order
+from pipedream.schedules.actions import ScheduleError
 
 
 def check_two_bw(pp: int, microbatches: int, vpp: int, steps: int = 1) -> None:

@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
-from .actions import Action, Kind
-from .common import ScheduleError
-from .replicated import ReplicatedPipeline
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.replicated import ReplicatedPipeline
 
 Uses = dict[Action, int]
 """FWD/BWD action -> the version it uses (actions are unique within a run)."""

@@ -13,7 +13,7 @@ Pure data (no torch): the executor and the simulator read the same answer.
 """
 from __future__ import annotations
 
-from .actions import Action, Kind
+from pipedream.schedules.actions import Action, Kind
 
 
 def held_until_activation_send(actions: list[Action]) -> dict[Action, Action]:

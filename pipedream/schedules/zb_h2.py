@@ -9,10 +9,11 @@ Memory: up to 2p - 1 micro-batches of activations at stage 0, about twice 1F1B's
 """
 from __future__ import annotations
 
-from .actions import Action
-from .common import ScheduleError, add_communication, check_sizes, flush_update
-from .placement import Placement
-from .zb_order import zero_bubble_order
+from pipedream.schedules.actions import Action
+from pipedream.schedules.common import add_communication, check_sizes, flush_update
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.placement import Placement
+from pipedream.schedules.zb_order import zero_bubble_order
 
 
 def in_flight_limit(rank: int, pp: int) -> int:

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from .actions import Action, Kind
-from .common import ScheduleError
-from .placement import Placement
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.placement import Placement
 
 _NEVER = float("inf")
 

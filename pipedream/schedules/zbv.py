@@ -10,10 +10,11 @@ the fill of p - 1 chunk forwards, half of ZB-H2's.
 """
 from __future__ import annotations
 
-from .actions import Action
-from .common import ScheduleError, add_communication, check_sizes, flush_update
-from .placement import Placement
-from .zb_order import zero_bubble_order
+from pipedream.schedules.actions import Action
+from pipedream.schedules.common import add_communication, check_sizes, flush_update
+from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.placement import Placement
+from pipedream.schedules.zb_order import zero_bubble_order
 
 CHUNKS = 2
 

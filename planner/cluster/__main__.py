@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import PlannerError
+from planner.errors import PlannerError
 
 
 def _plain(node: Any) -> Any:
@@ -25,9 +25,9 @@ def _plain(node: Any) -> Any:
 
 def load_setup(cfg: Any):
     """(fleet, throughput table, jobs) from a composed conf/gavel.yaml."""
-    from .fleet import fleet_from_config, load_jobs
-    from .throughput import ThroughputTable
-    from .trace import generate_trace
+    from planner.cluster.fleet import fleet_from_config, load_jobs
+    from planner.cluster.throughput import ThroughputTable
+    from planner.cluster.trace import generate_trace
 
     fleet = fleet_from_config(_plain(cfg.fleet))
     table = ThroughputTable(fleet, cfg.get("precision"), [str(o) for o in cfg.get("planner_overrides") or ()])
@@ -49,7 +49,7 @@ def load_setup(cfg: Any):
 
 
 def problem_for(jobs, T: np.ndarray, fleet):
-    from .policies import Problem
+    from planner.cluster.policies import Problem
 
     return Problem(T, np.array(fleet.counts), np.array([j.scale_factor for j in jobs]),
                    np.array([j.weight for j in jobs]), np.array([j.steps for j in jobs]), np.array(fleet.prices),
@@ -57,8 +57,8 @@ def problem_for(jobs, T: np.ndarray, fleet):
 
 
 def run_allocate(cfg: Any) -> int:
-    from .policies import allocate
-    from .report import allocation_json, allocation_table
+    from planner.cluster.policies import allocate
+    from planner.cluster.report import allocation_json, allocation_table
 
     fleet, table, jobs = load_setup(cfg)
     T = table.matrix(jobs)
@@ -81,7 +81,7 @@ def run_allocate(cfg: Any) -> int:
 
 def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list[dict], tuple[int, int]]:
     """The trace under ``policy``, heterogeneity-aware and agnostic: (results, metrics rows, window)."""
-    from .simulator import simulate
+    from planner.cluster.simulator import simulate
 
     T = table.matrix(jobs)
     lo_frac, hi_frac = (float(f) for f in cfg.trace.window)
@@ -95,9 +95,9 @@ def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list
 
 
 def run_simulate(cfg: Any) -> int:
-    from .fleet import jobs_to_json
-    from .policies import POLICIES
-    from .report import comparison_table, plot_results
+    from planner.cluster.fleet import jobs_to_json
+    from planner.cluster.policies import POLICIES
+    from planner.cluster.report import comparison_table, plot_results
 
     policy = str(cfg.policy)
     if policy not in POLICIES:
@@ -122,7 +122,7 @@ def run_simulate(cfg: Any) -> int:
 
 
 def run(argv: Sequence[str]) -> int:
-    from ..config import compose
+    from planner.config import compose
 
     cfg = compose(argv, config_name="gavel")
     mode = str(cfg.mode)

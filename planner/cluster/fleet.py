@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from ..errors import PlannerError
+from planner.errors import PlannerError
 
 
 @dataclass(frozen=True)

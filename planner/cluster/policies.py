@@ -21,7 +21,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..errors import PlannerError
+from planner.errors import PlannerError
 
 POLICIES = ("max_min_fairness", "fifo", "makespan", "finish_time_fairness", "min_cost", "min_cost_slo",
             "max_throughput")

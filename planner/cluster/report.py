@@ -5,9 +5,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .fleet import Fleet, Job, jobs_to_json
-from .policies import Allocation, Problem, effective_throughput
-from .simulator import SimResult
+from planner.cluster.fleet import Fleet, Job, jobs_to_json
+from planner.cluster.policies import Allocation, Problem, effective_throughput
+from planner.cluster.simulator import SimResult
 
 
 def allocation_table(jobs: Sequence[Job], fleet: Fleet, T: np.ndarray, alloc: Allocation) -> str:

@@ -17,9 +17,9 @@ from typing import Sequence
 
 import numpy as np
 
-from .fleet import Fleet, Job
-from .mechanism import RoundMechanism
-from .policies import Problem, allocate, effective_throughput, isolated_share
+from planner.cluster.fleet import Fleet, Job
+from planner.cluster.mechanism import RoundMechanism
+from planner.cluster.policies import Problem, allocate, effective_throughput, isolated_share
 
 HOUR = 3600.0
 

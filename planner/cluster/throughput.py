@@ -14,8 +14,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import DoesNotFitError, PlannerError
-from .fleet import Fleet, GpuType, Job
+from planner.errors import DoesNotFitError, PlannerError
+from planner.cluster.fleet import Fleet, GpuType, Job
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ThroughputTable:
 
     def _preset(self, name: str) -> dict:
         if name not in self._presets:
-            from pipedream.config_loading import config_dir, config_options
+            from pipedream.config.loading import config_dir, config_options
 
             path = config_dir() / "cluster" / f"{name}.yaml"
             if not path.is_file():
@@ -64,8 +64,8 @@ class ThroughputTable:
     def _plan(self, job: Job, gpu: GpuType) -> TypePlan:
         from omegaconf import open_dict
 
-        from ..auto import make_plan
-        from ..config import compose, inputs_from_config
+        from planner.search.auto import make_plan
+        from planner.config import compose, inputs_from_config
 
         preset = self._preset(gpu.preset)
         if job.scale_factor > gpu.count:

@@ -19,8 +19,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import PlannerError
-from .fleet import Job
+from planner.errors import PlannerError
+from planner.cluster.fleet import Job
 
 
 def scale_factors(rng: np.random.Generator, n: int, multi_gpu: bool) -> np.ndarray:

@@ -29,7 +29,7 @@ def pipedream_run(pp: int, extra: list[str] = (), optim: str = "sgd") -> list[st
 def rank_runs(rank: int, world_size: int, runs: list[tuple[list[str], str | int | None]]) -> list[dict[str, Any]]:
     """Each run is (overrides, how): a run directory (through the trainer), a step after which to
     drain (the engine, drained mid-run), or None (the engine)."""
-    from pipedream.distributed import init_distributed, shutdown
+    from pipedream.runtime.distributed import init_distributed, shutdown
 
     init_distributed("cpu", 60)
     try:
@@ -42,11 +42,12 @@ def rank_runs(rank: int, world_size: int, runs: list[tuple[list[str], str | int 
 def _engine_run(rank: int, world_size: int, overrides: list[str], drain_after: int | None = None) -> dict[str, Any]:
     """The engine driven step by step like the trainer, recording every update's weights."""
     from models import build_model
-    from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
-    from pipedream.distributed import init_distributed
-    from pipedream.engine import PipelineEngine
-    from pipedream.groups import build_groups
-    from pipedream.run_spec import build_run_spec
+    from pipedream.data.datasets import build_datasets
+    from pipedream.data.batching import GlobalBatchOrder, microbatches
+    from pipedream.runtime.distributed import init_distributed
+    from pipedream.runtime.engine import PipelineEngine
+    from pipedream.runtime.groups import build_groups
+    from pipedream.config.run_spec import build_run_spec
 
     cfg = compose_config(overrides)
     spec = build_run_spec(cfg, world_size)

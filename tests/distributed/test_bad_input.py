@@ -7,7 +7,7 @@ import pytest
 
 from launcher.__main__ import main as launch
 from pipedream.errors import ConfigError
-from pipedream.run_spec import build_run_spec
+from pipedream.config.run_spec import build_run_spec
 from tests.bad_input_catalogue import CATALOGUE, END_TO_END, make_fixtures
 from tests.processes import run_cli
 from tests.training_harness import compose_config

@@ -62,8 +62,9 @@ def test_resume_into_another_layout(tmp_path, before, after):
 @pytest.mark.slow
 def test_truncated_checkpoint_is_skipped_and_export_loads(tmp_path):
     from models import build_model
-    from pipedream.checkpoint import complete_checkpoints
-    from pipedream.data import GlobalBatchOrder, build_datasets, microbatches
+    from pipedream.checkpoint.store import complete_checkpoints
+    from pipedream.data.datasets import build_datasets
+    from pipedream.data.batching import GlobalBatchOrder, microbatches
     from pipedream.export import export
     from tests.training_harness import compose_config
 

@@ -12,10 +12,10 @@ from tests.training_harness import TINY_GPT, compose_config
 
 
 def _train_with_broken_rank(rank: int, world_size: int, mode: str, run_dir: str) -> str:
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.failures import failure_line
-    from pipedream.run_spec import build_run_spec
-    from pipedream.stage import Stage
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.lifecycle.failures import failure_line
+    from pipedream.config.run_spec import build_run_spec
+    from pipedream.runtime.stage import Stage
     from pipedream.trainer import train
 
     if rank == 1:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from pipedream.export import consolidate
-from pipedream.checkpoint import complete_checkpoints
+from pipedream.checkpoint.store import complete_checkpoints
 from tests.checkpoint_harness import train_full
 from tests.workers import run_workers
 from tests.training_harness import merge_params

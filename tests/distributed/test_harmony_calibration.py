@@ -1,15 +1,15 @@
-"""planner.calibrate_harmony for real: traced harmony_pp runs on 1 and 2 processes give the
+"""planner.calibrate.harmony for real: traced harmony_pp runs on 1 and 2 processes give the
 estimator harmony_pp's own costs; a model harmony_pp refuses is recorded, not fatal."""
 from __future__ import annotations
 
 import pytest
 
-from planner.calibrate_harmony import measure_harmony
-from planner.harmony_costs import alone_profile, harmony_costs
-from planner.harmony_estimator import HarmonyOverheads, Links, estimate
-from planner.harmony_tasks import ProfileCosts
-from planner.measure import measure_profile
-from pipedream.config_loading import compose_config
+from planner.calibrate.harmony import measure_harmony
+from planner.harmony.costs import alone_profile, harmony_costs
+from planner.harmony.estimator import HarmonyOverheads, Links, estimate
+from planner.harmony.tasks import ProfileCosts
+from planner.calibrate.measure import measure_profile
+from pipedream.config.loading import compose_config
 from pipedream.schedules.harmony import harmony_config, harmony_pp
 
 MODEL = ["model=gpt_tiny", "model.num_layers=2", "model.tie_embeddings=false"]
@@ -55,8 +55,8 @@ def test_harmony_pp_is_also_traced_at_the_sheets_own_process_count(monkeypatch):
     def refused(overrides, processes, run_dir):
         launched.append(processes)
         return {"error": "error: stopped here"}
-    monkeypatch.setattr("planner.calibrate_harmony.traced_harmony_run", refused)
-    monkeypatch.setattr("planner.measure.measure_profile", lambda *args, **kwargs: None)
+    monkeypatch.setattr("planner.calibrate.harmony.traced_harmony_run", refused)
+    monkeypatch.setattr("planner.calibrate.measure.measure_profile", lambda *args, **kwargs: None)
     section = measure_harmony(MODEL, compose_config(MODEL).model, {**SHEET, "processes": 4})
     assert launched == [1, 2, 4] and sorted(section["errors"]) == ["1", "2", "4"]
 
@@ -71,9 +71,9 @@ def test_each_cost_is_the_median_over_launches(monkeypatch):
 
     alone = replace(random_profile(random.Random(4), 3), source="measured")
     swaps = itertools.count(1)
-    monkeypatch.setattr("planner.calibrate_harmony.traced_harmony_run", lambda *args: {"trace": {}})
-    monkeypatch.setattr("planner.measure.measure_profile", lambda *args, **kwargs: alone)
-    monkeypatch.setattr("planner.calibrate_harmony.harmony_overheads",
+    monkeypatch.setattr("planner.calibrate.harmony.traced_harmony_run", lambda *args: {"trace": {}})
+    monkeypatch.setattr("planner.calibrate.measure.measure_profile", lambda *args, **kwargs: alone)
+    monkeypatch.setattr("planner.calibrate.harmony.harmony_overheads",
                         lambda *args: {"swap_s": float(next(swaps)), "forward_ratio": 1.0, "train_ratio": 1.0})
     section = measure_harmony(MODEL, compose_config(MODEL).model, SHEET, launches=3)
     # two timings per launch (before and after) give costs 1,2 | 3,4 | 5,6: each launch keeps its first

@@ -134,7 +134,7 @@ def test_a_budget_that_holds_each_pack_but_not_its_stash_stops_with_one_line(tmp
     import torch
 
     from models import build_model
-    from pipedream.config_loading import compose_config
+    from pipedream.config.loading import compose_config
     from tests.processes import run_cli
 
     job = ["schedule=harmony_pp", "parallel.pp=2", "train.grad_clip=0", "model.tie_embeddings=false",

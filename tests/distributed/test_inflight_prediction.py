@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipedream.schedules import build_schedule
-from pipedream.simulate import Costs, simulate
+from pipedream.schedules.simulate import Costs, simulate
 from tests.workers import run_workers
 from tests.training_harness import TINY_GPT, train_rank
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from pipedream.precision import MixedPrecision
+from pipedream.numerics.precision import MixedPrecision
 from tests.precision_harness import train_on_cuda
 from tests.training_harness import TINY_GPT
 from tests.workers import run_workers

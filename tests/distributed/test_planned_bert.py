@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipedream.plan_file import load_plan
+from pipedream.config.plan_file import load_plan
 from tests.training_harness import compose_config, reference_training
 from tests.workers import run_workers
 

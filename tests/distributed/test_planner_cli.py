@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from planner.__main__ import main
-from planner.graph_txt import import_graph
-from pipedream.plan_file import load_plan
+from planner.inputs.graph_txt import import_graph
+from pipedream.config.plan_file import load_plan
 from tests.planner_helpers import BRANCHY, CHAIN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -125,8 +125,8 @@ def test_graph_txt_chain_plans_with_pipedream(capsys, tmp_path):
 
 def test_measured_profile_file_is_used(capsys, tmp_path):
     from pipedream.devices import DEVICES
-    from planner.model_specs import TransformerSpec
-    from planner.profile import analytic_profile
+    from planner.inputs.model_specs import TransformerSpec
+    from planner.inputs.profile import analytic_profile
 
     prof = analytic_profile(TransformerSpec("gpt_tiny", "gpt", 4, 128, 4, 64, 256, "fp32"), DEVICES["v100_16gb"])
     path = tmp_path / "profile.json"

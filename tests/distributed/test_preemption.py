@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipedream.checkpoint import complete_checkpoints
+from pipedream.checkpoint.store import complete_checkpoints
 from pipedream.export import consolidate
-from pipedream.preemption import read_marker
+from pipedream.lifecycle.preemption import read_marker
 from tests.checkpoint_harness import train_full
 from tests.preemption_harness import signal_then_resume
 from tests.training_harness import TINY_GPT, merge_params

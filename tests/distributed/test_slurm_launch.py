@@ -167,6 +167,6 @@ def test_launch_scripts_are_valid_bash(script):
 
 def test_slurm_and_preemption_modules_import_no_torch():
     script = ("import sys; sys.modules['torch'] = None\n"   # any 'import torch' now raises ImportError
-              "import pipedream.preemption, launcher.slurm, launcher.sbatch, launcher.preempt, launcher.supervise")
+              "import pipedream.lifecycle.preemption, launcher.slurm, launcher.sbatch, launcher.preempt, launcher.supervise")
     done = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -15,12 +15,12 @@ from torch.utils.checkpoint import checkpoint
 from models import build_model, check_tensor_parallel_config, gpt_model
 from models.gpt import MLP, CausalSelfAttention
 from pipedream.errors import ConfigError
-from pipedream.grad_accumulation import fuse_grad_accumulation
-from pipedream.tensor_parallel import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RNGTracker,
+from models.grad_accumulation import fuse_grad_accumulation
+from models.tensor_parallel import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RNGTracker,
                                        RowParallelLinear, TensorParallel, VocabParallelEmbedding, gather_chunks,
                                        gather_from_region, gather_tensor, grad_norm_squared, scatter_chunk, shard_spec,
                                        shard_tensor, vocab_parallel_cross_entropy)
-from pipedream.tensor_parallel.mappings import gather_last, split_last
+from models.tensor_parallel.mappings import gather_last, split_last
 from tests.workers import run_workers
 
 Pairs = dict[str, tuple[torch.Tensor, torch.Tensor]]

@@ -10,11 +10,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" / "schedules").glob("*.py")
                    if p.stem != "__init__")
-TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.simulate", "pipedream.stream_model",
-              "pipedream.async_segment", "pipedream.plan_file", "pipedream.devices", "pipedream.plugin_config", "planner",
+TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.schedules.simulate", "pipedream.schedules.stream_model",
+              "pipedream.schedules.async_segment", "pipedream.config.plan_file", "pipedream.devices", "models.plugin_config", "planner",
               "models.formulas", "models.facts", "models.vision_facts", "planner.cluster.__main__",
-              "planner.cluster.simulator", "pipedream.data_checks", "pipedream.checkpoint_integrity",
-              "pipedream.run_outputs", "launcher.prechecks", "pipedream.trace_clock",
+              "planner.cluster.simulator", "pipedream.data.checks", "pipedream.checkpoint.integrity",
+              "pipedream.observe.run_outputs", "launcher.prechecks", "pipedream.observe.trace_clock",
               "pipedream.multi_model.settings", "pipedream.multi_model.feature_plan",
               "pipedream.multi_model.export"]
 # A preset with a device sheet: ``local_cpu`` would measure this machine with torch.

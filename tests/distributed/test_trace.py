@@ -10,9 +10,9 @@ import pytest
 
 from pipedream.schedules import Action, Kind, build_schedule
 from pipedream.schedules.weight_hold import held_until_activation_send
-from pipedream.specs import TraceSpec
-from pipedream.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
-from pipedream.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
+from pipedream.config.specs import TraceSpec
+from pipedream.observe.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
+from pipedream.observe.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
 from tests.workers import run_workers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -149,9 +149,9 @@ def test_report_writes_trace_and_pngs(tmp_path) -> None:
 
 
 def _train_runs(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict | None]:
-    from pipedream.config_loading import compose_config
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.run_spec import build_run_spec
+    from pipedream.config.loading import compose_config
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.config.run_spec import build_run_spec
     from pipedream.trainer import train
 
     ctx = init_distributed("cpu", 60)

@@ -22,7 +22,7 @@ FILLED = 0.5           # the share of an iteration its boxes cover, at least (th
 
 
 def test_event_stamps_time_the_device_work_not_its_launches():
-    from pipedream.device_clock import clock_for
+    from pipedream.observe.device_clock import clock_for
     clock = clock_for(torch.device("cuda"))
     big = torch.randn(8192, 8192, device="cuda")
     big @ big   # warm-up: cuBLAS handle, workspace

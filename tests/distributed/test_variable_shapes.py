@@ -29,10 +29,10 @@ def step_batches(vocab_size: int, step: int) -> dict[int, tuple[torch.Tensor, to
 
 def rank_run(rank: int, world_size: int, layouts: list[list[str]]) -> list[Any]:
     from models import build_model
-    from pipedream.distributed import init_distributed, shutdown
-    from pipedream.engine import PipelineEngine
-    from pipedream.groups import build_groups
-    from pipedream.run_spec import build_run_spec
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.runtime.engine import PipelineEngine
+    from pipedream.runtime.groups import build_groups
+    from pipedream.config.run_spec import build_run_spec
 
     ctx = init_distributed("cpu", 60)
     results: list[Any] = []
@@ -62,8 +62,8 @@ def rank_run(rank: int, world_size: int, layouts: list[list[str]]) -> list[Any]:
 
 def reference() -> dict[str, Any]:
     from models import build_model
-    from pipedream.optim import build_optimizer, build_scheduler
-    from pipedream.run_spec import build_run_spec
+    from pipedream.numerics.optim import build_optimizer, build_scheduler
+    from pipedream.config.run_spec import build_run_spec
 
     cfg = compose_config(GPT)
     spec = build_run_spec(cfg)

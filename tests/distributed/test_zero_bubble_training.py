@@ -9,7 +9,7 @@ import json
 import pytest
 
 from pipedream.schedules import Kind, build_schedule, schedule_placement
-from pipedream.simulate import Costs, simulate
+from pipedream.schedules.simulate import Costs, simulate
 from tests.checkpoint_harness import train_full, train_interrupted
 from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
 from tests.workers import run_workers

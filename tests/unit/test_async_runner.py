@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-from pipedream.async_runner import AsyncRunner
+from pipedream.runtime.async_runner import AsyncRunner
 from pipedream.errors import InvariantError
-from pipedream.executor import Executor
-from pipedream.layout import ParallelLayout
-from pipedream.shapes import InputShapes
-from pipedream.stage import Stage
+from pipedream.runtime.executor import Executor
+from pipedream.config.layout import ParallelLayout
+from pipedream.runtime.shapes import InputShapes
+from pipedream.runtime.stage import Stage
 from tests.loopback import LoopbackNetwork, run_ranks
 
 PP, MICROBATCHES, STEPS, LR = 2, 2, 3, 0.1

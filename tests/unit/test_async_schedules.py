@@ -8,15 +8,15 @@ import math
 
 import pytest
 
-from pipedream.async_segment import build_segment, simulate_topology
+from pipedream.schedules.async_segment import build_segment, simulate_topology
 from pipedream.errors import ConfigError
-from pipedream.run_spec import build_run_spec
+from pipedream.config.run_spec import build_run_spec
 from pipedream.schedules import (Action, Kind, ReplicatedPipeline, ScheduleError, build_schedule, format_actions,
                                  parse_actions, pipedream_replicated)
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.versions import (entry_updates, footprint, stash_versions, two_bw_versions,
                                           vertical_versions)
-from pipedream.simulate import Costs, DeadlockError, check_channel_order, simulate
+from pipedream.schedules.simulate import Costs, DeadlockError, check_channel_order, simulate
 from tests.schedule_checks import check_compute
 from tests.training_harness import compose_config
 

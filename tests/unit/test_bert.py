@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from models import TRAINABLE_MODELS, build_model
-from pipedream.data import GlobalBatchOrder, MaskedLanguageModeling, TokenWindows, build_datasets, collate
+from pipedream.data.datasets import MaskedLanguageModeling, TokenWindows, build_datasets
+from pipedream.data.batching import GlobalBatchOrder, collate
 from pipedream.errors import ConfigError
 
 BERT_TINY = {"name": "bert", "num_layers": 2, "hidden_size": 64, "num_heads": 4, "seq_len": 64, "vocab_size": 256}

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipedream.checkpoint import (MARKER, CheckpointError, complete_checkpoints, layers_module, load_verified,
+from pipedream.checkpoint.store import (MARKER, CheckpointError, complete_checkpoints, layers_module, load_verified,
                                   save_checkpoint, step_dir)
-from pipedream.checkpoint_integrity import CHUNK, crc32_of
+from pipedream.checkpoint.integrity import CHUNK, crc32_of
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pipedream.config_loading import config_dir, config_options
-from planner.auto import make_plan
+from pipedream.config.loading import config_dir, config_options
+from planner.search.auto import make_plan
 from planner.cluster.fleet import Fleet, GpuType, Job, fleet_from_config, load_jobs
 from planner.cluster.simulator import simulate
 from planner.cluster.throughput import ThroughputTable, server_shape

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipedream.comm import TAG_SPACE, PipeComm, message_tag
-from pipedream.groups import DirectedGroups
-from pipedream.layout import ParallelLayout
-from pipedream.tensor_parallel import TensorParallel
+from pipedream.runtime.comm import TAG_SPACE, PipeComm, message_tag
+from pipedream.runtime.groups import DirectedGroups
+from pipedream.config.layout import ParallelLayout
+from models.tensor_parallel import TensorParallel
 
 TIMEOUT = timedelta(seconds=3)
 UP, DOWN, TP_GROUP = "to-higher", "to-lower", "tp"   # stand-ins for process groups: only compared

@@ -3,7 +3,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipedream.data import GlobalBatchOrder, TokenWindows, build_datasets, encode_bytes, load_token_corpus, microbatches
+from pipedream.data.datasets import TokenWindows, build_datasets, encode_bytes, load_token_corpus
+from pipedream.data.batching import GlobalBatchOrder, microbatches
 from pipedream.errors import ConfigError
 
 

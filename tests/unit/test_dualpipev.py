@@ -9,8 +9,8 @@ import torch
 from pipedream.schedules import Action, Kind, ScheduleError, build_schedule, schedule_placement
 from pipedream.schedules.issue_order import issue_order
 from pipedream.schedules.channels import check_channel_order
-from pipedream.simulate import Costs, simulate
-from pipedream.stream_model import check_stream_order
+from pipedream.schedules.simulate import Costs, simulate
+from pipedream.schedules.stream_model import check_stream_order
 from tests.loopback import LoopbackNetwork, run_ranks
 from tests.schedule_checks import check_compute, check_local_handover
 from tests.unit.test_executor import blocks, reference

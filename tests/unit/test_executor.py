@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 
-from pipedream.executor import Executor
-from pipedream.grad_accumulation import fuse_grad_accumulation
-from pipedream.layout import ParallelLayout
+from pipedream.runtime.executor import Executor
+from models.grad_accumulation import fuse_grad_accumulation
+from pipedream.config.layout import ParallelLayout
 from pipedream.schedules import Action, Kind, build_schedule
-from pipedream.stage import Stage
+from pipedream.runtime.stage import Stage
 from tests.loopback import LoopbackNetwork, run_ranks
 
 MICROBATCHES = 4

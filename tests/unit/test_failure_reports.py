@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipedream.checkpoint import CheckpointError
+from pipedream.checkpoint.store import CheckpointError
 from pipedream.errors import FINAL_EXIT, ConfigError, DataError, InvariantError
-from pipedream.optim import NonFiniteError
+from pipedream.numerics.optim import NonFiniteError
 from pipedream.train import run
 from tests.training_harness import compose_config
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from pipedream.grad_accumulation import AccumulatingLinear, WeightGradQueue, fuse_grad_accumulation
+from models.grad_accumulation import AccumulatingLinear, WeightGradQueue, fuse_grad_accumulation
 
 
 def pair(seed: int = 0) -> tuple[nn.Module, nn.Module]:

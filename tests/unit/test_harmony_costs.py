@@ -1,6 +1,6 @@
-"""harmony_pp's own costs: read from a traced run (``planner.calibrate_harmony``), stored in and read
-back from a calibration sheet (``planner.harmony_costs``), and chosen by device count for the
-estimator (``planner.harmony_plan.harmony_overheads``). Numbers worked out by hand."""
+"""harmony_pp's own costs: read from a traced run (``planner.calibrate.harmony``), stored in and read
+back from a calibration sheet (``planner.harmony.costs``), and chosen by device count for the
+estimator (``planner.harmony.plan.harmony_overheads``). Numbers worked out by hand."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -8,12 +8,12 @@ from types import MappingProxyType
 
 import pytest
 
-from planner.calibrate_harmony import harmony_overheads as from_trace
-from planner.harmony_costs import harmony_costs
-from planner.harmony_estimator import HarmonyOverheads
-from planner.harmony_plan import harmony_overheads
-from planner.harmony_tasks import ProfileCosts
-from planner.profile import LayerProfile, Profile
+from planner.calibrate.harmony import harmony_overheads as from_trace
+from planner.harmony.costs import harmony_costs
+from planner.harmony.estimator import HarmonyOverheads
+from planner.harmony.plan import harmony_overheads
+from planner.harmony.tasks import ProfileCosts
+from planner.inputs.profile import LayerProfile, Profile
 from pipedream.schedules.harmony import harmony_config
 
 
@@ -63,9 +63,9 @@ def test_costs_from_a_trace_by_hand():
 
 
 def test_costs_round_trip_through_the_sheet_and_by_device_count():
-    from planner.harmony_plan import harmony_overheads as chosen
-    from planner.hardware import Cluster, Level
-    from planner.inputs import Inputs
+    from planner.harmony.plan import harmony_overheads as chosen
+    from planner.inputs.hardware import Cluster, Level
+    from planner.inputs.search_inputs import Inputs
     from pipedream.devices import DEVICES
 
     one = {"action_s": 1e-5, "swap_s": 2e-4, "stash_s": 3e-4, "update_s": 4e-4, "step_s": 5e-4,

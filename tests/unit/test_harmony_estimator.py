@@ -6,10 +6,10 @@ import pytest
 
 from pipedream.schedules.harmony import harmony_config, harmony_pp
 from planner.errors import DoesNotFitError
-from planner.harmony_estimator import ActionCosts, HarmonyOverheads, Links, estimate
-from planner.harmony_search import harmony_search
-from planner.profile import LayerProfile, Profile
-from planner.runtime_costs import ScheduleOverheads
+from planner.harmony.estimator import ActionCosts, HarmonyOverheads, Links, estimate
+from planner.harmony.search import harmony_search
+from planner.inputs.profile import LayerProfile, Profile
+from planner.costs.runtime_costs import ScheduleOverheads
 
 
 class HandCosts(ActionCosts):
@@ -105,7 +105,7 @@ def test_search_on_120_layers_stays_in_budget_and_refuses_impossible_ones():
 
 
 def test_profile_costs_by_hand():
-    from planner.harmony_tasks import PlannedConfig, ProfileCosts, ir_config
+    from planner.harmony.tasks import PlannedConfig, ProfileCosts, ir_config
 
     # 4 layers of the toy profile at b = 2: forward 2 s, backward 4 s per layer; weights 100 B;
     # activations 2 B, outputs 1 B per sample. P_F = [0,2) + the jit pack [2,4); P_B = [0,1) [1,2) [2,4)

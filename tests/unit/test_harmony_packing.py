@@ -5,7 +5,7 @@ import itertools
 
 import numpy as np
 
-from planner.harmony_packing import (LayerBytes, backward_pack_bytes, balanced_cuts, balanced_time_packing,
+from planner.harmony.packing import (LayerBytes, backward_pack_bytes, balanced_cuts, balanced_time_packing,
                                      forward_pack_bytes, pack_layers)
 
 

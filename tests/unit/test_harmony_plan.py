@@ -7,14 +7,14 @@ from dataclasses import replace
 import pytest
 
 from pipedream.devices import DEVICES, GIB
-from pipedream.plan_file import PlanError, load_plan, plan_from_json
+from pipedream.config.plan_file import PlanError, load_plan, plan_from_json
 from planner.__main__ import main
-from planner.auto import make_plan
+from planner.search.auto import make_plan
 from planner.errors import DoesNotFitError, PlannerError
-from planner.hardware import Cluster, Level
-from planner.inputs import Inputs
-from planner.model_specs import TransformerSpec
-from planner.profile import analytic_profile
+from planner.inputs.hardware import Cluster, Level
+from planner.inputs.search_inputs import Inputs
+from planner.inputs.model_specs import TransformerSpec
+from planner.inputs.profile import analytic_profile
 
 H200 = DEVICES["h200"]
 SPEC = TransformerSpec("g", "gpt", 24, 2048, 16, 512, 8192, "bf16")
@@ -88,7 +88,7 @@ def test_cli_refuses_an_impossible_budget(capsys):
 
 
 def test_a_harmony_plan_folds_into_the_runtime_keys(tmp_path, capsys):
-    from pipedream.plan_config import apply_plan, check_plan_world_size
+    from pipedream.config.plan_config import apply_plan, check_plan_world_size
     from tests.training_harness import compose_config
 
     path = tmp_path / "harmony.json"
@@ -106,7 +106,7 @@ def test_a_harmony_plan_folds_into_the_runtime_keys(tmp_path, capsys):
 
 
 def test_cpu_slots_from_the_calibration():
-    from planner.harmony_plan import cpu_slots
+    from planner.harmony.plan import cpu_slots
 
     # 2 processes each 1.97x slower when both compute: about one at a time
     assert cpu_slots({"processes": 2, "matmul_slowdown_all_busy": 1.97, "cores": 2}) == 1
@@ -118,7 +118,7 @@ def test_cpu_slots_from_the_calibration():
 def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
     from types import MappingProxyType
 
-    from planner.harmony_plan import harmony_profile
+    from planner.harmony.plan import harmony_profile
     from tests.planner_helpers import random_profile
     import random
 
@@ -131,7 +131,7 @@ def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
     assert harmony_profile(inp, 2) is profile   # two devices: the all-busy times, as calibrated
     # with harmony_pp's own costs in the sheet (their ratios are over the layers timed alone, contention
     # included) every device count starts from the layers alone
-    from planner.harmony_estimator import HarmonyOverheads
+    from planner.harmony.estimator import HarmonyOverheads
     costed = replace(inp, harmony_costs=MappingProxyType({2: HarmonyOverheads(train_ratio=1.5)}))
     assert harmony_profile(costed, 2).layers[1].backward_s[0] == pytest.approx(profile.layers[1].backward_s[0] / 2)
     # the layers timed alone around the harmony runs, where the sheet has them, for every device count
@@ -141,7 +141,7 @@ def test_one_cpu_device_computes_at_the_calibrated_alone_speed():
 
 
 def test_the_harmony_section_gives_the_layers_timed_alone():
-    from planner.harmony_costs import alone_profile
+    from planner.harmony.costs import alone_profile
     from tests.planner_helpers import random_profile
     import random
 
@@ -154,9 +154,9 @@ def test_the_harmony_section_gives_the_layers_timed_alone():
 def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
     from types import MappingProxyType
 
-    from planner.harmony_estimator import HarmonyOverheads
-    from planner.harmony_plan import harmony_overheads, run_harmony
-    from planner.runtime_costs import RuntimeCosts, ScheduleOverheads
+    from planner.harmony.estimator import HarmonyOverheads
+    from planner.harmony.plan import harmony_overheads, run_harmony
+    from planner.costs.runtime_costs import RuntimeCosts, ScheduleOverheads
 
     # one family's run stalled (9 s per message): the median of the three is the middle one's
     families = {"flush": ScheduleOverheads(1e-3, 9.0, 0.5), "2bw": ScheduleOverheads(3e-3, 2e-3, 0.4),

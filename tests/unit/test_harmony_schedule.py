@@ -10,7 +10,7 @@ from pipedream.schedules import ScheduleError
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig, harmony_config, harmony_pp
-from pipedream.simulate import check_channel_order
+from pipedream.schedules.simulate import check_channel_order
 
 CONFIGS = [
     dict(num_layers=1, microbatches=1, devices=1),
@@ -183,8 +183,8 @@ def test_action_text_round_trips():
 
 def test_deadlock_free_under_nccl_rules_with_one_group_per_direction():
     """What the runtime runs: each device's list, then the loss all-reduce of every rank (None)."""
-    from pipedream.simulate import DeadlockError
-    from pipedream.stream_model import check_stream_order
+    from pipedream.schedules.simulate import DeadlockError
+    from pipedream.schedules.stream_model import check_stream_order
     checked = 0
     for layers, devices, m in itertools.product(range(1, 10), range(1, 6), (1, 2, 3, 4, 8)):
         for forward_group, backward_group in {(1, 1), (m, m), (2 if m > 1 else 1, 1), (m, 1)}:

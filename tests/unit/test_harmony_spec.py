@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.config_loading import compose_config
+from pipedream.config.loading import compose_config
 from pipedream.errors import ConfigError
-from pipedream.run_spec import build_run_spec
+from pipedream.config.run_spec import build_run_spec
 from tests.training_harness import TINY_GPT
 
 HARMONY = TINY_GPT + ["schedule=harmony_pp", "parallel.pp=2", "train.grad_clip=0", "model.tie_embeddings=false"]

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from pipedream.errors import ConfigError
-from pipedream.layout import ParallelLayout, split_layers
+from pipedream.config.layout import ParallelLayout, split_layers
 
 
 def test_tp_fastest_then_dp_then_pp():

@@ -7,8 +7,8 @@ from launcher.memory_check import (FP32, GIB, RUNTIME_BYTES_PER_PROCESS, check_m
                                    for_model_set, microbatches_in_flight, optimizer_states, weight_versions)
 from models import build_model
 from pipedream.errors import ConfigError
-from pipedream.run_spec import build_run_spec
-from pipedream.specs import OptimSpec
+from pipedream.config.run_spec import build_run_spec
+from pipedream.config.specs import OptimSpec
 from tests.training_harness import compose_config
 
 GPT_1_7B = ["model.num_layers=24", "model.hidden_size=2304", "model.num_heads=24", "model.seq_len=2048",

@@ -12,9 +12,9 @@ from omegaconf import OmegaConf
 from models import build_model
 from models.formulas import gpt_flops_per_iteration, mlp_flops_per_iteration
 from pipedream.errors import ConfigError
-from pipedream.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
+from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                                peak_memory_bytes, warmup_steps)
-from pipedream.peak_flops import device_key, measure_matmul_flops, peak_flops
+from pipedream.observe.peak_flops import device_key, measure_matmul_flops, peak_flops
 
 
 def test_mlp_flops_is_six_times_parameters_times_samples() -> None:
@@ -75,7 +75,7 @@ def test_peak_flops_is_measured_once_then_cached(tmp_path) -> None:
 
 
 def test_cache_dir_follows_environment(tmp_path, monkeypatch) -> None:
-    from pipedream.peak_flops import cache_path
+    from pipedream.observe.peak_flops import cache_path
 
     monkeypatch.setenv("PIPEDREAM_CACHE_DIR", str(tmp_path))
     assert cache_path() == tmp_path / "peak_flops.json"

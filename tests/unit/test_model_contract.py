@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import PipelineSequential, from_modules
-from pipedream import boundary
-from pipedream.boundary import TupleSpec
-from pipedream.shapes import BoundaryShapes
-from pipedream.stage import Stage
+from models import boundary
+from models.boundary import TupleSpec
+from pipedream.runtime.shapes import BoundaryShapes
+from pipedream.runtime.stage import Stage
 
 
 class Scale(nn.Module):

@@ -9,8 +9,8 @@ import yaml
 
 from models import build_model, pipeline_layer_count
 from models.facts import flops_per_iteration, flops_per_sample, parameter_count
-from pipedream.metrics import model_flops_per_iteration
-from planner.model_specs import spec_from_config
+from pipedream.observe.metrics import model_flops_per_iteration
+from planner.inputs.model_specs import spec_from_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "model"
 SMALL = {"name": "gpt", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "seq_len": 16, "vocab_size": 64}

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.mlp import mlp_model
-from pipedream.boundary import call_layer
+from models.boundary import call_layer
 from pipedream.multi_model.feature_plan import (BudgetTooSmall, Decision, Event, FeatureMap, plan, simulate)
 from pipedream.multi_model.fused import fuse_models
 from pipedream.multi_model.memory import FeatureMapMemory

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipedream.optim import build_optimizer, parameter_groups
-from pipedream.specs import OptimSpec
+from pipedream.numerics.optim import build_optimizer, parameter_groups
+from pipedream.config.specs import OptimSpec
 
 
 def _params(dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:

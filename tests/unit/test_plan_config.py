@@ -6,8 +6,8 @@ import json
 import pytest
 
 from pipedream.errors import ConfigError
-from pipedream.plan_config import apply_plan, check_plan_world_size
-from pipedream.run_spec import build_run_spec
+from pipedream.config.plan_config import apply_plan, check_plan_world_size
+from pipedream.config.run_spec import build_run_spec
 from tests.training_harness import compose_config
 
 

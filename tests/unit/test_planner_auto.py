@@ -6,12 +6,12 @@ from dataclasses import replace
 import pytest
 
 from pipedream.devices import DEVICES
-from planner.auto import choose_algorithm, make_plan
-from planner.hardware import Cluster, Level
-from planner.inputs import Inputs
-from planner.model_specs import TransformerSpec, mlp, vgg16
-from planner.pipedream_search import pipedream_search
-from planner.profile import analytic_profile
+from planner.search.auto import choose_algorithm, make_plan
+from planner.inputs.hardware import Cluster, Level
+from planner.inputs.search_inputs import Inputs
+from planner.inputs.model_specs import TransformerSpec, mlp, vgg16
+from planner.search.pipedream_search import pipedream_search
+from planner.inputs.profile import analytic_profile
 
 A100 = DEVICES["a100_80gb"]
 
@@ -54,7 +54,7 @@ def test_forced_pipeline_simulation_interleaved():
     cluster = Cluster("c", A100, (Level("nv", 4, 1e18),), 4)
     inputs = Inputs("mlp", analytic_profile(spec, A100), cluster, 8, None, schedules=("interleaved",),
                     recompute=(False,), micro_batch=1, max_tp=1)
-    from planner.auto import _sim_check
+    from planner.search.auto import _sim_check
     result = make_plan(inputs, "ptdp").result
     inter = [c for c in (result.best, *result.alternatives) if c.schedule == "interleaved" and c.pp == 4]
     assert inter, "an interleaved 4-stage configuration is among the ranked ones"

@@ -10,13 +10,13 @@ from dataclasses import replace
 import pytest
 from omegaconf import OmegaConf
 
-from planner.auto import make_plan
-from planner.cluster_sheet import SCHEMA, model_fingerprint
+from planner.search.auto import make_plan
+from planner.inputs.cluster_sheet import SCHEMA, model_fingerprint
 from planner.config import compose, inputs_from_config
 from planner.errors import PlannerError
-from planner.hardware import cluster_from_config
-from planner.model_specs import spec_from_config
-from planner.profile import analytic_profile
+from planner.inputs.hardware import cluster_from_config
+from planner.inputs.model_specs import spec_from_config
+from planner.inputs.profile import analytic_profile
 
 LATENCY, BANDWIDTH = 2e-4, 1e9
 AR_LATENCY, AR_BANDWIDTH = 3e-4, 5e8

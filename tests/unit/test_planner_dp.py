@@ -9,9 +9,9 @@ from functools import lru_cache
 import numpy as np
 import pytest
 
-from planner import cost
+from planner.costs import closed_form as cost
 from planner.errors import PlannerError
-from planner.pipedream_dp import DPOptions, MemoryModel, check_layers, pipedream_dp, stage_memory
+from planner.search.pipedream_dp import DPOptions, MemoryModel, check_layers, pipedream_dp, stage_memory
 from tests.planner_helpers import compositions, random_cluster, random_profile, replica_splits
 
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from planner.auto import make_plan
-from planner.collectives import allreduce_time, ring_time
+from planner.search.auto import make_plan
+from planner.costs.collectives import allreduce_time, ring_time
 from planner.config import compose, inputs_from_config
 from planner.errors import PlannerError
-from planner.ptdp import ptdp_search
+from planner.search.ptdp import ptdp_search
 from planner.report import count, training_time
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))

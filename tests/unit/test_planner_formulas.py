@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from models.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
-from pipedream.config_loading import config_dir
-from planner import cost
-from planner.collectives import ring_time
-from planner.model_specs import TransformerSpec, resnet50, spec_from_config, vgg16
+from pipedream.config.loading import config_dir
+from planner.costs import closed_form as cost
+from planner.costs.collectives import ring_time
+from planner.inputs.model_specs import TransformerSpec, resnet50, spec_from_config, vgg16
 
 CONF = config_dir() / "model"
 
@@ -92,6 +92,6 @@ def test_cost_closed_forms():
 
 def test_every_formula_names_its_source():
     """Every function in cost.py that computes something cites the dissertation or a paper."""
-    text = (Path(__file__).resolve().parents[2] / "planner" / "cost.py").read_text()
+    text = (Path(__file__).resolve().parents[2] / "planner" / "costs" / "closed_form.py").read_text()
     for name, body in re.findall(r"def (\w+)\(.*?\):\n(.*?)(?=\ndef |\Z)", text, flags=re.S):
         assert re.search(r"ch\. \d|eq\. \d|Patarasuk|Table", body), f"{name} has no source"

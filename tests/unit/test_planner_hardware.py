@@ -6,11 +6,11 @@ import yaml
 
 from models import pipeline_layer_count
 from pipedream.devices import DEVICES, GIB
-from pipedream.config_loading import config_dir, config_options
+from pipedream.config.loading import config_dir, config_options
 from planner.errors import PlannerError
-from planner.hardware import cluster_from_config, device_sheet
-from planner.model_specs import spec_from_config
-from planner.profile import analytic_profile
+from planner.inputs.hardware import cluster_from_config, device_sheet
+from planner.inputs.model_specs import spec_from_config
+from planner.inputs.profile import analytic_profile
 
 CONF = config_dir()
 CLUSTERS = config_options("cluster")

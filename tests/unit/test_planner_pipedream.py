@@ -10,14 +10,14 @@ from dataclasses import replace
 import pytest
 
 from pipedream.devices import DEVICES
-from pipedream.plan_file import load_plan
-from planner.auto import _sim_check, make_plan
+from pipedream.config.plan_file import load_plan
+from planner.search.auto import _sim_check, make_plan
 from planner.config import compose, inputs_from_config
 from planner.errors import PlannerError
-from planner.hardware import Cluster, Level
-from planner.inputs import Inputs
-from planner.pipedream_search import pipedream_search
-from planner.two_bw_search import two_bw_search
+from planner.inputs.hardware import Cluster, Level
+from planner.inputs.search_inputs import Inputs
+from planner.search.pipedream_search import pipedream_search
+from planner.search.two_bw import two_bw_search
 from tests.planner_helpers import random_profile
 
 VGG_128 = ("model=vgg16", "cluster=pipedream_cluster_b", "cluster.nodes=16", "train.global_batch_size=1024")

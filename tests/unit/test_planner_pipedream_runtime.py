@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from planner.calibrate_runtime import overheads
-from planner.pipedream_dp import DPStage, MemoryModel, pipedream_dp, replica_stage_time
-from planner.pipedream_search import _candidate, data_parallel_time, dp_options
+from planner.calibrate.runtime import overheads
+from planner.search.pipedream_dp import DPStage, MemoryModel, pipedream_dp, replica_stage_time
+from planner.search.pipedream_search import _candidate, data_parallel_time, dp_options
 from tests.unit.test_planner_calibration import AR_BANDWIDTH, AR_LATENCY, OPT_OVERHEAD, OPT_PER_BYTE, plan_for
 from tests.unit.test_planner_runtime_costs import _event, with_runtime
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from pipedream.plan_file import PlanError, load_plan, plan_from_json
+from pipedream.config.plan_file import PlanError, load_plan, plan_from_json
 
 
 def plan_dict(**over):

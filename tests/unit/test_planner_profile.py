@@ -8,9 +8,9 @@ import pytest
 
 from pipedream.devices import DEVICES
 from planner.errors import ProfileError
-from planner.graph_txt import import_graph, profile_from_graph
-from planner.model_specs import TransformerSpec, vgg16
-from planner.profile import LayerProfile, Profile, analytic_profile, load_profile
+from planner.inputs.graph_txt import import_graph, profile_from_graph
+from planner.inputs.model_specs import TransformerSpec, vgg16
+from planner.inputs.profile import LayerProfile, Profile, analytic_profile, load_profile
 from tests.planner_helpers import BRANCHY, CHAIN
 
 
@@ -36,7 +36,7 @@ def test_json_round_trip(tmp_path):
     assert back == prof
     assert json.loads(path.read_text())["schema"] == "pipedream-profile/1"
     with pytest.raises(ProfileError, match="schema"):
-        from planner.profile import profile_from_json
+        from planner.inputs.profile import profile_from_json
         profile_from_json({"schema": "other"})
     with pytest.raises(ProfileError, match="does not exist"):
         load_profile(tmp_path / "missing.json")
@@ -155,7 +155,7 @@ def test_graph_txt_garbage_line():
 def test_measured_profile_of_gpt_tiny():
     """Source (a): run models.build_model's layers on this CPU (tiny sizes, one repeat)."""
     pytest.importorskip("torch")
-    from planner.measure import measure_profile
+    from planner.calibrate.measure import measure_profile
 
     cfg = {"name": "gpt", "num_layers": 2, "hidden_size": 32, "num_heads": 2, "seq_len": 8, "vocab_size": 64,
            "tie_embeddings": True, "dropout": 0.0}

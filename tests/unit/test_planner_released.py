@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from planner.config import compose, inputs_from_config
-from planner.pipedream_search import pipedream_search
+from planner.search.pipedream_search import pipedream_search
 from tests.graph_txt_profiles import alexnet_graph, vgg16_graph
 
 # (graph, nodes, GPUs per node) -> (per stage: compute s, replicas), time per stage s; the released

@@ -1,4 +1,4 @@
-"""The runtime's own costs on a measured sheet (planner.runtime_costs, planner.calibrate_runtime):
+"""The runtime's own costs on a measured sheet (planner.costs.runtime_costs, planner.calibrate.runtime):
 per FWD/BWD action, per message, per step and the process's resident set, each where it occurs in
 the prediction; tensor-parallel layers planned from their measured profile. The sheets carry known
 numbers so each prediction is re-derived by hand here."""
@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from planner.calibrate_runtime import overheads
+from planner.calibrate.runtime import overheads
 from tests.unit.test_planner_calibration import LATENCY, BANDWIDTH, OPT_OVERHEAD, OPT_PER_BYTE, plan_for, write_sheet
 
 ACTION, MESSAGE, STEP, PROCESS = 1e-3, 3e-4, 5e-3, 1e8
@@ -61,7 +61,7 @@ def test_two_bw_uses_its_own_costs(tmp_path):
     over = ("train.micro_batch_size=4", "planner.pp=2", "planner.dp=1", "planner.recompute=[false]")
     flush = plan_for(path, *over, "planner.schedules=[1f1b]")[1].predicted.iteration_time_s
     inputs = plan_for(path, *over, "planner.algorithm=2bw")[0]
-    from planner.two_bw_search import two_bw_search
+    from planner.search.two_bw import two_bw_search
 
     two_bw = two_bw_search(inputs).best
     fwd, bwd = inputs.profile.times(4)
@@ -126,7 +126,7 @@ def test_overheads_from_a_trace():
 
 
 def test_layer_pace_is_the_least_disturbed_runs():
-    from planner.runtime_costs import layer_pace, runtime_costs
+    from planner.costs.runtime_costs import layer_pace, runtime_costs
 
     assert layer_pace([1.3, 2.1, 1.1]) == pytest.approx(1.1)
     assert layer_pace([]) == 1.0

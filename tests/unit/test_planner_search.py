@@ -8,12 +8,12 @@ import pytest
 
 from pipedream.devices import DEVICES
 from planner.errors import PlannerError
-from planner.hardware import Cluster, Level
-from planner.inputs import Inputs
-from planner.model_specs import TransformerSpec
-from planner.profile import analytic_profile
-from planner.ptdp import ptdp_search
-from planner.two_bw_search import two_bw_search
+from planner.inputs.hardware import Cluster, Level
+from planner.inputs.search_inputs import Inputs
+from planner.inputs.model_specs import TransformerSpec
+from planner.inputs.profile import analytic_profile
+from planner.search.ptdp import ptdp_search
+from planner.search.two_bw import two_bw_search
 from tests.planner_helpers import random_profile, scalar_uniform
 
 SCHEDULES = ("1f1b", "interleaved", "gpipe")

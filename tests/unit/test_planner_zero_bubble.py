@@ -10,15 +10,16 @@ import pytest
 
 from pipedream.devices import DEVICES
 from pipedream.schedules import build_schedule, schedule_placement
-from pipedream.simulate import Costs, simulate
-from planner import cost, zero_bubble
-from planner.hardware import Cluster, Level
-from planner.inputs import Inputs
-from planner.model_specs import TransformerSpec
-from planner.profile import analytic_profile
-from planner.ptdp import ptdp_search
-from planner.simcheck import check_uniform
-from planner.uniform_cost import rank_stats
+from pipedream.schedules.simulate import Costs, simulate
+from planner.costs import closed_form as cost
+from planner.costs import zero_bubble
+from planner.inputs.hardware import Cluster, Level
+from planner.inputs.search_inputs import Inputs
+from planner.inputs.model_specs import TransformerSpec
+from planner.inputs.profile import analytic_profile
+from planner.search.ptdp import ptdp_search
+from planner.check.simcheck import check_uniform
+from planner.costs.uniform import rank_stats
 
 
 @pytest.mark.parametrize("name", zero_bubble.SCHEDULES)

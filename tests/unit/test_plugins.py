@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.config_loading import compose_config
+from pipedream.config.loading import compose_config
 from pipedream.errors import ConfigError
-from pipedream.plugin_config import plugin_overrides
-from pipedream.run_spec import build_run_spec
+from models.plugin_config import plugin_overrides
+from pipedream.config.run_spec import build_run_spec
 
 GOOD_DATA = ["data._target_=tests.plugin_cases.good_data"]
 RUN = ["parallel.pp=2", "train.global_batch_size=8", "train.micro_batch_size=2"]
@@ -124,7 +124,7 @@ def test_the_planner_plans_a_plugin_only_from_a_measured_profile():
 def test_a_measured_profile_counts_every_member_of_a_tuple(monkeypatch):
     from pathlib import Path
 
-    from planner.measure import measure_profile
+    from planner.calibrate.measure import measure_profile
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[2] / "examples" / "masked_sequences"))
     width, length = 8, 6

@@ -11,13 +11,13 @@ import pytest
 import torch
 from torch import nn
 
-from pipedream.boundary import TupleSpec
+from models.boundary import TupleSpec
 from pipedream.errors import ConfigError
-from pipedream.optim import build_optimizer
-from pipedream.plan_config import apply_plan
-from pipedream.precision import MixedPrecision
-from pipedream.run_spec import build_run_spec
-from planner.model_specs import parameter_bytes
+from pipedream.numerics.optim import build_optimizer
+from pipedream.config.plan_config import apply_plan
+from pipedream.numerics.precision import MixedPrecision
+from pipedream.config.run_spec import build_run_spec
+from planner.inputs.model_specs import parameter_bytes
 from tests.training_harness import compose_config
 from tests.unit.test_plan_config import write_plan
 
@@ -81,7 +81,7 @@ def test_apex_optimizer_and_layer_norm_where_apex_is_installed(monkeypatch, tmp_
     spec = build_run_spec(compose_config(["optim.impl=apex", "cluster.device=cuda"]))
     optimizer = build_optimizer(spec.optim, [nn.Parameter(torch.ones(2, 2))], lr=0.1)
     assert type(optimizer).__name__ == "FusedAdam"
-    from pipedream.apex_support import use_apex_layer_norm
+    from pipedream.numerics.apex import use_apex_layer_norm
     block = nn.Sequential(nn.Linear(4, 4), nn.LayerNorm(4))
     state = {k: v.clone() for k, v in block.state_dict().items()}
     assert use_apex_layer_norm(block) == 1 and type(block[1]).__name__ == "FusedLayerNorm"

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from pipedream.errors import ConfigError
-from pipedream.run_outputs import claim_run_dir
-from pipedream.run_spec import build_run_spec
+from pipedream.observe.run_outputs import claim_run_dir
+from pipedream.config.run_spec import build_run_spec
 from tests.training_harness import compose_config
 
 

@@ -8,12 +8,12 @@ import torch
 import torch.distributed as dist
 
 from models import build_model
-from pipedream.async_runner import AsyncRunner
-from pipedream.engine import PipelineEngine, runner_class
+from pipedream.runtime.async_runner import AsyncRunner
+from pipedream.runtime.engine import PipelineEngine, runner_class
 from pipedream.errors import DataError, InvariantError
-from pipedream.groups import build_groups
-from pipedream.run_spec import build_run_spec
-from pipedream.runner import FlushRunner
+from pipedream.runtime.groups import build_groups
+from pipedream.config.run_spec import build_run_spec
+from pipedream.runtime.runner import FlushRunner
 from tests.training_harness import compose_config
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",

@@ -12,7 +12,7 @@ from pipedream.schedules.__main__ import main
 from pipedream.schedules.common import is_first_virtual_stage, is_last_virtual_stage, peer_stage
 from pipedream.schedules.interleaved import warmup_forwards
 from pipedream.schedules.channels import check_channel_order
-from pipedream.simulate import Costs, simulate
+from pipedream.schedules.simulate import Costs, simulate
 from tests.schedule_checks import check_compute
 
 

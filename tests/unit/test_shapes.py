@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from models.spec import LayerModel
-from pipedream.shapes import BoundaryShapes
+from pipedream.runtime.shapes import BoundaryShapes
 
 
 def token_model(devices: list[torch.device]) -> LayerModel:

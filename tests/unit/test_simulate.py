@@ -5,7 +5,7 @@ import pytest
 
 from pipedream.schedules import ScheduleError, build_schedule, parse_actions
 from pipedream.schedules.channels import ChannelError, check_channel_order
-from pipedream.simulate import Costs, DeadlockError, simulate
+from pipedream.schedules.simulate import Costs, DeadlockError, simulate
 from tests.schedule_checks import check_compute
 
 

@@ -13,7 +13,7 @@ from launcher.preempt import agent_options, job_exit_code
 from launcher.sbatch import emit_script, sbatch_script
 from launcher.slurm import apply_allocation, expand_nodelist, read_allocation
 from pipedream.errors import ConfigError
-from pipedream.preemption import PreemptionSpec, write_marker
+from pipedream.lifecycle.preemption import PreemptionSpec, write_marker
 from tests.training_harness import compose_config
 
 DEGREES = ["parallel.pp=4", "parallel.dp=2"]

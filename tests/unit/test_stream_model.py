@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.async_segment import build_segment
-from pipedream.layout import ParallelLayout
+from pipedream.schedules.async_segment import build_segment
+from pipedream.config.layout import ParallelLayout
 from pipedream.schedules import ScheduleError, build_schedule, parse_actions
 from pipedream.schedules.issue_order import issue_order
 from pipedream.schedules.replicated import ReplicatedPipeline
-from pipedream.simulate import DeadlockError, simulate
-from pipedream.stream_model import check_stream_order
+from pipedream.schedules.simulate import DeadlockError, simulate
+from pipedream.schedules.stream_model import check_stream_order
 
 FLUSH = ("gpipe", "1f1b", "interleaved")
 

@@ -3,7 +3,7 @@ layer computes or a transfer arrives, every recorded span is known exactly."""
 from __future__ import annotations
 
 from pipedream.schedules import build_schedule
-from pipedream.trace import TraceRecorder
+from pipedream.observe.trace import TraceRecorder
 from tests.loopback import FakeClock
 from tests.tick_stage import BACKWARD_S, SYNC_S, batches, tick_executor, traced_two_stage_step
 

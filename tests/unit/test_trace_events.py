@@ -1,4 +1,4 @@
-"""Traced iterations timed with device events (``pipedream/trace_clock.py``), driven by a fake
+"""Traced iterations timed with device events (``pipedream/observe/trace_clock.py``), driven by a fake
 device: a stream that runs the work queued on it behind a fake host clock, and events that know
 when the stream reaches them. Shows what the CUDA clock does without CUDA: spans are device times
 measured from the step's first event and placed at its host time, they follow the stream's order,
@@ -10,11 +10,11 @@ import time
 import pytest
 import torch
 
-from pipedream.device_clock import clock_for
-from pipedream.executor import Executor
+from pipedream.observe.device_clock import clock_for
+from pipedream.runtime.executor import Executor
 from pipedream.schedules import build_schedule
-from pipedream.trace import RankTrace, TraceRecorder, chrome_trace, step_offsets
-from pipedream.trace_clock import EventClock
+from pipedream.observe.trace import RankTrace, TraceRecorder, chrome_trace, step_offsets
+from pipedream.observe.trace_clock import EventClock
 from tests.loopback import FakeClock
 from tests.tick_stage import FORWARD_S, batches, tick_executor, traced_two_stage_step
 

@@ -12,9 +12,10 @@ from PIL import Image
 
 from models import build_model
 from models.facts import flops_per_iteration, parameter_count, pipeline_layer_count
-from pipedream.data import build_datasets, collate
+from pipedream.data.datasets import build_datasets
+from pipedream.data.batching import collate
 from pipedream.errors import ConfigError
-from planner.model_specs import spec_from_config
+from planner.inputs.model_specs import spec_from_config
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 PRESETS = ("vgg16", "resnet50", "vgg16_small", "resnet50_small")

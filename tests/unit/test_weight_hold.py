@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from pipedream.executor import Executor
-from pipedream.layout import ParallelLayout
+from pipedream.runtime.executor import Executor
+from pipedream.config.layout import ParallelLayout
 from pipedream.schedules import Action, Kind, build_schedule
 from pipedream.schedules.weight_hold import held_until_activation_send
 from tests.loopback import LoopbackNetwork, run_ranks

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call
 
 from pipedream.schedules import Action, Kind
-from pipedream.weights import WeightStore
+from pipedream.runtime.weights import WeightStore
 
 F = [Action(Kind.FWD, mb, 0) for mb in range(3)]
 B = [Action(Kind.BWD, mb, 0) for mb in range(3)]

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.config_loading import compose_config
+from pipedream.config.loading import compose_config
 from pipedream.errors import ConfigError
-from pipedream.run_spec import build_run_spec
+from pipedream.config.run_spec import build_run_spec
 from pipedream.schedules import (SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Action, Kind, Placement, ScheduleError,
                                  build_schedule, parse_action, parse_actions, schedule_placement)
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.issue_order import issue_order
 from pipedream.schedules.channels import check_channel_order
-from pipedream.simulate import Costs, simulate
-from pipedream.stream_model import check_stream_order
+from pipedream.schedules.simulate import Costs, simulate
+from pipedream.schedules.stream_model import check_stream_order
 from tests.schedule_checks import check_compute, check_local_handover
 
 UNIT = Costs(forward=1.0, backward=2.0, weight_grad=1.0)   # F = B = W = 1 per chunk
@@ -168,7 +168,7 @@ def test_cli_prints_w_and_the_v(capsys) -> None:
 
 def test_cli_draws_w_boxes(tmp_path, capsys) -> None:
     pytest.importorskip("matplotlib")
-    from pipedream.timeline_plot import spans_from_sim
+    from pipedream.observe.timeline_plot import spans_from_sim
 
     _, _, result = run("zbv", 2, 4)
     assert {kind for row in spans_from_sim(result) for _, kind, *_ in row} >= {"F", "B", "W"}

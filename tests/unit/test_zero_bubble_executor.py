@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from pipedream.executor import Executor
-from pipedream.grad_accumulation import fuse_grad_accumulation
-from pipedream.layout import ParallelLayout
-from pipedream.runner import local_handovers
+from pipedream.runtime.executor import Executor
+from models.grad_accumulation import fuse_grad_accumulation
+from pipedream.config.layout import ParallelLayout
+from pipedream.runtime.runner import local_handovers
 from pipedream.schedules import Action, Kind, build_schedule, schedule_placement
-from pipedream.simulate import simulate
-from pipedream.stage import Stage
+from pipedream.schedules.simulate import simulate
+from pipedream.runtime.stage import Stage
 from tests.loopback import LoopbackNetwork, run_ranks
 from tests.unit.test_executor import LOSS, blocks, rank_stage, reference
 

@@ -1,0 +1,70 @@
+"""Megatron's split of a transformer layer (dissertation ch. 4.2.3, fig. 4.5): self-attention with
+whole heads per rank (column-parallel [q; k; v], row-parallel output projection) and the MLP with
+its first GEMM split by columns and its second by rows. Per layer: two all-reduces forward (g after
+each row-parallel GEMM) and two backward (f before each column-parallel GEMM).
+
+Both are built from the dense modules of ``models.gpt`` (duck-typed: attention has ``qkv``,
+``proj``, ``num_heads``, ``dropout``, ``resid_drop`` and ``causal``; the MLP has ``fc``, ``proj``,
+``drop``), keeping their parameter names."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.tensor_parallel.context import TensorParallel, divide
+from models.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
+from models.tensor_parallel.params import mark_replicated
+from models.tensor_parallel.random import RNGTracker
+
+
+class ParallelSelfAttention(nn.Module):
+    def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, num_heads: int, dropout: float,
+                 resid_drop: nn.Module, causal: bool, rng: RNGTracker):
+        super().__init__()
+        tp = qkv.tp
+        self.qkv, self.proj, self.resid_drop = qkv, proj, resid_drop
+        self.local_heads = divide(num_heads, tp.size, "model.num_heads", "choose parallel.tp dividing the head count")
+        self.head_dim = qkv.in_features // num_heads
+        self.dropout, self.causal, self.rng = dropout, causal, rng
+
+    @classmethod
+    def from_dense(cls, attn: nn.Module, tp: TensorParallel, rng: RNGTracker) -> "ParallelSelfAttention":
+        divide(attn.num_heads, tp.size, "model.num_heads", "choose parallel.tp dividing the head count")
+        qkv = ColumnParallelLinear.from_dense(attn.qkv, tp, stride=3)
+        proj = RowParallelLinear.from_dense(attn.proj, tp)
+        return cls(qkv, proj, attn.num_heads, attn.dropout, attn.resid_drop, getattr(attn, "causal", True), rng)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        shape = (batch, seq, self.local_heads, self.head_dim)
+        q, k, v = (t.reshape(shape).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
+        dropout = self.dropout if self.training else 0.0
+        if dropout > 0.0 and not x.is_meta:  # this rank's heads: its own dropout stream
+            with self.rng.fork(x.device):
+                y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = y.transpose(1, 2).reshape(batch, seq, self.local_heads * self.head_dim)
+        return self.resid_drop(self.proj(y))  # replicated after g: the global (shared) dropout stream
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, fc: ColumnParallelLinear, proj: RowParallelLinear, drop: nn.Module):
+        super().__init__()
+        self.fc, self.proj, self.drop = fc, proj, drop
+
+    @classmethod
+    def from_dense(cls, mlp: nn.Module, tp: TensorParallel) -> "ParallelMLP":
+        return cls(ColumnParallelLinear.from_dense(mlp.fc, tp), RowParallelLinear.from_dense(mlp.proj, tp), mlp.drop)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.proj(F.gelu(self.fc(x))))
+
+
+def parallelize_block(block: nn.Module, tp: TensorParallel, rng: RNGTracker) -> nn.Module:
+    """Swaps a dense block's ``attn`` and ``mlp`` for their tensor-parallel forms in place; the
+    LayerNorms stay replicated (and are marked so)."""
+    block.attn = ParallelSelfAttention.from_dense(block.attn, tp, rng)
+    block.mlp = ParallelMLP.from_dense(block.mlp, tp)
+    return mark_replicated(block)

@@ -1,0 +1,2 @@
+"""Checkpoints: saving and resuming (``store``, torch DCP), their integrity record, and the shapes a
+checkpoint expects (checked before launch)."""

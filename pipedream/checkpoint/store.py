@@ -1,0 +1,355 @@
+"""Sharded, atomic checkpoints through torch.distributed.checkpoint (DCP).
+
+Every rank saves its own layers under their *global* names (``layers.<index>.<param>``), so a
+checkpoint written by one layout (pp, dp, layer split) loads into another: DCP matches names and
+each rank reads only what it now owns. Optimizer state is flattened to the same names
+(``flatten_optimizer_state_dict``) for the same reason. Data-parallel replicas hold the same
+tensors; DCP's planner writes each once.
+
+Atomicity: a checkpoint is written into ``step_XXXXXXXX.partial/``; after every rank has finished
+(a barrier), rank 0 renames it to ``step_XXXXXXXX/`` and writes ``COMMITTED`` last, with every
+file's size and CRC-32. A folder without the marker, or whose files differ from it (truncated, bit
+flips, zero-filled) or cannot be read, is skipped at load, with a warning, in favour of the previous
+complete one. Pruning removes the marker first, so a checkpoint half deleted by a kill is incomplete
+and goes at the next prune.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
+
+from pipedream.checkpoint.integrity import MARKER, checkpoint_problem, completeness_problem, has_checksums, manifest
+from pipedream.errors import stderr_line
+from pipedream.config.specs import CheckpointSpec
+
+OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint where one was asked for, or one that cannot serve this layout."""
+
+
+def layers_module(layers: dict[int, nn.Module]) -> nn.Module:
+    """Wraps a rank's layers so their parameter names are global: ``layers.<index>.<name>``."""
+    wrapper = nn.Module()
+    wrapper.layers = nn.ModuleDict({str(i): layer for i, layer in sorted(layers.items())})
+    return wrapper
+
+
+def step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+def complete_checkpoints(root: Path) -> list[Path]:
+    """Committed checkpoints, oldest first; incomplete folders are reported and ignored."""
+    if not root.exists():
+        return []
+    found = []
+    for path in sorted(root.iterdir()):
+        if not path.name.startswith("step_"):
+            continue
+        problem = completeness_problem(path)
+        if problem is None:
+            found.append(path)
+        else:
+            warnings.warn(f"checkpoint {path} is unusable ({problem}): skipped", stacklevel=2)
+    return found
+
+
+def _warn(rank: int, message: str) -> None:
+    if rank == 0:
+        stderr_line(f"warning: {message}")
+
+
+def _agreed(rank: int, decide: Any) -> Any:
+    """Rank 0 runs ``decide()`` and every rank gets its answer (one reader of the files)."""
+    holder = [decide() if rank == 0 else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def _first_error(error: BaseException | None) -> list[str | None]:
+    """Every rank's load error (one line each), so all ranks fall back together."""
+    line = None
+    if error is not None:  # DCP's CheckpointException carries each rank's traceback: its last line says what
+        line = (str(error).strip().splitlines() or [type(error).__name__])[-1].strip()[:300]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        errors: list[str | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(errors, line)
+        return errors
+    return [line]
+
+
+def load_verified(candidates: list[Path], module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                  layout_key: str, rank: int, tp: Any = None) -> tuple[Path, int]:
+    """Collective. Loads the newest of ``candidates`` (oldest first) whose files match their marker and
+    that loads without error; each one passed over gets one warning line. Raises CheckpointError when
+    none is left."""
+    for index in range(len(candidates) - 1, -1, -1):
+        path = candidates[index]
+        fallback = f"falling back to {candidates[index - 1].name}" if index else "no older checkpoint left"
+        problem = _agreed(rank, lambda: checkpoint_problem(path))
+        if problem is None:
+            try:
+                step, error = load_checkpoint(path, module, optimizer, scheduler, layout_key, rank, tp), None
+            except (Exception, CheckpointException) as failure:  # unreadable .metadata or shard: DCP raises
+                step, error = -1, failure
+            problem = next((f"loading failed: {line}" for line in _first_error(error) if line), None)
+        if problem is None:
+            if not _agreed(rank, lambda: has_checksums(json.loads((path / MARKER).read_text()))):
+                _warn(rank, f"checkpoint {path} has no content checksums (older format): checked by size only")
+            return path, step
+        _warn(rank, f"checkpoint {path} is unusable ({problem}): {fallback}")
+    root = candidates[0].parent if candidates else "the checkpoint folder"
+    raise CheckpointError(f"no usable checkpoint in {root}: every complete one failed its check (see the warnings); "
+                          f"start afresh with train.overwrite=true or point train.resume at a good folder")
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(json.loads((path / MARKER).read_text())["step"])
+
+
+def rng_state() -> dict[str, Any]:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def set_schedule_position(optimizer: torch.optim.Optimizer, scheduler: Any, step: int) -> None:
+    """The learning rate is a function of the step: put the scheduler where ``step`` steps leave it."""
+    scheduler.last_epoch = step
+    lrs = [base * fn(step) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for group, lr in zip(optimizer.param_groups, lrs):
+        group["lr"] = lr
+    scheduler._last_lr = lrs
+
+
+def _sharded_fqns(module: nn.Module) -> dict[str, Any]:
+    """Global parameter name -> ShardSpec, for tensor-parallel shards."""
+    from models.tensor_parallel import shard_spec
+    return {name: shard_spec(p) for name, p in module.named_parameters(remove_duplicate=False)
+            if shard_spec(p) is not None}
+
+
+def _shard_keys(state: dict[str, Any], specs: dict[str, Any]) -> dict[str, Any]:
+    """State-dict key -> ShardSpec for every entry shaped like a sharded parameter: the parameter
+    itself (``model``) and its optimizer moments (``optim``: ``state.<name>.<moment>``)."""
+    keys = {}
+    for name, spec in specs.items():
+        keys[f"model.{name}"] = spec
+        prefix = f"optim.state.{name}."
+        for key, value in state["optim"].items():
+            if ("optim." + key).startswith(prefix) and torch.is_tensor(value) and value.dim() > 0:
+                keys["optim." + key] = spec
+    return keys
+
+
+def _get(state: dict[str, Any], key: str) -> Any:
+    part, _, rest = key.partition(".")
+    return state[part][rest]
+
+
+def _set(state: dict[str, Any], key: str, value: Any) -> None:
+    part, _, rest = key.partition(".")
+    state[part][rest] = value
+
+
+def _dense_state(state: dict[str, Any], module: nn.Module, tp: Any) -> dict[str, Any]:
+    """Tensor-parallel shards become dense tensors under the dense names (every tp rank holds the
+    same, DCP writes it once), so a checkpoint loads into any tensor-parallel degree."""
+    from models.tensor_parallel import gather_tensor
+    for key, spec in _shard_keys(state, _sharded_fqns(module)).items():
+        _set(state, key, gather_tensor(_get(state, key), spec, tp))
+    return state
+
+
+def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.optim.Optimizer,
+                    layout_key: str, extra: dict[str, Any], rank: int, keep: int, tp: Any = None) -> Path:
+    """Collective: every rank calls it. Returns the committed folder."""
+    final = step_dir(root, step)
+    partial = final.with_name(final.name + ".partial")
+    if rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    state = {"model": get_model_state_dict(module, options=OPTIONS),
+             "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
+    if tp is not None and tp.size > 1:
+        state = _dense_state(state, module, tp)
+    state["optim"] = _with_tied_aliases(state["optim"], module)
+    dcp.save(state, checkpoint_id=str(partial))
+    # RNG streams are per rank and only meaningful for the same layout: kept beside DCP's files
+    torch.save({"layout": layout_key, "rng": rng_state()}, partial / f"rank{rank}.pt")
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(final, ignore_errors=True)
+        partial.rename(final)
+        (final / "extra.json").write_text(json.dumps(extra, indent=1, default=str))
+        (final / MARKER).write_text(json.dumps({"step": step, **manifest(final, MARKER)}))  # last: now it counts
+        prune(root, final, keep)
+    dist.barrier()
+    return final
+
+
+def _with_tied_aliases(optim_state: dict[str, Any], module: nn.Module) -> dict[str, Any]:
+    """A parameter registered under several names (an embedding tied to the head, both on this rank)
+    has its optimizer state saved under its first name only; a layout that puts the two on different
+    ranks loads each name on its own, so every name gets the state. The copies on two ranks are equal
+    (their gradients are summed before each step), so one saved state serves both."""
+    names: dict[int, list[str]] = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(param), []).append(name)
+    aliases = [(group[0], other) for group in names.values() for other in group[1:]]
+    extra = {}
+    for key, value in optim_state.items():
+        for first, other in aliases:
+            for section in ("state", "param_groups"):
+                prefix = f"{section}.{first}."
+                if key.startswith(prefix):
+                    extra[f"{section}.{other}.{key.removeprefix(prefix)}"] = value
+    return {**optim_state, **extra}
+
+
+def prune(root: Path, newest: Path, keep: int) -> None:
+    """Keeps the ``keep`` newest complete checkpoints; also removes leftovers older than ``newest``
+    (a save or a prune cut short by a kill). The marker goes first: a half-deleted folder never counts."""
+    if keep <= 0:
+        return
+    kept = complete_checkpoints(root)[-keep:]
+    for path in sorted(root.iterdir()):
+        if path.is_dir() and path.name.startswith("step_") and path.name < newest.name and path not in kept:
+            (path / MARKER).unlink(missing_ok=True)
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    layout_key: str, rank: int, tp: Any = None) -> int:
+    """Collective. Loads weights and optimizer state (into any layout), the schedule position and,
+    for the same layout, this rank's RNG state. Returns the number of steps already done."""
+    state = {"model": get_model_state_dict(module, options=OPTIONS),
+             "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
+    shards = {}
+    if tp is not None and tp.size > 1:  # read dense tensors, keep this rank's slice
+        shards = _shard_keys(state, _sharded_fqns(module))
+        for key, spec in shards.items():
+            shard = _get(state, key)
+            shape = list(shard.shape)
+            shape[spec.dim] = spec.full_size
+            _set(state, key, torch.empty(shape, dtype=shard.dtype, device=shard.device))
+    dcp.load(state, checkpoint_id=str(path))
+    if shards:
+        from models.tensor_parallel import shard_tensor
+        for key, spec in shards.items():
+            _set(state, key, shard_tensor(_get(state, key), spec, tp))
+    set_model_state_dict(module, state["model"], options=OPTIONS)
+    set_optimizer_state_dict(module, optimizer, state["optim"], options=OPTIONS)
+    step = checkpoint_step(path)
+    set_schedule_position(optimizer, scheduler, step)
+    own = path / f"rank{rank}.pt"
+    if own.exists():
+        saved = torch.load(own, weights_only=False)
+        if saved["layout"] == layout_key:
+            torch.set_rng_state(saved["rng"]["torch"])
+            if "cuda" in saved["rng"] and torch.cuda.is_available():
+                torch.cuda.set_rng_state(saved["rng"]["cuda"])
+    return step
+
+
+class RunCheckpoints:
+    """The trainer's view: resume at start (``train.resume``), save every ``checkpoint.every`` steps."""
+
+    def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Any, rank: int, run_dir: Path):
+        """``record`` (the resolved config, the plan) is stored beside every checkpoint."""
+        self.every, self.keep = spec.every, spec.keep
+        self.root = spec.root(run_dir)
+        self.resume_from = spec.resume
+        self.engine, self.rank = engine, rank
+        spec = engine.spec
+        self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}-v{spec.layout.vpp}-"
+                           f"{spec.schedule}-{list(spec.bounds)}")
+        self.module = layers_module(_global_layers(engine))
+        self.extra = {**record, "layout": self.layout_key}
+        self.saved: tuple[int, Path] | None = None   # the latest (step, folder) this run wrote
+
+    def resume(self) -> int:
+        """Steps already done (0 for a fresh run)."""
+        if not self.resume_from:
+            return 0
+        if str(self.resume_from) == "auto":
+            found = complete_checkpoints(self.root)
+            if not found:
+                if self.rank == 0:
+                    print(f"resume: no complete checkpoint in {self.root}; starting from step 0", flush=True)
+                return 0
+        else:
+            path = Path(str(self.resume_from))
+            problem = _agreed(self.rank, lambda: checkpoint_problem(path))
+            if problem is not None:
+                raise CheckpointError(f"train.resume={path} is not a usable checkpoint ({problem}): "
+                                      f"use train.resume=auto or another step_XXXXXXXX folder")
+            found = [path]
+        path, step = load_verified(found, self.module, self.engine.optimizer, self.engine.scheduler,
+                                   self.layout_key, self.rank, self.engine.tp)
+        self.engine.resume_at(step)
+        _restore_loss_scaler(self.engine, path)
+        if self.rank == 0:
+            print(f"resume: continuing after step {step} from {path}", flush=True)
+        return step
+
+    def after_step(self, steps_done: int) -> None:
+        if self.every > 0 and steps_done % self.every == 0:
+            self.save(steps_done)
+
+    def save(self, steps_done: int) -> Path:
+        """Collective: the checkpoint after ``steps_done`` steps (written once, however often asked)."""
+        if self.saved is not None and self.saved[0] == steps_done:
+            return self.saved[1]
+        self.engine.drain()  # asynchronous schedules: nothing in flight, weights well defined
+        path = save_checkpoint(self.root, steps_done, self.module, self.engine.optimizer, self.layout_key,
+                               {**self.extra, "step": steps_done, **_loss_scaler_state(self.engine)}, self.rank,
+                               self.keep, self.engine.tp)
+        if self.rank == 0:
+            print(f"checkpoint: saved {path}", flush=True)
+        self.saved = (steps_done, path)
+        return path
+
+
+def _loss_scaler_state(engine: Any) -> dict[str, Any]:
+    """fp16: the scale every rank agrees on, stored once in extra.json (it loads into any layout)."""
+    scaler = engine.parts.scaler
+    return {"loss_scaler": scaler.state_dict()} if scaler is not None else {}
+
+
+def _restore_loss_scaler(engine: Any, path: Path) -> None:
+    scaler = engine.parts.scaler
+    if scaler is None:
+        return
+    state = json.loads((path / "extra.json").read_text()).get("loss_scaler")
+    if state is None:
+        raise CheckpointError(f"{path} was saved without fp16 loss scaling (precision was not fp16): resume it with "
+                              f"its own precision, or start a new run")
+    scaler.load_state_dict(state)
+
+
+def _global_layers(engine: Any) -> dict[int, nn.Module]:
+    """This rank's layers by their index in the whole model."""
+    layers = {}
+    for chunk, virtual_stage in zip(engine.stage.chunks, engine.virtual_stages):
+        start = engine.spec.bounds[virtual_stage][0]
+        for offset, layer in enumerate(chunk):
+            layers[start + offset] = layer
+    return layers

@@ -1,0 +1,112 @@
+"""Reads and checks ``schedule=harmony_pp``'s settings (conf/schedule/harmony_pp.yaml and
+``memory.device_budget_bytes``) before any process group, and refuses, one line each, what the
+Harmony runtime does not compose with. No torch."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from pipedream.errors import ConfigError
+from pipedream.config.layout import ParallelLayout
+from pipedream.schedules import ScheduleError
+from pipedream.schedules.harmony import FORWARD, HarmonyConfig, harmony_config
+from pipedream.config.specs import Section
+
+PACK_KEYS = ("forward_packs", "backward_packs")
+GROUP_KEYS = ("forward_group", "backward_group")
+
+
+@dataclass(frozen=True)
+class HarmonySpec:
+    config: HarmonyConfig
+    device_budget_bytes: int | None   # None: the device's capacity
+
+
+def _sizes(section: Section, key: str) -> list[int] | None:
+    value = section.raw(key)
+    if value is None:
+        return None
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ConfigError(f"schedule.{key} = {value!r} must be a list of layers per pack, e.g. [2,2,1], or null")
+    return list(value)
+
+
+def _budget(cfg: Any) -> int | None:
+    value = Section(cfg, "memory").raw("device_budget_bytes")
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ConfigError(f"memory.device_budget_bytes = {value!r} must be a positive number of bytes or null "
+                          f"(the device's capacity)")
+    return value
+
+
+def _refusals(cfg: Any, layout: ParallelLayout, precision: str) -> None:
+    """What harmony_pp does not run, each with the way out."""
+    def get(dotted: str) -> Any:
+        return OmegaConf.select(cfg, dotted, default=None)
+
+    checks = [
+        (layout.tp > 1, f"parallel.tp = {layout.tp}", "set parallel.tp=1"),
+        (layout.dp > 1, f"parallel.dp = {layout.dp}", "set parallel.dp=1 (every device takes part in one "
+                                                       "wrap-around pipeline)"),
+        (layout.vpp > 1, f"parallel.vpp = {layout.vpp}", "set parallel.vpp=1 (packs replace chunks)"),
+        (bool(layout.stage_replicas), "parallel.stage_replicas", "leave it null"),
+        (precision != "fp32", f"precision={precision}", "use precision=fp32"),
+        ((get("train.grad_clip") or 0) > 0, f"train.grad_clip = {get('train.grad_clip')}",
+         "set train.grad_clip=0 (each pack is updated right after its backward, before a global norm exists)"),
+        (bool(get("model.tie_embeddings")), "model.tie_embeddings=true",
+         "set model.tie_embeddings=false (the tied head is updated before the embedding's gradient exists)"),
+        ((get("model.dropout") or 0) > 0, f"model.dropout = {get('model.dropout')}",
+         "set model.dropout=0 (a backward pack recomputes on another device than its forward ran on)"),
+        (get("model.name") == "resnet50", "model=resnet50",
+         "use model=vgg16 or a GPT (BatchNorm statistics would be updated again by the recompute)"),
+        ((get("checkpoint.every") or 0) > 0 or get("train.resume") is not None, "checkpoints",
+         "set checkpoint.every=0 and train.resume=null (the host-tier state is not checkpointed yet)"),
+        (get("model._target_") is not None, "model._target_", "use a built-in model"),
+    ]
+    for refused, what, fix in checks:
+        if refused:
+            raise ConfigError(f"{what} is not supported with schedule=harmony_pp: {fix}")
+
+
+def harmony_spec(cfg: Any, layout: ParallelLayout, num_layers: int, microbatches: int, precision: str) -> HarmonySpec:
+    """The validated configuration; ConfigError (one line) otherwise."""
+    _refusals(cfg, layout, precision)
+    section = Section(cfg, "schedule")
+    groups = {}
+    for key in GROUP_KEYS:
+        value = section.raw(key)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(f"schedule.{key} = {value!r} must be a number of micro-batches or null (all of them)")
+        groups[key] = value
+    try:
+        config = harmony_config(num_layers, microbatches, layout.pp, _sizes(section, "forward_packs"),
+                                _sizes(section, "backward_packs"), **groups)
+    except ScheduleError as error:
+        raise ConfigError(f"schedule=harmony_pp: {error} (schedule.forward_packs, schedule.backward_packs, "
+                          f"schedule.forward_group, schedule.backward_group)") from None
+    budget = _budget(cfg)
+    if budget is not None:
+        _check_packs_fit(cfg, config, budget)
+    return HarmonySpec(config, budget)
+
+
+def _check_packs_fit(cfg: Any, config: HarmonyConfig, budget: int) -> None:
+    """Every task needs its pack's weights (and, for a backward, their gradients) on the device
+    at once: a budget below that is refused before anything starts (sizes from the meta device)."""
+    import torch   # only here: the other checks need no torch
+
+    from models import build_model
+
+    with torch.device("meta"):
+        layers = build_model(cfg.model, seed=0).build()
+    sizes = [sum(p.numel() * p.element_size() for p in layers[i].parameters()) for i in range(config.num_layers)]
+    for task in config.tasks:
+        first, stop = task.layers
+        need = sum(sizes[first:stop]) * (1 if task.role == FORWARD else 2)
+        if need > budget:
+            what = "weights" if task.role == FORWARD else "weights and gradients"
+            raise ConfigError(f"memory.device_budget_bytes = {budget} is below the {need} bytes of {what} that task "
+                              f"{task.index} ({task.role}, layers [{first}, {stop})) holds at once: raise it to at "
+                              f"least {need} or split that pack (schedule.forward_packs, schedule.backward_packs)")

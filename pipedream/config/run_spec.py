@@ -1,0 +1,253 @@
+"""Turns the Hydra config into a validated ``RunSpec`` before any process group exists.
+
+Every rule lives here and in the section readers of ``specs.py``, and each failure is one
+``ConfigError`` line naming the value, the rule and a way out. The model and data sections stay
+configs: ``models`` and ``data`` read them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_layer_count
+from models.vision_facts import VISION_MODELS, fewest_normalised_values
+
+from pipedream.errors import ConfigError
+from pipedream.config.harmony import HarmonySpec, harmony_spec
+from pipedream.numerics.apex import check_apex
+from pipedream.config.layout import ParallelLayout, split_layers
+from pipedream.multi_model.settings import check_multi_model, multi_model_spec
+from pipedream.config.precision import PrecisionSpec
+from models.plugin_config import plugin_target
+from pipedream.schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
+                        schedule_placement)
+from pipedream.config.specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
+
+OPTIMIZERS = ("adamw", "sgd")
+DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
+VISION_DATASETS = ("synthetic_images", "image_folder")   # for model=vgg16 / resnet50
+RECOMPUTE = ("none", "full")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    layout: ParallelLayout
+    schedule: str
+    micro_batch: int
+    microbatches: int          # per pipeline per iteration (m)
+    global_batch: int
+    num_layers: int            # pipeline layers of the model (GPT: blocks + 2)
+    bounds: tuple[tuple[int, int], ...]   # [start, end) per virtual stage
+    recompute: bool
+    seq_len: int | None        # tokens per sample (None for the MLP)
+    vertical_sync: bool        # pipedream only: every stage uses the input stage's version
+    scatter_gather: bool       # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
+    device: str                # cluster.device: cpu | cuda | auto
+    plan: str | None           # parallel.plan, the plan file the layout came from
+    precision: PrecisionSpec   # precision=fp32|bf16|fp16 (pipedream/numerics/precision.py)
+    train: TrainSpec
+    optim: OptimSpec
+    loop: LoopSpec
+    checkpoint: CheckpointSpec
+    trace: TraceSpec
+    harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
+
+
+def _positive(cfg: Any, key: str) -> int:
+    value = _get(cfg, key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{key} = {value!r} must be a positive integer")
+    return value
+
+
+def _get(cfg: Any, dotted: str) -> Any:
+    node = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+    return node
+
+
+def _check_model(cfg: Any) -> tuple[int, Any]:
+    """The model's pipeline layers, and a plugin's ``LayerModel`` (None for a built-in model)."""
+    if plugin_target(cfg.model) is not None:
+        from models.plugins import checked_model
+        model = checked_model(cfg.model).model   # imports, builds and checks the plugin
+        return model.num_layers, model
+    name = _get(cfg, "model.name")
+    if name not in TRAINABLE_MODELS:
+        raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
+                          f"trainable: {', '.join(TRAINABLE_MODELS)} (e.g. model=gpt_tiny)")
+    if name in VISION_MODELS:
+        return _check_vision_model(cfg), None
+    _positive(cfg, "model.num_layers")
+    _positive(cfg, "model.hidden_size")
+    if name == "mlp":
+        return pipeline_layer_count(cfg.model), None
+    for key in ("num_heads", "seq_len", "vocab_size"):
+        _positive(cfg, f"model.{key}")
+    hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
+    if hidden % heads:
+        raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
+                          f"choose heads among the divisors of {hidden}")
+    return pipeline_layer_count(cfg.model), None
+
+
+def _check_vision_model(cfg: Any) -> int:
+    for key in ("image_size", "num_classes"):
+        _positive(cfg, f"model.{key}")
+    width = _get(cfg, "model.width_multiplier")
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or width <= 0:
+        raise ConfigError(f"model.width_multiplier = {width!r} must be a positive number (1.0: torchvision's widths)")
+    if cfg.model.image_size < 32:   # both halve the image five times
+        raise ConfigError(f"model.image_size = {cfg.model.image_size} is too small for {cfg.model.name}, which "
+                          f"halves it five times: use at least 32")
+    micro = _get(cfg, "train.micro_batch_size")
+    if isinstance(micro, int) and (fewest_normalised_values(cfg.model, micro) or 2) < 2:
+        raise ConfigError(f"train.micro_batch_size = {micro} gives BatchNorm one value per channel in "
+                          f"{cfg.model.name}'s last blocks (1 x 1 pixels): use micro-batches of at least 2 images "
+                          f"or a larger model.image_size")
+    return pipeline_layer_count(cfg.model)
+
+
+def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
+    """Asynchronous schedules update stages at different times: a parameter tied across two
+    pipeline stages would have two diverging copies."""
+    stage_of = [virtual % layout.pp for virtual, (start, end) in enumerate(bounds) for _ in range(start, end)]
+    for group in tied:
+        stages = sorted({stage_of[layer] for layer, _ in group})
+        if len(stages) > 1:
+            raise ConfigError(f"model._target_={plugin_target(cfg.model)} ties {group[0][1]} of layer {group[0][0]} "
+                              f"to layer {group[1][0]} across stages {stages}, which schedule={schedule} updates at "
+                              f"different times: use a flush schedule (1f1b, gpipe, interleaved) or a "
+                              f"parallel.layers_per_stage that keeps them on one stage")
+
+
+def _check_data(cfg: Any, plugin_model: Any) -> int | None:
+    model_plugin = plugin_target(cfg.model)
+    if plugin_target(cfg.data) is not None:
+        from pipedream.data.plugins import check_data_fits, plugin_datasets
+        train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
+        if plugin_model is not None:
+            check_data_fits(cfg.model, plugin_model, cfg.data, train_set)
+        return None if model_plugin or cfg.model.name in ("mlp", *VISION_MODELS) else int(cfg.model.seq_len)
+    if model_plugin is None and cfg.model.name in VISION_MODELS:
+        return _check_image_data(cfg)
+    if model_plugin is not None:
+        raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
+                          f"data._target_=my_pkg.my_module.build_datasets (docs/models.md)")
+    name = _get(cfg, "data.name")
+    if name not in DATASETS:
+        raise ConfigError(f"data={name!r} is unknown: choose one of {', '.join(DATASETS)}")
+    if name in ("text_file", "token_bin"):
+        path = _get(cfg, "data.path")
+        if path in (None, "", "???"):
+            raise ConfigError(f"data={name} needs data.path=/path/to/data")
+        if not Path(str(path)).expanduser().exists():
+            raise ConfigError(f"data.path={str(path)!r} does not exist: give an existing file or folder")
+    if cfg.model.name == "mlp":
+        if name != "synthetic":
+            raise ConfigError(f"model=mlp trains on synthetic regression data, not data={name}: use data=synthetic")
+        return None
+    seq_len = _get(cfg, "data.seq_len") or cfg.model.seq_len
+    if seq_len > cfg.model.seq_len:
+        raise ConfigError(f"data.seq_len={seq_len} exceeds the model's context model.seq_len={cfg.model.seq_len}: "
+                          f"lower data.seq_len or raise model.seq_len")
+    return int(seq_len)
+
+
+def _check_image_data(cfg: Any) -> None:
+    name = _get(cfg, "data.name")
+    if name not in VISION_DATASETS:
+        raise ConfigError(f"model={cfg.model.get('preset') or cfg.model.name} trains on images, not data={name}: "
+                          f"use data=synthetic_images or data=image_folder data.path=/path/to/class/folders")
+    if name == "image_folder":
+        path = _get(cfg, "data.path")
+        if path in (None, "", "???"):
+            raise ConfigError("data=image_folder needs data.path=/path/to/class/folders")
+        if not Path(str(path)).expanduser().is_dir():
+            raise ConfigError(f"data.path={str(path)!r} is not a folder: give a folder of class sub-folders of images")
+    return None
+
+
+def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
+    """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
+    num_layers, plugin_model = _check_model(cfg)
+    seq_len = _check_data(cfg, plugin_model)
+    optim = OptimSpec.from_config(cfg, OPTIMIZERS)
+    schedule = _get(cfg, "schedule.name")
+    if schedule not in SCHEDULES and schedule not in HARMONY_SCHEDULES:
+        raise ConfigError(f"schedule={schedule!r} is unknown: choose one of "
+                          f"{', '.join(sorted(SCHEDULES) + sorted(HARMONY_SCHEDULES))}")
+    granularity = _get(cfg, "recompute.granularity")
+    if granularity not in RECOMPUTE:
+        raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
+    for key in ("train.steps", "train.global_batch_size", "train.micro_batch_size"):
+        _positive(cfg, key)
+    train = TrainSpec.from_config(cfg)
+    tp = _get(cfg, "parallel.tp") or 1
+    if isinstance(tp, int) and tp > 1:
+        check_tensor_parallel_config(cfg.model, tp)
+        if _get(cfg, "parallel.stage_replicas"):
+            raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
+                              f"with tp=1, or use parallel.dp for equal replicas")
+
+    replicas = _get(cfg, "parallel.stage_replicas")
+    replicas = tuple(replicas) if replicas else ()
+    if replicas and schedule != "pipedream":
+        raise ConfigError(f"parallel.stage_replicas={list(replicas)} gives stages their own replica counts, which "
+                          f"only schedule=pipedream (1F1B-RR) runs: use schedule=pipedream, or parallel.dp for "
+                          f"equal replicas")
+    layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
+                            stage_replicas=replicas)
+    placement = schedule_placement(schedule, layout.pp)
+    if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
+        if layout.vpp not in (1, 2):
+            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={schedule} holds exactly 2 chunks per rank "
+                              f"(a V); set parallel.vpp=2 or leave it at 1")
+        layout = ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp,
+                                placement=placement.kind)
+    elif layout.vpp > 1 and schedule != "interleaved":
+        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev (got schedule={schedule})")
+    vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
+    if vertical_sync and schedule != "pipedream":
+        raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "
+                          f"set schedule.vertical_sync=false or use schedule=pipedream")
+    if schedule in ASYNC_SCHEDULES and layout.pp > 1 and _get(cfg, "model.tie_embeddings"):
+        raise ConfigError(f"schedule={schedule} cannot tie the embedding (stage 0) to the head "
+                          f"(stage {layout.pp - 1}): stages update at different times, so their copies would diverge; "
+                          f"set model.tie_embeddings=false")
+    global_batch, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
+    if global_batch % (layout.dp * micro):
+        raise ConfigError(f"train.global_batch_size={global_batch} is not divisible by parallel.dp*train.micro_batch_size "
+                          f"= {layout.dp}*{micro} = {layout.dp * micro}: use a multiple of {layout.dp * micro}")
+    microbatches = global_batch // (layout.dp * micro)
+    # before any schedule is built: pp = 10**12 must not build 10**12 action lists
+    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
+    harmony = None
+    try:
+        if replicas:
+            pipedream_replicated(replicas, microbatches)
+        elif schedule in HARMONY_SCHEDULES:
+            harmony = harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")))
+        else:
+            build_schedule(schedule, layout.pp, microbatches, layout.vpp)
+    except ScheduleError as error:
+        raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
+    precision = PrecisionSpec.from_config(cfg, schedule, schedule in ASYNC_SCHEDULES)
+    device = str(Section(cfg, "cluster").raw("device"))
+    check_apex(optim.impl, device)
+    if check_multi_model(cfg, schedule, schedule in ASYNC_SCHEDULES, layout.tp, optim.impl) is not None:
+        from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
+        build_fused_model(cfg, multi_model_spec(cfg))
+    if schedule in ASYNC_SCHEDULES and plugin_model is not None:
+        _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
+    if world_size is not None:
+        layout.check_world_size(world_size)
+    return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,
+                   global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
+                   recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
+                   scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
+                   device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
+                   train=train, optim=optim, loop=LoopSpec.from_config(cfg),
+                   checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony)

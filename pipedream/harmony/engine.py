@@ -1,0 +1,148 @@
+"""One rank of a harmony_pp run: the engine the trainer drives (``PipelineEngine``'s interface),
+built from the Harmony configuration instead of fixed stages.
+
+A rank builds only the layers of the tasks bound to it (from the per-layer seeds, so they start
+from the single-process weights), publishes the initial weights of the layers it owns to the
+shared host tier (``harmony_state``), and runs its action list with ``harmony_runner``.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+import weakref
+from datetime import timedelta
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from models.spec import LayerModel
+
+from models.boundary import dtypes, to_device
+from pipedream.errors import ConfigError
+from pipedream.runtime.groups import build_p2p_groups
+from pipedream.harmony.runner import HarmonyExecutor, HarmonyRunner
+from pipedream.harmony.state import PackState
+from pipedream.offload import DeviceTier, HostTier
+from pipedream.numerics.optim import build_optimizer, build_scheduler
+from pipedream.config.run_spec import RunSpec
+from pipedream.runtime.runner import StepResult
+from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.harmony import BACKWARD, FORWARD, JIT, harmony_pp
+from pipedream.runtime.shapes import BoundaryShapes
+from pipedream.config.specs import OptimSpec, TrainSpec
+from pipedream.runtime.stage import StashStats
+
+_EVAL_KINDS = frozenset({Kind.SWAP_IN, Kind.SWAP_OUT, Kind.PREFETCH, Kind.FWD, Kind.SEND_ACT, Kind.RECV_ACT})
+
+
+def shared_host_dir(rank: int) -> Path:
+    """A fresh folder for the run's shared host tier (in /dev/shm where there is one), agreed by
+    every rank; rank 0 removes it when its engine goes."""
+    holder = [None]
+    if rank == 0:
+        base = "/dev/shm" if Path("/dev/shm").is_dir() else None
+        holder[0] = tempfile.mkdtemp(prefix="pipedream-harmony-", dir=base)
+    dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
+
+
+def evaluation_actions(actions: list[Action], config) -> list[Action]:
+    """The forward half of a training list: forward tasks and the shared last pack's forwards,
+    their weights and messages; no stashes, backwards or updates."""
+    forward_roles = (FORWARD, JIT)
+    return [a for a in actions if a.kind in _EVAL_KINDS and config.tasks[a.chunk].role in forward_roles
+            and not (a.kind in (Kind.SWAP_IN, Kind.SWAP_OUT) and a.microbatch >= 0)]
+
+
+class HarmonyEngine:
+    def __init__(self, spec: RunSpec, model: LayerModel, rank: int, device: torch.device, optim: OptimSpec,
+                 train: TrainSpec, timeout: timedelta, recorder=None):
+        self.spec, self.model, self.rank, self.device = spec, model, rank, device
+        config = spec.harmony.config
+        self.config = config
+        self.coords = spec.layout.coords(rank)
+        mine = [t for t in config.tasks if t.device == rank]
+        layers = sorted({layer for t in mine for layer in range(*t.layers)})
+        owned = {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)}
+        modules = model.build(layers)   # on the host: parameters reach the device only by swaps
+        for i, module in modules.items():
+            if any(True for _ in module.buffers()):
+                raise ConfigError(f"layer {i} of {model.name} has buffers (e.g. BatchNorm statistics), which "
+                                  f"schedule=harmony_pp does not keep on the host tier: use a model without them")
+        self.host_dir = shared_host_dir(rank)
+        if rank == 0:
+            weakref.finalize(self, shutil.rmtree, self.host_dir, True)
+        host = HostTier(self.host_dir, pin=device.type == "cuda")   # async swaps need page-locked memory
+        self.tier = DeviceTier(host, device, spec.harmony.device_budget_bytes)
+        self.state = PackState(modules, owned, host, self.tier, dist.barrier)
+        # a rank that owns no layer still keeps the learning-rate schedule (an empty placeholder)
+        params = list(self.state.host_params.values()) or [nn.Parameter(torch.zeros(0))]
+        self.optimizer = build_optimizer(optim, params, float(train.lr))
+        self.scheduler = build_scheduler(self.optimizer, train)
+        input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
+        layer_shapes = BoundaryShapes(model, [(i, i + 1) for i in range(model.num_layers)], input_dtype)
+        schedules = harmony_pp(config)
+        self.actions = schedules[rank]
+        self.eval_actions = evaluation_actions(self.actions, config)
+        # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL)
+        executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes,
+                                   build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter))
+        executor.connect(schedules)
+        self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
+                                    self._global_sums)
+        # what the trainer and checkpoints read from an engine
+        self.stage = SimpleNamespace(stats=StashStats(), chunks=list(modules.values()))
+        self.virtual_stages: list[int] = []
+        self.comm, self.tp = None, None
+        self.parts = SimpleNamespace(scaler=None)
+
+    def _global_sums(self, *values: float) -> list[float]:
+        totals = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(totals)
+        return totals.tolist()
+
+    @property
+    def weight_versions(self) -> int:
+        return 1
+
+    @property
+    def last_losses(self) -> dict[int, float]:
+        return {}
+
+    def _on_device(self, batches: dict[int, Any]) -> dict[int, Any]:
+        if self.device.type == "cpu":
+            return batches
+        return {k: (to_device(x, self.device), to_device(y, self.device)) for k, (x, y) in batches.items()}
+
+    def train_step(self, batches: dict[int, Any], grad_norm: bool = True) -> StepResult:
+        for module in self.stage.chunks:
+            module.train()
+        return self.runner.run_step(self._on_device(batches), grad_norm)
+
+    def evaluate(self, batches: dict[int, Any]) -> float:
+        for module in self.stage.chunks:
+            module.eval()
+        return self.runner.evaluate(self.eval_actions, self._on_device(batches))
+
+    def drain(self) -> None:
+        return None
+
+    def resume_at(self, step: int) -> None:
+        self.runner.resume_at(step)
+
+    def memory_report(self) -> dict[str, Any]:
+        """summary.json's per-rank record: the budget, the peak of managed resident bytes, and the
+        bytes moved per tensor class and direction in the last training step and in the run."""
+        return {"device_budget_bytes": self.tier.budget_bytes,
+                "peak_resident_bytes": self.tier.peak_resident_bytes,
+                "swap_bytes_last_step": self.runner.last_step_swaps.as_dict(),
+                "swap_bytes_total": self.tier.counters.as_dict()}
+
+    def host_parameters(self) -> dict[str, torch.Tensor]:
+        """``{"<layer>.<name>": tensor}`` of the layers this rank owns, as the host tier holds them."""
+        return self.state.parameters_by_name()

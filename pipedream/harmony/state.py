@@ -1,0 +1,115 @@
+"""Where harmony_pp keeps the model state, and how a pack's state comes onto a device and leaves.
+
+Every layer's fp32 weights live once, in a host tier in shared memory that every rank of the
+server maps (``offload.HostTier`` with a folder under /dev/shm): any rank can swap in any pack,
+and the rank that updates a layer writes its new weights there in place, so no weights travel
+between ranks. A layer's gradients and optimizer state belong to its owner, the rank that runs
+its backward (and update): gradients go to the owner's host tier as a backward group ends,
+the optimizer (torch's, over parameters that alias the host weights) steps there, and its state
+never moves. The modules a rank builds keep empty parameters except while their pack is on the
+device (``swap_in`` points them at the device copies).
+"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import torch
+from torch import nn
+
+from pipedream.errors import InvariantError
+from pipedream.offload import DeviceTier, HostTier, TensorClass
+
+_EMPTY = torch.empty(0)
+
+
+def weight_key(layer: int, name: str) -> tuple:
+    return ("w", layer, name)
+
+
+def grad_key(layer: int, name: str) -> tuple:
+    return ("g", layer, name)
+
+
+class PackState:
+    """This rank's layers (``modules``: layer -> module, built from the per-layer seeds) over the
+    shared host tier ``host`` and the device tier ``device``. ``owned``: the layers it updates."""
+
+    def __init__(self, modules: dict[int, nn.Module], owned: set[int], host: HostTier, device: DeviceTier,
+                 barrier: Callable[[], None]):
+        self.modules, self.owned, self.host, self.device = modules, owned, host, device
+        self.params = {layer: list(module.named_parameters()) for layer, module in modules.items()}
+        for layer in sorted(owned):   # the owner publishes the initial weights ...
+            for name, param in self.params[layer]:
+                host.put(weight_key(layer, name), param.detach())
+        barrier()
+        for layer, named in self.params.items():   # ... every other user maps them
+            if layer not in owned:
+                for name, param in named:
+                    host.allocate(weight_key(layer, name), param.shape, param.dtype, create=False)
+        barrier()
+        for layer, named in self.params.items():
+            for name, param in named:
+                if layer in owned:
+                    host.unlink(weight_key(layer, name))   # mapped everywhere: the file can go
+                param.data = _EMPTY
+        self.host_params = {(layer, name): nn.Parameter(host.get(weight_key(layer, name)), requires_grad=False)
+                            for layer in sorted(owned) for name, _ in self.params[layer]}
+
+    def weight_bytes(self, layers: Iterable[int]) -> int:
+        return sum(p.numel() * p.element_size() for layer in layers for _, p in self._named_host(layer))
+
+    def _named_host(self, layer: int) -> list[tuple[str, torch.Tensor]]:
+        return [(name, self.host.get(weight_key(layer, name))) for name, _ in self.params[layer]]
+
+    def prefetch(self, layers: Iterable[int]) -> None:
+        for layer in layers:
+            for name, _ in self.params[layer]:
+                self.device.prefetch(weight_key(layer, name), TensorClass.WEIGHTS)
+
+    def swap_in(self, layers: Iterable[int], grads: str | None = None) -> None:
+        """The pack's weights onto the device; ``grads``: "zero" (a backward task's first group)
+        or "host" (a later group continues the sum) gives every parameter a device gradient."""
+        for layer in layers:
+            for name, param in self.params[layer]:
+                param.data = self.device.swap_in(weight_key(layer, name), TensorClass.WEIGHTS)
+                if grads == "zero":
+                    param.grad = self.device.allocate(grad_key(layer, name), param.shape, param.dtype,
+                                                      TensorClass.GRADIENTS)
+                elif grads == "host":
+                    param.grad = self.device.swap_in(grad_key(layer, name), TensorClass.GRADIENTS)
+
+    def swap_out(self, layers: Iterable[int], grads: bool) -> None:
+        """The pack leaves the device: weights are dropped (the host copy is current); with
+        ``grads`` the accumulated gradients are written to the host tier first."""
+        for layer in layers:
+            for name, param in self.params[layer]:
+                if grads:
+                    key = grad_key(layer, name)
+                    if param.grad is not self.device.get(key):
+                        raise InvariantError(f"layer {layer} {name}: autograd replaced the gradient buffer")
+                    created = key not in self.host
+                    self.device.swap_out(key)
+                    if created:
+                        self.host.unlink(key)   # only this rank reads it: no file needed
+                    param.grad = None
+                param.data = _EMPTY
+                self.device.swap_out(weight_key(layer, name), write_back=False)
+
+    def update(self, layers: Iterable[int], optimizer: torch.optim.Optimizer) -> None:
+        """The optimizer step of ``layers`` on the host tier (their gradients are there); the other
+        parameters have no gradient, so the step leaves them alone."""
+        stepped = []
+        for layer in layers:
+            if layer not in self.owned:
+                raise InvariantError(f"layer {layer} is updated on a rank that does not own it")
+            for name, _ in self.params[layer]:
+                host_param = self.host_params[(layer, name)]
+                host_param.grad = self.host.get(grad_key(layer, name))
+                stepped.append(host_param)
+        optimizer.step()
+        for host_param in stepped:
+            host_param.grad = None
+
+    def parameters_by_name(self) -> dict[str, torch.Tensor]:
+        """``{"<layer>.<name>": tensor}`` of the layers this rank owns (host copies)."""
+        return {f"{layer}.{name}": p.detach() for (layer, name), p in self.host_params.items()}

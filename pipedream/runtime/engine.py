@@ -1,0 +1,176 @@
+"""One rank's share of a pipeline: builds its stage, optimizer, gradient sync and communication
+from a RunSpec, picks the runner of the schedule once (``runner_class``: flush or
+asynchronous), and runs training steps and evaluation through it."""
+from __future__ import annotations
+
+from contextlib import nullcontext
+from datetime import timedelta
+from functools import partial
+
+import torch
+from torch import nn
+
+from models.spec import LayerModel, PipelineSequential
+
+from pipedream.numerics.apex import use_apex_layer_norm
+from pipedream.runtime.comm import PipeComm
+from pipedream.runtime.executor import Batch, Executor
+from models.grad_accumulation import fuse_grad_accumulation
+from pipedream.runtime.groups import ProcessGroups, layer_owner
+from pipedream.numerics.loss_scaler import LossScaler
+from pipedream.multi_model.budget import prepare_fused_stage
+from pipedream.multi_model.fused import FusedLayerModel
+from pipedream.multi_model.training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
+from pipedream.numerics.precision import MixedPrecision
+from pipedream.numerics.optim import GradientSync, TiedCopy, build_optimizer, build_scheduler
+from pipedream.config.run_spec import RunSpec
+from pipedream.runtime.async_runner import AsyncRunner
+from models.boundary import dtypes
+from pipedream.runtime.runner import FlushRunner, RankParts, Runner, StepResult
+from pipedream.schedules import ASYNC_SCHEDULES, Action
+from pipedream.schedules.forward_only import forward_only
+from pipedream.runtime.shapes import BoundaryShapes
+from pipedream.config.specs import OptimSpec, TrainSpec
+from pipedream.runtime.stage import Stage
+from models.tensor_parallel import TensorParallel
+
+__all__ = ["PipelineEngine", "StepResult", "runner_class"]
+
+
+def runner_class(schedule: str) -> type[FlushRunner] | type[AsyncRunner]:
+    return AsyncRunner if schedule in ASYNC_SCHEDULES else FlushRunner
+
+
+class PipelineEngine:
+    def __init__(self, spec: RunSpec, model: LayerModel, rank: int, device: torch.device,
+                 groups: ProcessGroups, optim: OptimSpec, train: TrainSpec, timeout: timedelta, recorder=None,
+                 tp: TensorParallel | None = None, shape_model: LayerModel | None = None):
+        """``model`` is this rank's tensor-parallel slice when ``tp`` is given; ``shape_model`` (the
+        dense description) then serves shape inference, since boundary tensors are dense."""
+        self.spec, self.model, self.rank, self.device = spec, model, rank, device
+        self.tp = tp
+        multi = model if isinstance(model, FusedLayerModel) else None   # a fused model set (multi_model/)
+        layout = spec.layout
+        self.coords = layout.coords(rank)
+        self.virtual_stages = [layout.virtual_stage(self.coords.pp, c) for c in range(layout.vpp)]
+        my_layers = [i for vs in self.virtual_stages for i in range(*spec.bounds[vs])]
+        built = model.build(my_layers)
+        for module in built.values():
+            module.to(device)
+        precision = MixedPrecision(spec.precision.name, device.type)
+        precision.apply(list(built.values()))
+        if optim.impl == "apex":
+            for module in built.values():
+                use_apex_layer_norm(module)
+        chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
+        last = layout.num_virtual_stages - 1
+        self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
+                           precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
+                           autocast=precision.autocast if precision.enabled else nullcontext)
+        if train.fuse_grad_accumulation and multi is None:   # fused layers run their Linears under vmap
+            for chunk in chunks:
+                fuse_grad_accumulation(chunk, self.stage.weight_grads)
+        self.params = self.stage.parameters()
+        self.topology = layout.replicated()
+        schedule_rank = rank if layout.stage_replicas else self.coords.pp
+        runner = runner_class(spec.schedule)
+        self.optimizer = build_multi_optimizer(optim, self.params, multi.settings) if multi else \
+            build_optimizer(optim, self.params, float(train.lr))
+        self.scheduler = build_scheduler(self.optimizer, train, runner.updates_per_step(spec, self.topology,
+                                                                                         schedule_rank))
+        norm_group = groups.pp if layout.pp > 1 and runner.global_grad_norm else None
+        sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
+        self.gradients = sync(self.params, groups.dp, layout.stage_replica_count(self.coords.pp),
+                                      self._tied_copies(built, groups), norm_group,
+                                      tp_group=groups.tp if layout.tp > 1 else None)
+        self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
+                                                      layout.chunk_placement)[self.coords.pp])
+        input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
+        self.boundaries = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
+        self.comm = None
+        parts = RankParts(spec, train, self.stage, self.params, None, self.optimizer, self.scheduler, self.gradients,
+                          self.topology, schedule_rank, self.coords.pp, device, recorder=recorder,
+                          scaler=LossScaler(spec.precision.loss_scale, device) if spec.precision.loss_scale else None)
+        if layout.pp > 1:
+            shape_of = parts.shapes.of
+            self.comm = PipeComm(layout, rank, device, timeout, groups.p2p,
+                                 input_spec=lambda mb, c: precision.on_wire(
+                                     self.boundaries.stage_input(shape_of(mb), self.virtual_stages[c])),
+                                 output_spec=lambda mb, c: precision.on_wire(
+                                     self.boundaries.stage_output(shape_of(mb), self.virtual_stages[c])),
+                                 tp=tp, scatter_gather=spec.scatter_gather)
+            self.comm.connect()
+            parts.comm = self.comm
+        self.parts = parts
+        self._chunks_training = False
+        self.runner: Runner = MultiModelRunner(parts, multi) if multi else runner(parts)
+        self.fused_stage = prepare_fused_stage(self, multi.settings) if multi else None
+
+    @property
+    def executor(self) -> Executor:
+        """The runner's executor (``executor.step`` is the optimizer update)."""
+        return self.runner.executor
+
+    @property
+    def weight_versions(self) -> int:
+        """Peak weight versions this rank has held (1 for the flush schedules)."""
+        return self.runner.weight_versions
+
+    @property
+    def last_losses(self) -> dict[int, float]:
+        """Asynchronous schedules: micro-batch -> loss, of the last window (last stage)."""
+        return self.runner.last_losses
+
+    def train_step(self, batches: dict[int, Batch], grad_norm: bool = True) -> StepResult:
+        """One iteration over this rank's micro-batches; returns the global mean loss (for the
+        asynchronous schedules: of the micro-batches that completed in this step's window).
+        ``grad_norm=False`` lets a flush schedule skip the gradient norm when it does not clip
+        (every rank must pass the same value)."""
+        if not self._chunks_training:   # once, and again after an evaluation (a Python call per module)
+            for model_chunk in self.stage.chunks:
+                model_chunk.train()
+            self._chunks_training = True
+        return self.runner.run_step(batches, grad_norm)
+
+    def drain(self) -> StepResult | None:
+        """Finishes every admitted micro-batch (before a checkpoint, or at the end). None for flush
+        schedules, which never leave work."""
+        return self.runner.drain()
+
+    def resume_at(self, step: int) -> None:
+        """A run restored from a checkpoint taken after ``drain`` continues at ``step``."""
+        self.runner.resume_at(step)
+
+    def evaluate(self, batches: dict[int, Batch]) -> float:
+        """With an asynchronous run in flight, evaluates the newest weights of every stage (the
+        in-flight micro-batches keep their own versions and resume at the next step)."""
+        for model_chunk in self.stage.chunks:
+            model_chunk.eval()
+        self._chunks_training = False
+        parked = self.comm.park() if self.comm is not None else None   # receives posted for training
+        with self.parts.shapes.evaluating(batches):
+            result = self.executor.run(self.eval_actions, self.parts.to_device(batches), loss_scale=1.0, train=False)
+        if parked is not None:
+            self.comm.unpark(parked)
+        loss_sum, count = self.parts.global_sums(result.loss_sum, float(result.loss_count))
+        return loss_sum / count
+
+    def _routed(self, actions: list[Action]) -> list[Action]:
+        """With stage replicas, a rank runs only the micro-batches routed to it."""
+        if not self.spec.layout.stage_replicas:
+            return actions
+        replicas = self.topology.replicas[self.coords.pp]
+        replica = self.topology.replica_of(self.rank)
+        return [a for a in actions if a.microbatch % replicas == replica]
+
+    def _tied_copies(self, built: dict[int, nn.Module], groups: ProcessGroups) -> list[TiedCopy]:
+        copies = []
+        for group_spec, process_group in zip(self.model.tied, groups.tied):
+            if process_group is None:
+                continue
+            owner_layer = group_spec[0][0]
+            mine = [(layer, name) for layer, name in group_spec if layer in built]
+            layer, name = mine[0]
+            owner = layer_owner(self.spec.layout, list(self.spec.bounds), owner_layer) == self.coords.pp
+            copies.append(TiedCopy(built[layer].get_parameter(name), process_group, owner))
+        return copies

@@ -1,0 +1,90 @@
+"""Process groups for a layout: a DeviceMesh over (pp, dp, tp), the groups that join stages
+holding copies of a tied parameter, and two groups for point-to-point messages (one per
+direction). With ``stage_replicas`` (1F1B-RR) there is no grid: ``dp`` is the group of this rank's
+stage replicas, which all-reduce gradients before each update."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from models.spec import LayerModel
+
+from pipedream.config.layout import ParallelLayout
+
+
+@dataclass(frozen=True)
+class DirectedGroups:
+    """Point-to-point messages travel on two groups of every rank: one carries each message to a
+    higher rank, the other each message to a lower one. NCCL runs the calls between two ranks of
+    one group in order on one stream, and a send may wait for its receive; with both directions on
+    one stream, a receive posted ahead of the send its peer waits for hangs both ranks
+    (``stream_model`` shows it for every schedule). One direction per group cannot."""
+
+    to_higher: dist.ProcessGroup
+    to_lower: dist.ProcessGroup
+
+    def carrying(self, src: int, dst: int) -> dist.ProcessGroup:
+        return self.to_higher if src < dst else self.to_lower
+
+
+@dataclass
+class ProcessGroups:
+    mesh: DeviceMesh | None                # None with stage_replicas (no grid)
+    pp: dist.ProcessGroup
+    dp: dist.ProcessGroup                  # replicas of this rank's stage
+    tp: dist.ProcessGroup | None
+    tied: list[dist.ProcessGroup | None]   # per model.tied group: mine, or None if not split
+    p2p: DirectedGroups | None = None      # None when pp = 1
+
+
+def build_p2p_groups(layout: ParallelLayout) -> DirectedGroups | None:
+    """Every rank calls this (new_group is collective), in the same order."""
+    if layout.pp == 1:
+        return None
+    return DirectedGroups(to_higher=dist.new_group(), to_lower=dist.new_group())
+
+
+def layer_owner(layout: ParallelLayout, bounds: list[tuple[int, int]], layer: int) -> int:
+    """The pipeline rank that holds ``layer``."""
+    for virtual_stage, (start, end) in enumerate(bounds):
+        if start <= layer < end:
+            return layout.stage_of(virtual_stage)[0]
+    raise ValueError(f"layer {layer} is in no stage")
+
+
+def build_replicated_groups(layout: ParallelLayout, rank: int, model: LayerModel) -> ProcessGroups:
+    """Stage-replica groups for 1F1B-RR; every rank creates every group, in order, as new_group requires.
+    Tied parameters across stages are rejected for the asynchronous schedules (run_spec)."""
+    topology = layout.replicated()
+    mine = None
+    for stage in range(topology.pp):
+        created = dist.new_group(list(topology.ranks(stage)))
+        if stage == topology.stage_of(rank):
+            mine = created
+    return ProcessGroups(mesh=None, pp=dist.group.WORLD, dp=mine, tp=None, tied=[None] * len(model.tied),
+                         p2p=build_p2p_groups(layout))
+
+
+def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: LayerModel,
+                 bounds: list[tuple[int, int]]) -> ProcessGroups:
+    if layout.stage_replicas:
+        return build_replicated_groups(layout, rank, model)
+    mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp"))
+    me = layout.coords(rank)
+    tied: list[dist.ProcessGroup | None] = []
+    for group in model.tied:
+        pp_ranks = sorted({layer_owner(layout, bounds, layer) for layer, _ in group})
+        mine = None
+        if len(pp_ranks) > 1:
+            # every rank creates every group, in the same order, as new_group requires
+            for dp_rank in range(layout.dp):
+                for tp_rank in range(layout.tp):
+                    ranks = [layout.rank_of(p, dp_rank, tp_rank) for p in pp_ranks]
+                    created = dist.new_group(ranks)
+                    if (me.dp, me.tp) == (dp_rank, tp_rank) and me.pp in pp_ranks:
+                        mine = created
+        tied.append(mine)
+    return ProcessGroups(mesh=mesh, pp=mesh.get_group("pp"), dp=mesh.get_group("dp"), tp=mesh.get_group("tp"),
+                         tied=tied, p2p=build_p2p_groups(layout))

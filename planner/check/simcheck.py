@@ -1,0 +1,111 @@
+"""Check a chosen plan with the runtime's schedule simulator (``pipedream.schedules.simulate``): the same
+action lists the executor runs, timed with the planner's per-chunk costs. Kept in one small
+module so a change of the simulator's interface touches only ``_simulate``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costs import closed_form as cost
+from planner.costs import zero_bubble
+from planner.costs.uniform import RankStats
+
+MAX_SIMULATED_MICROBATCHES = 6000  # p * m * v beyond this is simulated at a smaller m (at least p)
+
+
+@dataclass(frozen=True)
+class SimCheck:
+    ran: bool
+    note: str
+    microbatches: int = 0  # m the simulation used (per step)
+    bubble_simulated: float = 0.0
+    bubble_formula: float = 0.0
+    peak_in_flight: tuple[int, ...] = ()
+    peak_in_flight_formula: tuple[int, ...] = ()
+    steps: int = 1  # asynchronous schedules are simulated over several steps (no flush between them)
+    per_input_simulated: float = 0.0  # pipedream: steady-state seconds per input, simulated ...
+    per_input_predicted: float = 0.0  # ... and the DP's
+
+    def to_json(self) -> dict:
+        return {"ran": self.ran, "note": self.note, "microbatches": self.microbatches, "steps": self.steps,
+                "bubble_simulated": self.bubble_simulated, "bubble_formula": self.bubble_formula,
+                "peak_in_flight": list(self.peak_in_flight),
+                "peak_in_flight_formula": list(self.peak_in_flight_formula),
+                "per_input_simulated_s": self.per_input_simulated, "per_input_predicted_s": self.per_input_predicted}
+
+
+ASYNC_STEPS = 3
+
+
+def _simulate(schedule: str, p: int, m: int, v: int, costs: dict, steps: int = 1, replicas: tuple[int, ...] = ()):
+    """The one place that calls the runtime's simulator; returns its SimResult."""
+    from pipedream.schedules import build_schedule, schedule_placement
+    from pipedream.schedules.simulate import Costs, simulate
+
+    if schedule in zero_bubble.SCHEDULES:
+        placement = schedule_placement(schedule, p, v)
+        return simulate(build_schedule(schedule, p, m, v), Costs(**zero_bubble.chunk_costs(costs, placement.vpp)),
+                        vpp=placement.vpp, peer=placement.peer, needs=placement.needs)
+    costs = Costs(**costs)
+    if replicas and any(r > 1 for r in replicas):
+        from pipedream.schedules import ReplicatedPipeline, pipedream_replicated
+
+        topo = ReplicatedPipeline(tuple(replicas))
+        return simulate(pipedream_replicated(topo.replicas, m, steps), costs, peer=topo.peer, needs=topo.needs,
+                        sync_groups=topo.sync_group)
+    if schedule in ("pipedream", "2bw"):
+        return simulate(build_schedule(schedule, p, m, v, steps), costs, vpp=v)
+    return simulate(build_schedule(schedule, p, m, v), costs, vpp=v)
+
+
+def available_schedules() -> tuple[str, ...]:
+    """Schedules the simulator knows (the zero-bubble ones included, which training cannot run yet)."""
+    try:
+        from pipedream.schedules import all_schedules
+    except ImportError:
+        return ()
+    return tuple(all_schedules())
+
+
+def _run(schedule: str, p: int, m: int, v: int, m_sim: int, costs: dict, formula: float, flight: list[int],
+         steps: int, replicas: tuple[int, ...] = ()) -> SimCheck:
+    try:
+        result = _simulate(schedule, p, m_sim, v, costs, steps, replicas)
+    except Exception as err:  # noqa: BLE001 - report, never crash the dry run
+        return SimCheck(False, f"simulator check failed: {type(err).__name__}: {err}")
+    scaled = f" (m = {m_sim} instead of {m}, to stay interactive)" if m_sim != m else ""
+    over = f" over {steps} steps" if steps > 1 else ""
+    return SimCheck(True, f"simulated {schedule} with p={p}, m={m_sim}, v={v}{over}{scaled}", m_sim,
+                    float(result.bubble_fraction), formula, tuple(int(x) for x in result.peak_in_flight),
+                    tuple(flight), steps)
+
+
+def check_uniform(schedule: str, stats: RankStats, row: int, m: int, bandwidth: float, latency: float) -> SimCheck:
+    """Simulate one pipeline of an equi-replicated plan at micro-batch row ``row`` of ``stats``.
+
+    Flush schedules: one iteration, against (p-1)/m or (p-1)/(v m). 2BW: a few steps without flushes,
+    against the run's one fill and drain, (p-1)/(m steps); its steady state has no bubble.
+    """
+    p, v = stats.p, stats.v
+    if schedule not in available_schedules():
+        return SimCheck(False, f"simulator check skipped: schedule {schedule!r} is not in pipedream.schedules yet")
+    steps = ASYNC_STEPS if schedule in cost.ASYNC_SCHEDULES else 1
+    m_sim = m
+    if p * m * v * steps > MAX_SIMULATED_MICROBATCHES:
+        step = p if schedule in ("interleaved", "2bw") else 1
+        m_sim = max(p, (MAX_SIMULATED_MICROBATCHES // (p * v * steps)) // step * step)
+    costs = dict(
+        forward={(r, c): float(stats.chunk_forward[row, c, r]) for r in range(p) for c in range(v)},
+        backward={(r, c): float(stats.chunk_backward[row, c, r]) for r in range(p) for c in range(v)},
+        act_bytes={(r, c): float(stats.boundary_bytes[row, c, r]) / stats.t for r in range(p) for c in range(v)},
+        latency=latency, bandwidth=bandwidth)
+    costs["grad_bytes"] = costs["act_bytes"]
+    if schedule == "2bw":
+        formula = (p - 1) / (m_sim * steps)
+    else:
+        formula = float(cost.bubble_fraction(schedule, p, m_sim, v))
+    counted = v * zero_bubble.CHUNKS.get(schedule, 1)   # the simulator counts (micro-batch, chunk) pairs
+    flight = [int(np.ceil(cost.in_flight(schedule, p, r, m_sim, v) * counted - 1e-9)) for r in range(p)]
+    return _run(schedule, p, m, v, m_sim, costs, formula, flight, steps)

@@ -1,0 +1,188 @@
+"""Cost of equi-replicated pipelines (PTD-P, 2BW): p ranks x v chunks with equal block counts, each
+replicated d times and split t ways. Shared by the searches (vectorised over micro-batch sizes) and
+by the brute-force checks (one configuration at a time), so both read the same numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.costs import closed_form as cost
+from planner.inputs.cluster_sheet import optimizer_seconds
+from planner.costs.collectives import allreduce_time
+from planner.inputs.hardware import Cluster
+from planner.inputs.profile import Profile
+from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, messages_per_microbatch
+
+
+def even_boundaries(profile: Profile, parts: int) -> np.ndarray | None:
+    """Layer boundaries of ``parts`` virtual stages with equal numbers of blocks (ch. 4.2.2, 3.2.3).
+
+    Layers before the first block (embedding) join the first stage, layers after the last (head) the
+    last one. Models without blocks split all their layers evenly. None if the count does not divide.
+    """
+    kinds = [layer.kind for layer in profile.layers]
+    units = [i for i, kind in enumerate(kinds) if kind == "block"] or list(range(len(kinds)))
+    if parts < 1 or len(units) % parts:
+        return None
+    per = len(units) // parts
+    return np.array([0] + [units[q * per] for q in range(1, parts)] + [len(kinds)], dtype=int)
+
+
+def _prefix(values: np.ndarray) -> np.ndarray:
+    zeros = np.zeros(values.shape[:-1] + (1,))
+    return np.concatenate([zeros, np.cumsum(values, axis=-1)], axis=-1)
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """Per micro-batch size (rows) and pipeline rank (columns), for one (t, p, v, recompute)."""
+
+    micro_batches: np.ndarray  # (nb,)
+    p: int
+    v: int
+    t: int
+    recompute: bool
+    forward: np.ndarray  # (nb, p) seconds of FWD per micro-batch (all chunks of the rank)
+    backward: np.ndarray  # (nb, p) seconds of BWD, including the recomputed forward
+    tp_comm: np.ndarray  # (nb, p) seconds of tensor-parallel all-reduces per micro-batch
+    p2p_comm: np.ndarray  # (nb, p) seconds of sends (activations and gradients) per micro-batch
+    param_bytes: np.ndarray  # (p,)
+    optimizer_bytes: np.ndarray  # (p,)
+    activation_bytes: np.ndarray  # (nb, p) kept per in-flight micro-batch
+    working_bytes: np.ndarray  # (nb,) recompute working set
+    chunk_forward: np.ndarray  # (nb, v, p) per chunk, for the simulator
+    chunk_backward: np.ndarray
+    boundary_bytes: np.ndarray  # (nb, v, p) output bytes each chunk sends on (0 for the last)
+    messages: np.ndarray | None = None  # (p,) sends and receives each rank posts per micro-batch
+    p2p_latency: float = 0.0  # the part of p2p_comm that is the messages' latency (2 v per micro-batch)
+
+    @property
+    def compute(self) -> np.ndarray:
+        return self.forward + self.backward
+
+    @property
+    def per_microbatch(self) -> np.ndarray:
+        return self.compute + self.tp_comm + self.p2p_comm
+
+
+def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: int, recompute: bool,
+               micro_batches: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None) -> RankStats | None:
+    """Sum the profile's layers per rank for the even split; None if the blocks do not divide."""
+    bounds = even_boundaries(profile, p * v)
+    if bounds is None:
+        return None
+    bs = np.asarray(micro_batches, dtype=float)
+    fwd, bwd = times if times is not None else profile.times_many(bs)
+    col = profile.arrays
+    rec = col["recomputable"]
+
+    def chunks(values: np.ndarray) -> np.ndarray:  # (..., N) -> (..., v, p) sums per virtual stage
+        pre = _prefix(values)
+        per = pre[..., bounds[1:]] - pre[..., bounds[:-1]]
+        return per.reshape(per.shape[:-1] + (v, p))
+
+    def ranks(values: np.ndarray) -> np.ndarray:
+        return chunks(values).sum(axis=-2)
+
+    c_fwd, c_bwd = chunks(fwd), chunks(bwd)
+    if recompute:
+        c_bwd = c_bwd + chunks(fwd * rec)  # the forward again before the backward (ch. 3.3.1)
+    tp_bytes = col["tp_forward_bytes"] + col["tp_backward_bytes"] + (col["tp_forward_bytes"] * rec if recompute else 0)
+    tp_bw = cluster.bandwidth_for_span(t)
+    tp_comm = np.outer(bs, ranks(tp_bytes)) / tp_bw if t > 1 else np.zeros((len(bs), p))
+
+    # Each chunk sends its output forward and its input gradient backward (ch. 4.2.2, 4.3.2).
+    out_bytes = col["output_bytes"][bounds[1:] - 1].reshape(v, p).copy()
+    out_bytes[-1, -1] = 0.0  # the last virtual stage sends nothing on
+    in_bytes = np.concatenate([[0.0], col["output_bytes"][bounds[1:-1] - 1]]).reshape(v, p)
+    sent = (out_bytes + in_bytes).sum(axis=0)  # per sample, per rank
+    level = cluster.level_for_span(p * t * d)
+    if p > 1:
+        per_device = sent / t  # scatter/gather: b s h / t per device across nodes (ch. 4.4.1)
+        gather = sent * (t - 1) / t / tp_bw if t > 1 else 0.0  # all-gather over the tensor-parallel group
+        messages = 2 * v
+        p2p = np.outer(bs, per_device / level.bandwidth + gather) + messages * level.latency
+    else:
+        p2p = np.zeros((len(bs), p))
+
+    kept = np.where(rec, col["activation_bytes_recompute"], col["activation_bytes"]) if recompute \
+        else col["activation_bytes"]
+    working = (col["activation_bytes"][rec].max() if recompute and rec.any() else 0.0) * bs
+    return RankStats(
+        micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
+        forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
+        param_bytes=ranks(col["parameter_bytes"]), optimizer_bytes=ranks(col["optimizer_bytes"]),
+        activation_bytes=np.outer(bs, ranks(kept)), working_bytes=working,
+        chunk_forward=c_fwd, chunk_backward=c_bwd,
+        boundary_bytes=np.multiply.outer(bs, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
+        p2p_latency=2 * v * level.latency if p > 1 else 0.0)
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """One value per micro-batch size of a RankStats (arrays (nb,)); ``valid`` marks usable rows."""
+
+    valid: np.ndarray
+    microbatches: np.ndarray  # m per pipeline
+    iteration_time: np.ndarray
+    memory: np.ndarray  # max over ranks, bytes per device
+    bubble: np.ndarray
+    compute: np.ndarray  # seconds per iteration of each part, at the slowest rank
+    tp_comm: np.ndarray
+    p2p_comm: np.ndarray
+    bubble_time: np.ndarray
+    dp_comm: np.ndarray
+
+
+def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_batch: int,
+             workspace: float, runtime: RuntimeCosts = NO_RUNTIME_COSTS) -> Estimates:
+    """Iteration time and peak memory for every micro-batch size of ``stats`` under ``schedule``;
+    ``runtime`` adds what the calibrated runtime spends per action, message and step beyond the layers."""
+    bs, p, v = stats.micro_batches, stats.p, stats.v
+    per_pipeline = global_batch / d
+    m = per_pipeline / bs
+    valid = (np.abs(m - np.round(m)) < 1e-9) & (m >= 1)
+    m = np.where(valid, np.round(m), 1.0)
+    if schedule == "interleaved":
+        valid &= (m % p == 0) & (v > 1)  # Megatron's interleaved schedule needs m divisible by p
+    elif v != 1:
+        valid &= False
+    if schedule == "2bw":
+        valid &= m >= p  # a new weight version every m >= p micro-batches (ch. 3.2.1)
+
+    overheads = runtime.for_schedule(schedule)
+    messages = stats.messages if stats.messages is not None else np.zeros(p)
+    runtime_per_mb = overheads.per_microbatch(2.0 * v, messages)  # (p,): a FWD and a BWD per chunk
+    # measured runtime costs (planner.costs.runtime_costs): the layers at their traced pace, and a message
+    # costs its traced send or receive, which holds its transfer (no fitted latency on top)
+    compute = stats.compute * overheads.layer_time_ratio
+    p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)
+    per_mb = compute + stats.tp_comm + p2p + runtime_per_mb[None, :]  # (nb, p)
+    slow = per_mb.argmax(axis=1)
+    rows = np.arange(len(bs))
+    stage_time = per_mb[rows, slow]
+    grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
+    update = float(optimizer_seconds(cluster, stats.param_bytes).max()) + overheads.step_s  # 0 unless measured
+    if schedule == "2bw":
+        # ch. 3.3.3 THROUGHPUT(.): a micro-batch every max_i max(comp_i + comm_i, allreduce_i / m) seconds
+        every = np.maximum(stage_time, grad_sync / m)
+        iteration = every * m + update
+        bubble = np.zeros_like(bs)
+        dp_comm = iteration - stage_time * m
+        bubble_time = np.zeros_like(bs)
+    else:
+        bubble = cost.bubble_fraction(schedule, p, m, v)
+        iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync + update
+        bubble_time = stage_time * m * bubble
+        dp_comm = np.full_like(bs, grad_sync + update)  # the optimizer step counted with the gradient sync
+
+    stage_idx = np.arange(p)[None, :]
+    flight = cost.in_flight(schedule, p, stage_idx, m[:, None], v)
+    versions = cost.weight_versions(schedule)
+    memory = cost.device_memory(stats.param_bytes[None, :], stats.optimizer_bytes[None, :], versions,
+                                stats.activation_bytes, flight, stats.working_bytes[:, None], workspace).max(axis=1)
+    memory = memory + runtime.process_bytes
+    return Estimates(valid, m, iteration, memory, bubble, (compute[rows, slow] + runtime_per_mb[slow]) * m,
+                     stats.tp_comm[rows, slow] * m, p2p[rows, slow] * m, bubble_time, dp_comm)

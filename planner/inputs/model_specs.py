@@ -1,0 +1,221 @@
+"""Analytic model descriptions: per-layer FLOPs, parameters and activation sizes, for models far too
+large to build (the GPT family of Table 4.1, GPT-3, BERT-Large) and the CNNs PipeDream evaluated.
+
+A model is an ordered list of partitionable layers (the same granularity as ``models.LayerModel``:
+embedding, one entry per transformer block, head). ``layer_specs(tp)`` gives the per-device costs
+at tensor-parallel degree ``tp``, per sample (one sequence or one image). Whole-model totals of the
+trainable families (parameters, FLOPs per sample) come from ``models.facts``, as the runtime's do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from models.facts import flops_per_sample, mlp_parameters, option, parameter_count
+from models.formulas import mlp_block_forward_flops
+from models.vision_facts import VISION_MODELS, VisionLayer, vision_layers
+
+from planner.errors import PlannerError
+
+PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class ParameterBytes:
+    """Bytes per parameter at a precision, as the planner's memory model counts them: Megatron's
+    mixed-precision scheme (ZeRO's accounting, Rajbhandari et al. 2020), which the paper presets
+    were calibrated with. The runtime's scheme (autocast over fp32 parameters) holds 18 in total
+    and keeps weight versions in fp32 (docs/design.md, Mixed precision)."""
+
+    weights: float        # per weight version, in the compute dtype
+    gradients: float      # as large as the weights
+    master: float         # fp32 master copy (mixed precision only)
+    optimizer: float      # Adam's m and v, fp32
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.master + self.optimizer
+
+
+def parameter_bytes(precision: str) -> ParameterBytes:
+    """fp32: 4 + 4 + 0 + 8; bf16/fp16: 2 + 2 + 4 + 8; 16 bytes per parameter either way."""
+    e = float(PRECISION_BYTES[precision])
+    return ParameterBytes(weights=e, gradients=e, master=4.0 if e < 4 else 0.0, optimizer=8.0)
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """Per device and per sample. ``gemm_flops`` sizes the layer's typical GEMM (for efficiency)."""
+
+    name: str
+    kind: str  # embedding | block | head | layer
+    forward_flops: float
+    gemm_flops: float
+    memory_traffic_bytes: float
+    parameters: float
+    output_bytes: float
+    activation_bytes: float
+    activation_bytes_recompute: float
+    tp_forward_bytes: float = 0.0  # bytes each device sends in tensor-parallel all-reduces, forward
+    tp_backward_bytes: float = 0.0
+    recomputable: bool = True
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    """GPT (decoder, causal) or BERT (encoder) with Megatron's tensor-parallel layout (ch. 4.2.3)."""
+
+    name: str
+    family: str  # gpt | bert
+    num_layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    vocab: int
+    precision: str = "bf16"
+    tie_embeddings: bool = True
+    pre_ln: bool = False  # BERT only: pre-LayerNorm blocks add a final LayerNorm
+
+    @property
+    def max_tp(self) -> int:
+        return self.heads
+
+    @property
+    def model_cfg(self) -> dict[str, Any]:
+        """The ``conf/model`` keys this spec stands for, as ``models.facts`` reads them."""
+        return {"name": self.family, "num_layers": self.num_layers, "hidden_size": self.hidden,
+                "num_heads": self.heads, "seq_len": self.seq_len, "vocab_size": self.vocab,
+                "tie_embeddings": self.tie_embeddings, "pre_ln": self.pre_ln}
+
+    def num_parameters(self) -> int:
+        """Of the model ``models`` builds for this config (eq. 4.3 plus LayerNorms and BERT's MLM head)."""
+        return parameter_count(self.model_cfg)
+
+    def flops_per_sample(self, recompute: bool) -> float:
+        """Eq. 4.2 for one sequence (its recompute term follows the plan's choice)."""
+        return flops_per_sample(self.model_cfg, recompute)
+
+    def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
+        s, h, a, v, t = self.seq_len, self.hidden, self.heads, self.vocab, tp
+        e = PRECISION_BYTES[self.precision]
+        ar = 2 * (t - 1) / t  # ring all-reduce: bytes sent per byte reduced (Patarasuk & Yuan 2009)
+        # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16
+        block_act = s * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+        block = LayerSpec(
+            name="block", kind="block",
+            forward_flops=(24 * s * h * h + 4 * s * s * h) / t,  # ch. 4.5.1: 24Bsh^2 + 4Bs^2h per layer
+            gemm_flops=2 * s * h * h / t,
+            memory_traffic_bytes=block_act,
+            parameters=(12 * h * h + 13 * h) / t,  # eq. 4.3's per-layer term, split t ways
+            output_bytes=s * h * e,
+            activation_bytes=block_act,
+            activation_bytes_recompute=s * h * e,  # checkpoint each layer's input (ch. 4.3.5, c = l)
+            tp_forward_bytes=2 * ar * s * h * e,  # ch. 4.3.2: 2 all-reduces of bsh forward ...
+            tp_backward_bytes=2 * ar * s * h * e,  # ... and 2 backward: 8bsh(t-1)/t per layer
+        )
+        embedding = LayerSpec(
+            name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
+            memory_traffic_bytes=3 * s * h * e, parameters=v * h / t + s * h,
+            output_bytes=s * h * e, activation_bytes=s * h, activation_bytes_recompute=s * h,
+            tp_forward_bytes=ar * s * h * e, recomputable=False)  # vocab-parallel lookup: one all-reduce
+        head = LayerSpec(
+            name="head", kind="head",
+            forward_flops=2 * s * h * v / t,  # ch. 4.5.1: the logit layer, 2BshV forward
+            gemm_flops=2 * s * h * v / t,
+            memory_traffic_bytes=s * v / t * (e + 4), parameters=v * h / t + 2 * h,
+            output_bytes=4.0, activation_bytes=s * v / t * (e + 4) + s * h * e,
+            activation_bytes_recompute=s * v / t * (e + 4) + s * h * e, recomputable=False)
+        blocks = [LayerSpec(**{**block.__dict__, "name": f"block{i}"}) for i in range(self.num_layers)]
+        return [embedding, *blocks, head]
+
+
+@dataclass(frozen=True)
+class ChainSpec:
+    """A model given directly as a chain of layers at tp = 1 (CNNs, MLPs)."""
+
+    name: str
+    layers: tuple[LayerSpec, ...]
+    precision: str = "fp32"
+
+    @property
+    def max_tp(self) -> int:
+        return 1
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    def num_parameters(self) -> int:
+        return int(sum(layer.parameters for layer in self.layers))
+
+    def flops_per_sample(self, recompute: bool) -> float:
+        """Forward + backward (2x forward) + the recomputed forward when asked."""
+        fwd = sum(layer.forward_flops for layer in self.layers)
+        return fwd * (4 if recompute else 3)
+
+    def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
+        if tp != 1:
+            raise PlannerError(f"model {self.name} has no tensor-parallel layout; use tp = 1")
+        return list(self.layers)
+
+
+ModelSpec = TransformerSpec | ChainSpec
+
+
+def vision_layer_spec(layer: VisionLayer, e: int) -> LayerSpec:
+    """A layer of ``models.vision_facts`` (the trainable model's own description) as planner costs."""
+    inp, out, inner = layer.input_elements, layer.output_elements, layer.inner_elements
+    gemms = 4 if layer.kind == "bottleneck" and layer.downsample else 3 if layer.kind == "bottleneck" else 1
+    return LayerSpec(layer.name, "layer", layer.forward_flops, layer.forward_flops / gemms, (inp + inner) * e,
+                     layer.parameters, out * e, (inp + inner) * e, inp * e)
+
+
+def vision_chain(cfg: Mapping[str, Any], precision: str) -> ChainSpec:
+    e = PRECISION_BYTES[precision]
+    return ChainSpec(str(cfg["name"]), tuple(vision_layer_spec(layer, e) for layer in vision_layers(cfg)), precision)
+
+
+def vgg16(precision: str = "fp32", image: int = 224, classes: int = 1000, width_multiplier: float = 1.0) -> ChainSpec:
+    """VGG-16 (Simonyan & Zisserman 2015): 13 convs (pools folded into the conv before) and 3 FCs."""
+    return vision_chain({"name": "vgg16", "image_size": image, "num_classes": classes,
+                         "width_multiplier": width_multiplier}, precision)
+
+
+def resnet50(precision: str = "fp32", image: int = 224, classes: int = 1000, width_multiplier: float = 1.0) -> ChainSpec:
+    """ResNet-50 v1.5 (He et al. 2016): stem, 16 bottleneck blocks, pooled classifier."""
+    return vision_chain({"name": "resnet50", "image_size": image, "num_classes": classes,
+                         "width_multiplier": width_multiplier}, precision)
+
+
+def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
+    """The trainable MLP (models.mlp): ``num_layers`` residual blocks x + fc2(gelu(fc1(x))), h -> h."""
+    e = PRECISION_BYTES[precision]
+    flops = mlp_block_forward_flops(hidden)
+    layer = LayerSpec("block", "block", flops, 2 * hidden * hidden, 4 * hidden * e, mlp_parameters(1, hidden),
+                      hidden * e, 3 * hidden * e, hidden * e)
+    return ChainSpec("mlp", tuple(LayerSpec(**{**layer.__dict__, "name": f"block{i}"}) for i in range(num_layers)),
+                     precision)
+
+
+def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") -> ModelSpec:
+    """``conf/model/*.yaml`` -> analytic spec. ``name`` is the family (gpt, bert, mlp, vgg16, resnet50)."""
+    family = str(cfg.get("name", ""))
+    precision = str(cfg.get("precision") or default_precision)
+    if precision not in PRECISION_BYTES:
+        raise PlannerError(f"model.precision={precision!r} is unknown; choose one of {sorted(PRECISION_BYTES)}")
+    label = str(cfg.get("preset") or family)
+    if family in ("gpt", "bert"):
+        try:
+            return TransformerSpec(label, family, int(cfg["num_layers"]), int(cfg["hidden_size"]),
+                                   int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
+                                   bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")))
+        except KeyError as missing:
+            raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
+    if family == "mlp":
+        return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
+    if family in VISION_MODELS:
+        try:
+            return ChainSpec(label, vision_chain(cfg, precision).layers, precision)
+        except KeyError as missing:
+            raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
+    raise PlannerError(f"model.name={family!r} is not known to the planner; choose gpt, bert, mlp, vgg16 or resnet50")

@@ -1,0 +1,96 @@
+"""Everything a search needs, resolved once from the config: model, profile, cluster, batch, limits."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from pipedream.devices import GIB
+
+from planner.inputs.hardware import Cluster
+from planner.inputs.model_specs import ModelSpec
+from planner.inputs.profile import Profile, analytic_profile
+from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
+
+
+@dataclass(frozen=True)
+class Inputs:
+    model: str
+    profile: Profile  # at tensor-parallel degree 1
+    cluster: Cluster
+    global_batch: int
+    spec: ModelSpec | None = None  # analytic models can be re-profiled at any tensor-parallel degree
+    reserve_gib: float = 3.0  # docs/planner.md, Memory reserve
+    reserve_fraction: float = 0.2
+    max_micro_batch: int = 32
+    micro_batch: int | None = None  # fixed by the user; None = search
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+    recompute: tuple[bool, ...] = (False, True)
+    max_tp: int | None = None
+    replication: bool = True
+    memory_constraint: bool = True
+    top_k: int = 4
+    pin_tp: int | None = None  # fix the tensor-parallel degree (planner.tp)
+    pin_pp: int | None = None  # fix the pipeline depth (planner.pp)
+    pin_dp: int | None = None  # fix the data-parallel degree (planner.dp)
+    fewer_devices: bool = True  # PipeDream DP: leave devices unused when more would not help
+    pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
+    runtime: RuntimeCosts = NO_RUNTIME_COSTS  # cluster=measured: the runtime's own costs (planner.costs.runtime_costs)
+    tp_profiles: Mapping[int, Profile] = field(default_factory=lambda: MappingProxyType({}))  # measured at t > 1
+    device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
+    harmony_costs: Mapping[int, Any] = field(default_factory=lambda: MappingProxyType({}))  # processes -> HarmonyOverheads
+    harmony_alone_profile: Profile | None = None  # the layers timed alone around harmony_pp's calibration runs
+
+    @property
+    def capacity(self) -> float:
+        return self.cluster.device.memory_bytes
+
+    @property
+    def workspace(self) -> float:
+        """Bytes no plan may use: a fixed part (CUDA context, NCCL buffers, library workspaces) plus a
+        fraction of the device (caching-allocator fragmentation, transient buffers the model omits)."""
+        return memory_reserve(self.capacity, self.reserve_gib, self.reserve_fraction)
+
+    def tp_degrees(self) -> list[int]:
+        """Tensor-parallel degrees: divisors of n that divide the head count and align with nodes
+        (t divides the devices per node or is a multiple of it, so no group straddles a node edge)."""
+        if self.spec is None or self.spec.max_tp == 1:
+            measured = [1, *sorted(self.tp_profiles)]  # a measured profile plans t > 1 only where calibrated
+            return [t for t in measured if self.pin_tp in (None, t) and self.cluster.num_devices % t == 0]
+        limit = min(self.spec.max_tp, self.max_tp or self.cluster.num_devices)
+        per_node = self.cluster.devices_per_node
+        if self.pin_tp is not None:
+            return [self.pin_tp] if self.cluster.num_devices % self.pin_tp == 0 else []
+        return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.max_tp % t == 0
+                and (per_node % t == 0 or t % per_node == 0)]
+
+    def profile_at(self, tp: int) -> Profile:
+        if tp in self.tp_profiles:
+            return self.tp_profiles[tp]
+        if tp == 1 or self.spec is None:
+            return self.profile
+        return analytic_profile(self.spec, self.cluster.device, tp)
+
+    def micro_batches(self, per_pipeline: int) -> list[int]:
+        """Candidate micro-batch sizes for B / d samples per pipeline."""
+        if self.micro_batch is not None:
+            return [self.micro_batch] if per_pipeline % self.micro_batch == 0 else []
+        return [b for b in divisors(per_pipeline) if b <= self.max_micro_batch]
+
+    def model_flops(self, samples: float) -> float:
+        """Model FLOPs: forward and backward (3 passes), the same for every plan."""
+        return self.profile.flops_per_sample * samples
+
+    def hardware_flops(self, samples: float) -> float:
+        """Table 4.1's count (eq. 4.2): 4 passes, the forward again as with full recomputation, for
+        every plan, so plans with and without recomputation compare on one scale."""
+        return self.profile.flops_per_sample_recompute * samples
+
+
+def memory_reserve(capacity: float, gib: float, fraction: float) -> float:
+    return min(gib * GIB + fraction * capacity, capacity)
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))

@@ -1,0 +1,65 @@
+"""PTD-P search (dissertation ch. 4.3): over (p, t, d, b, v, recompute, schedule) with p t d = n.
+
+Iteration time is (m + (p-1)/v) (t_f + t_b + tensor-parallel and pipeline communication) plus the
+data-parallel all-reduce (eq. 4.1 with ch. 4.2.2's interleaving and ch. 4.3's communication
+volumes); memory follows each schedule's in-flight micro-batches. Every (t, p, v, recompute) is one
+vectorised evaluation over all micro-batch sizes, so thousands of devices plan in well under a second.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from planner.costs import zero_bubble
+from planner.errors import PlannerError
+from planner.inputs.search_inputs import Inputs, divisors
+from planner.search.pins import check_pins
+from planner.search.ranking import Rows, SearchResult, rank
+from planner.costs.uniform import even_boundaries, estimate, rank_stats
+
+
+def ptdp_search(inputs: Inputs) -> SearchResult:
+    n, batch = inputs.cluster.num_devices, inputs.global_batch
+    check_pins(inputs, "ptdp")
+    check_pinned_depth(inputs)
+    rows = Rows()
+    for t in inputs.tp_degrees():
+        profile = inputs.profile_at(t)
+        all_b = np.array(inputs.micro_batches(batch) or [1], dtype=float)
+        times = profile.times_many(all_b)
+        for p in divisors(n // t):
+            if inputs.pin_pp is not None and p != inputs.pin_pp:
+                continue
+            d = n // (t * p)
+            if inputs.pin_dp is not None and d != inputs.pin_dp:
+                continue
+            if batch % d or even_boundaries(profile, p) is None:
+                continue
+            chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
+            for v in chunk_counts:
+                schedules = [s for s in inputs.schedules if (s == "interleaved") == (v > 1)
+                             and zero_bubble.fits(s, p, len(_blocks(profile)))]
+                if not schedules:
+                    continue
+                for rec in inputs.recompute:
+                    stats = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times)
+                    if stats is None:
+                        continue
+                    for schedule in schedules:
+                        est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
+                        rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec))
+    return rank(inputs, "ptdp", rows)
+
+
+def check_pinned_depth(inputs: Inputs) -> None:
+    """A pinned p must split the repeated blocks evenly (ch. 4.2.2): say so in terms of layers."""
+    p = inputs.pin_pp
+    if p is not None and even_boundaries(inputs.profile, p) is None:
+        blocks = len(_blocks(inputs.profile))
+        raise PlannerError(f"planner.pp={p} does not divide the {blocks} repeated blocks of {inputs.model} "
+                           f"({inputs.profile.num_layers} layers with embedding and head): every stage gets the same "
+                           f"number of blocks; choose p among {divisors(blocks)}")
+
+
+def _blocks(profile) -> list[int]:
+    kinds = [layer.kind for layer in profile.layers]
+    return [i for i, k in enumerate(kinds) if k == "block"] or list(range(len(kinds)))

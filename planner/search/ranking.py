@@ -1,0 +1,177 @@
+"""Candidates, ranking and "why it lost", shared by the PTD-P and 2BW searches.
+
+A search feeds ``Rows`` with one numpy block per (t, p, v, recompute, schedule) (vectorised over
+micro-batch sizes); ``rank`` picks the fastest configuration that fits and the next best ones.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.errors import DoesNotFitError, PlannerError
+from planner.inputs.search_inputs import Inputs
+from planner.costs.uniform import Estimates, even_boundaries
+
+GIB = 1024**3
+PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "dp_comm")
+PART_NAMES = {"compute": "compute", "bubble": "pipeline bubble", "tp_comm": "tensor-parallel all-reduces",
+              "p2p_comm": "pipeline sends", "dp_comm": "data-parallel all-reduce"}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str
+    pp: int
+    tp: int
+    dp: int
+    vpp: int
+    schedule: str
+    micro: int
+    num_microbatches: int
+    global_batch: int
+    recompute: bool
+    stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # per virtual stage: [start, end), ranks
+    iteration_time: float
+    samples_per_s: float
+    tflops_per_device: float
+    bubble_fraction: float
+    memory_bytes: float
+    capacity_bytes: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    why_lost: str = ""
+    model_tflops_per_device: float = 0.0  # forward + backward only (3 passes), whatever is recomputed
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def key(self) -> tuple:
+        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute)
+
+    def describe(self) -> str:
+        v = f" v={self.vpp}" if self.vpp > 1 else ""
+        rec = " recompute" if self.recompute else ""
+        return f"(p={self.pp} t={self.tp} d={self.dp}{v} b={self.micro} {self.schedule}{rec})"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    algorithm: str
+    best: Candidate
+    alternatives: tuple[Candidate, ...]
+    considered: int
+    notes: tuple[str, ...] = ()
+
+
+class Rows:
+    """Accumulates per-configuration estimates as columns."""
+
+    def __init__(self) -> None:
+        self.cols: dict[str, list[np.ndarray]] = {}
+
+    def add(self, est: Estimates, micro: np.ndarray, schedule: str, **keys: int) -> None:
+        mask = est.valid
+        if not mask.any():
+            return
+        n = int(mask.sum())
+        put = self.cols.setdefault
+        for name, value in keys.items():
+            put(name, []).append(np.full(n, value))
+        put("schedule", []).append(np.full(n, schedule, dtype=object))
+        put("micro", []).append(np.asarray(micro)[mask])
+        for name in ("microbatches", "iteration_time", "memory", "bubble"):
+            put(name, []).append(getattr(est, name)[mask])
+        for name in PARTS:
+            put("t_" + name, []).append((est.bubble_time if name == "bubble" else getattr(est, name))[mask])
+
+    def table(self) -> dict[str, np.ndarray]:
+        return {k: np.concatenate(v) for k, v in self.cols.items()}
+
+
+def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Virtual stage j = chunk * p + rank; rank r owns global ranks [r d t, (r+1) d t) (pp slowest)."""
+    bounds = even_boundaries(inputs.profile_at(t), p * v)
+    assert bounds is not None
+    out = []
+    for j in range(p * v):
+        rank = j % p
+        out.append((int(bounds[j]), int(bounds[j + 1]), tuple(range(rank * d * t, (rank + 1) * d * t))))
+    return tuple(out)
+
+
+def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: int) -> Candidate:
+    p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
+    rec = bool(tab["recompute"][i])
+    time = float(tab["iteration_time"][i])
+    batch = inputs.global_batch
+    return Candidate(
+        algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
+        batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
+        inputs.hardware_flops(batch) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
+        inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
+        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12)
+
+
+def _block_count(inputs: Inputs) -> int:
+    kinds = [layer.kind for layer in inputs.profile.layers]
+    return kinds.count("block") or len(kinds)
+
+
+def why_lost(alt: Candidate, best: Candidate) -> str:
+    """One phrase: how much slower and the part of the iteration that grew most. Plans with other
+    global batches (PipeDream's rounded steps) compare per sample, scaled to the best's batch."""
+    if not alt.fits:
+        gain = alt.samples_per_s / best.samples_per_s - 1
+        return (f"{gain:.0%} faster but needs {alt.memory_bytes / GIB:.1f} GiB per device "
+                f"> {alt.capacity_bytes / GIB:.1f} GiB")
+    slower = best.samples_per_s / alt.samples_per_s - 1
+    if slower < 1e-6:
+        return f"as fast, but more memory ({alt.memory_bytes / GIB:.1f} vs {best.memory_bytes / GIB:.1f} GiB)"
+    scale = best.global_batch / alt.global_batch
+    grew = {k: alt.breakdown.get(k, 0.0) * scale - best.breakdown.get(k, 0.0) for k in PARTS}
+    part = max(PARTS, key=grew.get)
+    a, b = alt.breakdown.get(part, 0.0) * scale, best.breakdown.get(part, 0.0)
+    unit = "per iteration" if scale == 1 else f"per {best.global_batch} samples"
+    return f"{slower:.1%} slower: {PART_NAMES[part]} +{a - b:.3g} s {unit} ({a:.3g} s vs {b:.3g} s)"
+
+
+def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()) -> SearchResult:
+    if not rows.cols:
+        raise PlannerError(f"{algorithm}: no configuration of {inputs.model} matches "
+                           f"train.global_batch_size={inputs.global_batch} on {inputs.cluster.num_devices} devices "
+                           f"(the batch must split into d pipelines x b x m micro-batches and p must divide the "
+                           f"{_block_count(inputs)} repeated blocks of its {inputs.profile.num_layers} layers; try a batch "
+                           f"divisible by {inputs.cluster.num_devices} or other pins)")
+    tab = rows.table()
+    fits = tab["memory"] <= inputs.capacity
+    if not fits.any():
+        i = int(tab["memory"].argmin())
+        frugal = _candidate(inputs, algorithm, tab, i)
+        raise DoesNotFitError(
+            f"{inputs.model} fits no configuration on {inputs.cluster.num_devices} x {inputs.cluster.device.name}: "
+            f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()}, with the "
+            f"{inputs.workspace / GIB:.1f} GiB reserve, but {inputs.capacity / GIB:.1f} GiB are available; add devices "
+            f"or use a smaller model")
+    order = np.lexsort((tab["memory"], tab["iteration_time"]))
+    best = _candidate(inputs, algorithm, tab, int(order[fits[order]][0]))
+    seen, alternatives = {best.key}, []
+    fastest_oom = None
+    for i in order:
+        if len(alternatives) >= inputs.top_k and fastest_oom is not None:
+            break
+        if not fits[i]:
+            if fastest_oom is None and tab["iteration_time"][i] < best.iteration_time:
+                fastest_oom = _candidate(inputs, algorithm, tab, int(i))
+            continue
+        key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i],
+               bool(tab["recompute"][i]))
+        if key in seen or len(alternatives) >= inputs.top_k:
+            continue
+        seen.add(key)
+        alternatives.append(_candidate(inputs, algorithm, tab, int(i)))
+    if fastest_oom is not None:
+        alternatives.append(fastest_oom)
+    alternatives = [Candidate(**{**a.__dict__, "why_lost": why_lost(a, best)}) for a in alternatives]
+    return SearchResult(algorithm, best, tuple(alternatives), int(len(order)), notes)
