@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from models.contract import meta_copy
 from models.spec import LayerModel
@@ -24,6 +25,8 @@ from pipedream.errors import ConfigError
 from pipedream.multi_model.settings import MultiModelSpec
 
 MODEL_DIM = 0   # stacked inputs, outputs, parameters: model k at index k of dimension 0
+
+VMAP_SAFE_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH)
 
 
 class NotFusableError(ValueError):
@@ -102,7 +105,10 @@ class FusedLayer(nn.Module):
             return functional_call(template, state, args)
 
         def run(state: dict[str, torch.Tensor], *group_inputs: Any) -> Any:
-            outputs = torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *group_inputs)
+            # CUDA's memory-efficient attention fails in its backward under vmap ("LSE is not
+            # correctly aligned"); the flash and math kernels do not (CPUs have only these two)
+            with sdpa_kernel(list(VMAP_SAFE_ATTENTION)):
+                outputs = torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *group_inputs)
             self._write_back_buffers(state, start, stop)
             return outputs
 

@@ -79,14 +79,19 @@ def measure_matmul_flops(device: torch.device, n: int = 1024, seconds: float = 0
     return best
 
 
+def gpu_sheet(gpu_name: str) -> str | None:
+    """The ``pipedream.devices.DEVICES`` key of a GPU named as ``torch.cuda.get_device_name`` names
+    it (None for a GPU without a data sheet)."""
+    name = gpu_name.lower()
+    return next((sheet for pattern, sheet in _CUDA_SHEETS if pattern in name and sheet in DEVICES), None)
+
+
 def _sheet_peak(device: torch.device, compute: str = "fp32") -> PeakFlops | None:
     """``compute``: the run's precision; bf16/fp16 take the sheet's tensor-core peak."""
     name = torch.cuda.get_device_name(device).lower()
     precision = compute if compute in ("bf16", "fp16") else "tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32"
-    for pattern, sheet in _CUDA_SHEETS:
-        if pattern in name and sheet in DEVICES:
-            return PeakFlops(DEVICES[sheet].flops(precision), f"sheet:{sheet}", name, precision)
-    return None
+    sheet = gpu_sheet(name)
+    return None if sheet is None else PeakFlops(DEVICES[sheet].flops(precision), f"sheet:{sheet}", name, precision)
 
 
 def _read_cache(path: Path) -> dict[str, dict]:

@@ -27,6 +27,25 @@ def _file_name(key: Hashable) -> str:
 _REGISTER_PORTABLE = 1   # cudaHostRegisterPortable: page-locked for every CUDA context
 
 
+def filesystem_type(path: Path, mounts: str = "/proc/mounts") -> str | None:
+    """The type of the filesystem that holds ``path`` (``tmpfs``, ``ext4``, ...), from the mount
+    table; None where there is none (not Linux)."""
+    try:
+        lines = Path(mounts).read_text().splitlines()
+    except OSError:
+        return None
+    target, best, kind = str(Path(path).resolve()), "", None
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1].replace("\\040", " ")
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= len(best):
+            best, kind = point, fields[2]
+    return kind
+
+
 def _cuda_call(name: str, *args) -> None:
     """A CUDA runtime call through torch (``cudaHostRegister``/``cudaHostUnregister``), checked."""
     code = int(getattr(torch.cuda.cudart(), name)(*args))
@@ -81,7 +100,15 @@ class HostTier:
 
     def _register(self, key: Hashable, tensor: torch.Tensor) -> None:
         """Page-lock a shared mapping; where CUDA refuses, the tier goes on unpinned (copies are then
-        staged by the driver: slower, not wrong) and says so once."""
+        staged by the driver: slower, not wrong) and says so once. CUDA page-locks shared memory
+        (tmpfs) but refuses a mapping of a file on disk, and its refusal would stay behind as the
+        next CUDA call's error, so a disk-backed folder is not offered to it at all."""
+        kind = filesystem_type(self.shared_dir)
+        if kind not in (None, "tmpfs"):
+            warnings.warn(f"shared host memory in {self.shared_dir} ({kind}, not tmpfs) stays pageable: "
+                          f"host-device copies will not overlap compute; put it under /dev/shm", stacklevel=3)
+            self.pin = False
+            return
         try:
             _cuda_call("cudaHostRegister", tensor.data_ptr(), tensor.nbytes, _REGISTER_PORTABLE)
         except RuntimeError as error:

@@ -2,9 +2,13 @@
 the budget, on CPU (where both tiers are RAM)."""
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 import torch
 
+from pipedream.offload import host as host_module
 from pipedream.offload import DeviceBudgetError, DeviceTier, Direction, HostTier, SwapCounters, TensorClass
 
 W, G, A = TensorClass.WEIGHTS, TensorClass.GRADIENTS, TensorClass.ACTIVATIONS
@@ -174,10 +178,30 @@ class FakeCudart:
         return 0
 
 
-def pinned_shared_tier(monkeypatch, tmp_path, cudart):
+def pinned_shared_tier(monkeypatch, tmp_path, cudart, filesystem="tmpfs"):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "cudart", lambda: cudart)
+    monkeypatch.setattr(host_module, "filesystem_type", lambda path: filesystem)
     return HostTier(tmp_path, pin=True)
+
+
+def test_the_filesystem_of_a_path_is_its_longest_mount_point(tmp_path):
+    mounts = tmp_path / "mounts"
+    mounts.write_text("overlay / overlay rw 0 0\ntmpfs /dev/shm tmpfs rw 0 0\n/dev/sda1 /dev/shmem ext4 rw 0 0\n")
+    assert host_module.filesystem_type(Path("/dev/shm/harmony"), str(mounts)) == "tmpfs"
+    assert host_module.filesystem_type(Path("/dev/shmem/x"), str(mounts)) == "ext4"
+    assert host_module.filesystem_type(Path("/work"), str(mounts)) == "overlay"
+    assert host_module.filesystem_type(Path("/work"), str(tmp_path / "absent")) is None
+
+
+def test_a_folder_on_disk_is_never_offered_to_cuda_and_stays_pageable(monkeypatch, tmp_path):
+    cudart = FakeCudart()
+    host = pinned_shared_tier(monkeypatch, tmp_path, cudart, filesystem="ext4")
+    with pytest.warns(UserWarning, match="not tmpfs"):
+        host.allocate("a", (4,))
+    host.allocate("b", (4,))
+    host.remove_files()
+    assert cudart.calls == [] and not host.pin
 
 
 def test_a_pinned_shared_tier_page_locks_each_mapping_until_it_lets_go(monkeypatch, tmp_path):
@@ -205,11 +229,13 @@ def test_where_cuda_refuses_to_pin_the_tier_warns_once_and_goes_on_pageable(monk
 
 
 @pytest.mark.gpu
-def test_on_cuda_a_shared_mapping_is_page_locked_and_prefetched_asynchronously(tmp_path):
-    host = HostTier(tmp_path, pin=True)
+def test_on_cuda_a_shared_mapping_is_page_locked_and_prefetched_asynchronously():
+    shared = Path(tempfile.mkdtemp(dir="/dev/shm"))   # CUDA page-locks shared memory, not files on disk
+    host = HostTier(shared, pin=True)
     source = host.put(("w", 0), torch.arange(1 << 16, dtype=torch.float32))
     assert source.is_pinned()
     device = DeviceTier(host, torch.device("cuda"), None)
     assert device.prefetch(("w", 0), W)
     assert torch.equal(device.swap_in(("w", 0), W).cpu(), torch.arange(1 << 16, dtype=torch.float32))
     host.remove_files()
+    shared.rmdir()
