@@ -54,7 +54,7 @@ _RATIOS = ("forward_ratio", "train_ratio")
 
 def traced_harmony_run(model_overrides: Sequence[str], processes: int, run_dir: Path) -> dict:
     """Train ``STEPS`` steps of harmony_pp on ``processes`` processes: its trace, or the run's one-line error."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]   # the repository (this file is planner/calibrate/)
     cmd = [sys.executable, "-m", "launcher", *model_overrides, "cluster=local_cpu", "schedule=harmony_pp",
            f"parallel.pp={processes}", "train.grad_clip=0", f"train.global_batch_size={GLOBAL_BATCH}",
            f"train.micro_batch_size={MICRO}", f"train.steps={STEPS}", "train.eval_every=0", "trace.enabled=true",

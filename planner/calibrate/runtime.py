@@ -49,7 +49,7 @@ _ACTIONS = ("forward", "backward", "send", "recv", "wait")
 
 def traced_run(model_overrides: Sequence[str], schedule: str, layers: list[int], run_dir: Path) -> dict:
     """Train ``STEPS`` steps of the model as a 2-stage pipeline; its trace and summary."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]   # the repository (this file is planner/calibrate/)
     cmd = [sys.executable, "-m", "launcher", *model_overrides, "cluster=local_cpu", "parallel.pp=2",
            f"parallel.layers_per_stage=[{','.join(str(n) for n in layers)}]", f"schedule={schedule}",
            f"train.global_batch_size={GLOBAL_BATCH}", f"train.micro_batch_size={MICRO}", f"train.steps={STEPS}",
