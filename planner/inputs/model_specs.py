@@ -208,6 +208,7 @@ def transformer_spec(cfg: Mapping[str, Any], label: str, precision: str) -> Tran
 
 
 def block_chain_spec(cfg: Mapping[str, Any], label: str, precision: str) -> ChainSpec:
+    """Named after the family, not the preset, as ``mlp`` names it."""
     return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
 
 
