@@ -6,6 +6,7 @@ and loss; Megatron-split attention and MLP)."""
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -15,8 +16,8 @@ from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vocab
                                        mark_sharded, parallelize_block, shard_tensor, vocab_parallel_cross_entropy,
                                        vocab_parallel_logits)
 
-from models.facts import OPTIONAL_KEYS, mlm_mask_id, transformer_pipeline_layers
-from models.gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel
+from models.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option, transformer_pipeline_layers
+from models.gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel, transformer_sizes
 from models.spec import LayerModel, seeded
 
 IGNORE_INDEX = -100  # MLM targets at positions that were not masked
@@ -142,3 +143,9 @@ def bert_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
     loss_fn = mlm_loss if tp is None else partial(parallel_mlm_loss, tp=tp, vocab_size=vocab_size)
     return LayerModel(name="bert", num_layers=transformer_pipeline_layers(num_layers), build_layer=build_layer,
                       loss_fn=loss_fn, make_batch=make_batch, tied=tied)
+
+
+def bert_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
+    """``model=bert_*`` (``models.registry``)."""
+    return bert_model(**transformer_sizes(model_cfg), seed=seed, tp=tp, pre_ln=bool(option(model_cfg, "pre_ln")),
+                      mask_fraction=float(option(model_cfg, "mask_fraction")))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -14,7 +15,7 @@ from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vocab
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
 
-from models.facts import OPTIONAL_KEYS, transformer_pipeline_layers
+from models.transformer_facts import OPTIONAL_KEYS, option, transformer_pipeline_layers
 from models.spec import LayerModel, seeded
 
 INIT_STD = 0.02
@@ -139,6 +140,11 @@ def check_tensor_parallel(hidden_size: int, num_heads: int, tp: int) -> None:
     divide(hidden_size, tp, "model.hidden_size", "choose parallel.tp dividing the hidden size")
 
 
+def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
+    """The family's tensor-parallel check (``models.registry``) on a ``model`` config, GPT and BERT alike."""
+    check_tensor_parallel(int(model_cfg["hidden_size"]), int(model_cfg["num_heads"]), tp)
+
+
 def parallelize_gpt_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker) -> nn.Module:
     """The tensor-parallel form of a dense GPT layer: exactly its slice on this rank. (A model too big
     for one device would initialise the shards directly under ``rng.fork`` instead of slicing.)"""
@@ -186,3 +192,16 @@ def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
                                                              vocab_size=vocab_size)
     return LayerModel(name="gpt", num_layers=transformer_pipeline_layers(num_layers), build_layer=build_layer,
                       loss_fn=loss_fn, make_batch=make_batch, tied=tied)
+
+
+def transformer_sizes(model_cfg: Any) -> dict[str, Any]:
+    """The keyword arguments GPT and BERT share, read from a ``model`` config."""
+    return dict(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]),
+                num_heads=int(model_cfg["num_heads"]), seq_len=int(model_cfg["seq_len"]),
+                vocab_size=int(option(model_cfg, "vocab_size")), tie_embeddings=bool(option(model_cfg, "tie_embeddings")),
+                dropout=float(option(model_cfg, "dropout")))
+
+
+def gpt_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
+    """``model=gpt_*`` (``models.registry``)."""
+    return gpt_model(**transformer_sizes(model_cfg), seed=seed, tp=tp)

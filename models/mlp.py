@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -30,3 +31,8 @@ def mlp_model(num_layers: int, hidden_size: int, seed: int = 0) -> LayerModel:
 
     return LayerModel(name="mlp", num_layers=num_layers, build_layer=build_layer,
                       loss_fn=F.mse_loss, make_batch=make_batch)
+
+
+def mlp_from_config(model_cfg: Any, seed: int = 0) -> LayerModel:
+    """``model=mlp`` (``models.registry``)."""
+    return mlp_model(num_layers=int(model_cfg["num_layers"]), hidden_size=int(model_cfg["hidden_size"]), seed=seed)

@@ -8,6 +8,7 @@ it exactly (docs/models.md, "Vision models").
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -107,3 +108,18 @@ def resnet50_model(image_size: int = 224, num_classes: int = 1000, width_multipl
                    zero_init_residual: bool = False, seed: int = 0) -> LayerModel:
     return _vision_model("resnet50", resnet50_layers(image_size, num_classes, width_multiplier), image_size,
                          num_classes, 0.0, seed, zero_init_residual)
+
+
+def _image_sizes(model_cfg: Any) -> dict[str, Any]:
+    return dict(image_size=int(model_cfg["image_size"]), num_classes=int(model_cfg["num_classes"]),
+                width_multiplier=float(model_cfg["width_multiplier"]))
+
+
+def vgg16_from_config(model_cfg: Any, seed: int = 0) -> LayerModel:
+    """``model=vgg16`` and its small preset (``models.registry``)."""
+    return vgg16_model(**_image_sizes(model_cfg), dropout=float(model_cfg["dropout"]), seed=seed)
+
+
+def resnet50_from_config(model_cfg: Any, seed: int = 0) -> LayerModel:
+    """``model=resnet50`` and its small preset (``models.registry``)."""
+    return resnet50_model(**_image_sizes(model_cfg), zero_init_residual=bool(model_cfg["zero_init_residual"]), seed=seed)

@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-VISION_MODELS = ("vgg16", "resnet50")
+from models.errors import ConfigError
+
+REQUIRED_KEYS = ("image_size", "num_classes")
 IMAGE_CHANNELS = 3
 VGG16_CONVS = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M")
 VGG_POOLED_SIZE = 7          # torchvision: AdaptiveAvgPool2d((7, 7)) before the classifier
@@ -152,11 +154,14 @@ def resnet50_layers(image_size: int = 224, num_classes: int = 1000, width_multip
     return layers
 
 
+LAYER_LISTS = {"vgg16": vgg16_layers, "resnet50": resnet50_layers}
+
+
 def vision_layers(model_cfg: Mapping[str, Any]) -> list[VisionLayer]:
     """The layer list of a ``conf/model`` vision config (name vgg16 or resnet50)."""
-    build = {"vgg16": vgg16_layers, "resnet50": resnet50_layers}.get(str(model_cfg["name"]))
+    build = LAYER_LISTS.get(str(model_cfg["name"]))
     if build is None:
-        raise ValueError(f"model.name={model_cfg['name']!r} is not a vision model; known: {list(VISION_MODELS)}")
+        raise ValueError(f"model.name={model_cfg['name']!r} is not a vision model; known: {list(LAYER_LISTS)}")
     return build(int(model_cfg["image_size"]), int(model_cfg["num_classes"]), float(model_cfg["width_multiplier"]))
 
 
@@ -173,3 +178,29 @@ def vision_parameters(model_cfg: Mapping[str, Any]) -> int:
 
 def vision_forward_flops_per_sample(model_cfg: Mapping[str, Any]) -> float:
     return sum(layer.forward_flops for layer in vision_layers(model_cfg))
+
+
+def vision_layer_count(model_cfg: Mapping[str, Any]) -> int:
+    return len(vision_layers(model_cfg))
+
+
+def vision_flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: bool,
+                               seq_len: int | None = None) -> float:
+    """The forward, a backward of twice its FLOPs and, with recomputation, the forward again
+    (``seq_len`` does not apply: a sample is one image)."""
+    return (4 if recompute else 3) * batch * vision_forward_flops_per_sample(model_cfg)
+
+
+def check_vision_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
+    """A positive width, images that survive five halvings, and (ResNet) micro-batches whose
+    smallest BatchNorm sees at least 2 values per channel."""
+    width = model_cfg.get("width_multiplier")
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or width <= 0:
+        raise ConfigError(f"model.width_multiplier = {width!r} must be a positive number (1.0: torchvision's widths)")
+    if model_cfg["image_size"] < 32:   # both halve the image five times
+        raise ConfigError(f"model.image_size = {model_cfg['image_size']} is too small for {model_cfg['name']}, which "
+                          f"halves it five times: use at least 32")
+    if isinstance(micro_batch, int) and (fewest_normalised_values(model_cfg, micro_batch) or 2) < 2:
+        raise ConfigError(f"train.micro_batch_size = {micro_batch} gives BatchNorm one value per channel in "
+                          f"{model_cfg['name']}'s last blocks (1 x 1 pixels): use micro-batches of at least 2 images "
+                          f"or a larger model.image_size")

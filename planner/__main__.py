@@ -9,6 +9,8 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from models.registry import known_family
+
 from pipedream.config.plan_file import PlanError, load_plan
 
 from planner.errors import PlannerError
@@ -45,7 +47,8 @@ def run(argv: Sequence[str]) -> int:
     print()
     print(alternatives_table(outcome))
     print()
-    sequence_model = cfg.model.get("name") in ("gpt", "bert") and inputs.profile.source != "graph.txt"
+    family = known_family(cfg.model.get("name"))
+    sequence_model = family is not None and family.sequence and inputs.profile.source != "graph.txt"
     seq = cfg.model.get("seq_len") if sequence_model else None
     print(training_time(outcome, float(p.train_tokens), seq))
     if p.get("out"):

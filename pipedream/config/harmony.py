@@ -8,6 +8,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from models.registry import known_family
+
 from pipedream.errors import ConfigError
 from pipedream.config.layout import ParallelLayout
 from pipedream.schedules import ScheduleError
@@ -46,6 +48,7 @@ def _refusals(cfg: Any, layout: ParallelLayout, precision: str) -> None:
     def get(dotted: str) -> Any:
         return OmegaConf.select(cfg, dotted, default=None)
 
+    family = known_family(get("model.name"))
     checks = [
         (layout.tp > 1, f"parallel.tp = {layout.tp}", "set parallel.tp=1"),
         (layout.dp > 1, f"parallel.dp = {layout.dp}", "set parallel.dp=1 (every device takes part in one "
@@ -59,7 +62,7 @@ def _refusals(cfg: Any, layout: ParallelLayout, precision: str) -> None:
          "set model.tie_embeddings=false (the tied head is updated before the embedding's gradient exists)"),
         ((get("model.dropout") or 0) > 0, f"model.dropout = {get('model.dropout')}",
          "set model.dropout=0 (a backward pack recomputes on another device than its forward ran on)"),
-        (get("model.name") == "resnet50", "model=resnet50",
+        (family is not None and family.batch_norm, f"model={get('model.name')}",
          "use model=vgg16 or a GPT (BatchNorm statistics would be updated again by the recompute)"),
         ((get("checkpoint.every") or 0) > 0 or get("train.resume") is not None, "checkpoints",
          "set checkpoint.every=0 and train.resume=null (the host-tier state is not checkpointed yet)"),

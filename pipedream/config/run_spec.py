@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from models import TRAINABLE_MODELS, check_tensor_parallel_config, pipeline_layer_count
-from models.vision_facts import VISION_MODELS, fewest_normalised_values
+from models import check_tensor_parallel_config, pipeline_layer_count
+from models.family import IMAGES, TEACHER_REGRESSION
+from models.registry import MODEL_FAMILIES, model_family
 
 from pipedream.errors import ConfigError
 from pipedream.config.harmony import HarmonySpec, harmony_spec
@@ -75,39 +76,14 @@ def _check_model(cfg: Any) -> tuple[int, Any]:
         model = checked_model(cfg.model).model   # imports, builds and checks the plugin
         return model.num_layers, model
     name = _get(cfg, "model.name")
-    if name not in TRAINABLE_MODELS:
+    if name not in MODEL_FAMILIES:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
-                          f"trainable: {', '.join(TRAINABLE_MODELS)} (e.g. model=gpt_tiny)")
-    if name in VISION_MODELS:
-        return _check_vision_model(cfg), None
-    _positive(cfg, "model.num_layers")
-    _positive(cfg, "model.hidden_size")
-    if name == "mlp":
-        return pipeline_layer_count(cfg.model), None
-    for key in ("num_heads", "seq_len", "vocab_size"):
+                          f"trainable: {', '.join(MODEL_FAMILIES)} (e.g. model=gpt_tiny)")
+    family = model_family(name)
+    for key in family.required_keys:
         _positive(cfg, f"model.{key}")
-    hidden, heads = cfg.model.hidden_size, cfg.model.num_heads
-    if hidden % heads:
-        raise ConfigError(f"model.num_heads={heads} does not divide model.hidden_size={hidden}: "
-                          f"choose heads among the divisors of {hidden}")
+    family.check_config(cfg.model, _get(cfg, "train.micro_batch_size"))
     return pipeline_layer_count(cfg.model), None
-
-
-def _check_vision_model(cfg: Any) -> int:
-    for key in ("image_size", "num_classes"):
-        _positive(cfg, f"model.{key}")
-    width = _get(cfg, "model.width_multiplier")
-    if isinstance(width, bool) or not isinstance(width, (int, float)) or width <= 0:
-        raise ConfigError(f"model.width_multiplier = {width!r} must be a positive number (1.0: torchvision's widths)")
-    if cfg.model.image_size < 32:   # both halve the image five times
-        raise ConfigError(f"model.image_size = {cfg.model.image_size} is too small for {cfg.model.name}, which "
-                          f"halves it five times: use at least 32")
-    micro = _get(cfg, "train.micro_batch_size")
-    if isinstance(micro, int) and (fewest_normalised_values(cfg.model, micro) or 2) < 2:
-        raise ConfigError(f"train.micro_batch_size = {micro} gives BatchNorm one value per channel in "
-                          f"{cfg.model.name}'s last blocks (1 x 1 pixels): use micro-batches of at least 2 images "
-                          f"or a larger model.image_size")
-    return pipeline_layer_count(cfg.model)
 
 
 def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
@@ -130,12 +106,13 @@ def _check_data(cfg: Any, plugin_model: Any) -> int | None:
         train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
         if plugin_model is not None:
             check_data_fits(cfg.model, plugin_model, cfg.data, train_set)
-        return None if model_plugin or cfg.model.name in ("mlp", *VISION_MODELS) else int(cfg.model.seq_len)
-    if model_plugin is None and cfg.model.name in VISION_MODELS:
-        return _check_image_data(cfg)
+        return None if model_plugin or not model_family(cfg.model.name).sequence else int(cfg.model.seq_len)
     if model_plugin is not None:
         raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
                           f"data._target_=my_pkg.my_module.build_datasets (docs/models.md)")
+    data_kind = model_family(cfg.model.name).data_kind
+    if data_kind == IMAGES:
+        return _check_image_data(cfg)
     name = _get(cfg, "data.name")
     if name not in DATASETS:
         raise ConfigError(f"data={name!r} is unknown: choose one of {', '.join(DATASETS)}")
@@ -145,9 +122,10 @@ def _check_data(cfg: Any, plugin_model: Any) -> int | None:
             raise ConfigError(f"data={name} needs data.path=/path/to/data")
         if not Path(str(path)).expanduser().exists():
             raise ConfigError(f"data.path={str(path)!r} does not exist: give an existing file or folder")
-    if cfg.model.name == "mlp":
+    if data_kind == TEACHER_REGRESSION:
         if name != "synthetic":
-            raise ConfigError(f"model=mlp trains on synthetic regression data, not data={name}: use data=synthetic")
+            raise ConfigError(f"model={cfg.model.name} trains on synthetic regression data, not data={name}: "
+                              f"use data=synthetic")
         return None
     seq_len = _get(cfg, "data.seq_len") or cfg.model.seq_len
     if seq_len > cfg.model.seq_len:

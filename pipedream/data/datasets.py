@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from models.facts import OPTIONAL_KEYS, mlm_mask_id, option
-from models.vision_facts import VISION_MODELS
+from models.family import IMAGES, MASKED_LM, TEACHER_REGRESSION
+from models.registry import model_family
+from models.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option
 
 from pipedream.data.plugins import plugin_datasets
 from pipedream.errors import ConfigError
@@ -153,12 +154,13 @@ class TeacherRegression(torch.utils.data.Dataset):
 def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.utils.data.Dataset, torch.utils.data.Dataset]:
     if data_cfg.get("_target_") is not None:   # a plugin (docs/models.md)
         return plugin_datasets(data_cfg, seed)
-    if model_cfg["name"] in VISION_MODELS:
+    data_kind = model_family(model_cfg["name"]).data_kind
+    if data_kind == IMAGES:
         from pipedream.data.images import vision_datasets
         return vision_datasets(model_cfg, data_cfg, seed)
-    if model_cfg["name"] == "mlp":
+    if data_kind == TEACHER_REGRESSION:
         if data_cfg["name"] != "synthetic":
-            raise ConfigError(f"model=mlp trains on synthetic regression data, not data={data_cfg['name']}: "
+            raise ConfigError(f"model={model_cfg['name']} trains on synthetic regression data, not data={data_cfg['name']}: "
                               f"use data=synthetic")
         total = int(data_cfg["num_samples"])
         full = TeacherRegression(total, int(model_cfg["hidden_size"]), seed)
@@ -166,7 +168,7 @@ def build_datasets(model_cfg: Any, data_cfg: Any, seed: int) -> tuple[torch.util
         return (torch.utils.data.Subset(full, range(cut)), torch.utils.data.Subset(full, range(cut, total)))
     vocab_size = int(option(model_cfg, "vocab_size"))
     seq_len = int(model_cfg["seq_len"])
-    if model_cfg["name"] == "bert":
+    if data_kind == MASKED_LM:
         return _mlm_datasets(model_cfg, data_cfg, vocab_size, seq_len, seed)
     train, val = load_token_corpus(data_cfg, vocab_size, seed)
     return TokenWindows(train, seq_len), TokenWindows(val, seq_len)
@@ -179,7 +181,7 @@ def _mlm_datasets(model_cfg: Any, data_cfg: Any, vocab_size: int, seq_len: int, 
     train, val = load_token_corpus(data_cfg, mask_id if synthetic else vocab_size, seed)  # synthetic: no [MASK]
     for part in (train, val):
         if len(part) and int(part.max()) >= mask_id:
-            raise ConfigError(f"data holds token id {int(part.max())} but model=bert reserves id {mask_id} "
+            raise ConfigError(f"data holds token id {int(part.max())} but model={model_cfg['name']} reserves id {mask_id} "
                               f"(model.vocab_size - 1) for [MASK]: raise model.vocab_size to {int(part.max()) + 2}")
     fraction = float(option(model_cfg, "mask_fraction"))
     return (MaskedLanguageModeling(TokenWindows(train, seq_len), vocab_size, seed, fraction),

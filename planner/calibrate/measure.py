@@ -15,6 +15,9 @@ import sys
 import time
 from typing import Any, Sequence
 
+from models.family import plain_layer_kinds
+from models.registry import known_family
+
 from planner.errors import PlannerError
 from planner.inputs.profile import LayerProfile, Profile
 
@@ -122,7 +125,8 @@ def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: s
                        activation_bytes=saved / b, activation_bytes_recompute=nbytes(inp) / b,
                        flops=flops / b)
             inp = out
-    kinds = _kinds(str(model_cfg.get("name")), n)
+    family = known_family(model_cfg.get("name"))   # None for a plugin
+    kinds = family.layer_kinds(n) if family is not None else plain_layer_kinds(n)
     profile_layers = []
     for i, row in enumerate(rows):
         weights = float(sum(p.numel() * p.element_size() for p in layers[i].parameters()))
@@ -139,14 +143,6 @@ def measure_profile(model_cfg: Any, micro_batches: Sequence[int], device_name: s
                    4 * fwd_flops)
 
 
-def _kinds(family: str, n: int) -> list[str]:
-    if family == "gpt":
-        return ["embedding"] + ["block"] * (n - 2) + ["head"]
-    if family == "mlp":
-        return ["block"] * n
-    return ["layer"] * n
-
-
 def _device_label(device: Any) -> str:
     import torch
 
@@ -156,10 +152,9 @@ def _device_label(device: Any) -> str:
 
 
 def check_batch_norm_batches(model_cfg: Any, micro_batches: list[int]) -> None:
-    from models.vision_facts import VISION_MODELS, fewest_normalised_values
-
-    if model_cfg.get("name") in VISION_MODELS:
-        too_small = [b for b in micro_batches if (fewest_normalised_values(model_cfg, int(b)) or 2) < 2]
+    family = known_family(model_cfg.get("name"))
+    if family is not None and family.normalised_values is not None:
+        too_small = [b for b in micro_batches if family.normalised_values(model_cfg, int(b)) < 2]
         if too_small:
             raise PlannerError(f"planner.profile_micro_batches={list(micro_batches)}: micro-batches of {too_small} "
                                f"give {model_cfg['name']}'s BatchNorm one value per channel at its last blocks; "

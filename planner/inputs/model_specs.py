@@ -9,11 +9,15 @@ trainable families (parameters, FLOPs per sample) come from ``models.facts``, as
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from models.facts import flops_per_sample, mlp_parameters, option, parameter_count
+from models.facts import flops_per_sample, parameter_count
+from models.family import BLOCK_CHAIN_SPEC, TRANSFORMER_SPEC, VISION_CHAIN_SPEC
 from models.formulas import mlp_block_forward_flops
-from models.vision_facts import VISION_MODELS, VisionLayer, vision_layers
+from models.mlp_facts import mlp_parameters
+from models.registry import MODEL_FAMILIES, known_family
+from models.transformer_facts import option
+from models.vision_facts import VisionLayer, vision_layers
 
 from planner.errors import PlannerError
 
@@ -197,25 +201,39 @@ def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
                      precision)
 
 
+def transformer_spec(cfg: Mapping[str, Any], label: str, precision: str) -> TransformerSpec:
+    return TransformerSpec(label, str(cfg["name"]), int(cfg["num_layers"]), int(cfg["hidden_size"]),
+                           int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
+                           bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")))
+
+
+def block_chain_spec(cfg: Mapping[str, Any], label: str, precision: str) -> ChainSpec:
+    """Named after the family, not the preset, as ``mlp`` names it."""
+    return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
+
+
+def vision_chain_spec(cfg: Mapping[str, Any], label: str, precision: str) -> ChainSpec:
+    return ChainSpec(label, vision_chain(cfg, precision).layers, precision)
+
+
+# A family's ``analytic_spec`` (``models.registry``) -> the builder of its spec: (cfg, label, precision)
+SPEC_BUILDERS: Mapping[str, Callable[[Mapping[str, Any], str, str], ModelSpec]] = {
+    TRANSFORMER_SPEC: transformer_spec, BLOCK_CHAIN_SPEC: block_chain_spec, VISION_CHAIN_SPEC: vision_chain_spec}
+
+
 def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") -> ModelSpec:
-    """``conf/model/*.yaml`` -> analytic spec. ``name`` is the family (gpt, bert, mlp, vgg16, resnet50)."""
-    family = str(cfg.get("name", ""))
+    """``conf/model/*.yaml`` -> analytic spec. ``name`` is the family (``models.registry``)."""
+    name = str(cfg.get("name", ""))
     precision = str(cfg.get("precision") or default_precision)
     if precision not in PRECISION_BYTES:
         raise PlannerError(f"model.precision={precision!r} is unknown; choose one of {sorted(PRECISION_BYTES)}")
-    label = str(cfg.get("preset") or family)
-    if family in ("gpt", "bert"):
-        try:
-            return TransformerSpec(label, family, int(cfg["num_layers"]), int(cfg["hidden_size"]),
-                                   int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
-                                   bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")))
-        except KeyError as missing:
-            raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
-    if family == "mlp":
-        return mlp(int(cfg["num_layers"]), int(cfg["hidden_size"]), precision)
-    if family in VISION_MODELS:
-        try:
-            return ChainSpec(label, vision_chain(cfg, precision).layers, precision)
-        except KeyError as missing:
-            raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {family} model") from None
-    raise PlannerError(f"model.name={family!r} is not known to the planner; choose gpt, bert, mlp, vgg16 or resnet50")
+    label = str(cfg.get("preset") or name)
+    family = known_family(name)
+    if family is None:
+        *others, last = MODEL_FAMILIES
+        raise PlannerError(f"model.name={name!r} is not known to the planner; choose {', '.join(others)} or {last}")
+    build = SPEC_BUILDERS[family.analytic_spec]
+    try:
+        return build(cfg, label, precision)
+    except KeyError as missing:
+        raise PlannerError(f"model {label}: key model.{missing.args[0]} is missing for a {name} model") from None
