@@ -4,7 +4,7 @@ Both split a backward into B (input gradient) and W (weight gradient). The formu
 flushed iteration of the schedules' own order, played out by the simulator with t_f = t_b = t_w
 per chunk (weight-gradient GEMMs are about half of a backward's FLOPs, so t_b here is the
 planner's backward split in two): iteration time in units of one chunk's t_f, divided by the
-ideal 3 m v. ``tests/unit/test_planner_zero_bubble.py`` checks them against the simulator.
+ideal 3 m v. ``tests/unit/planner/search/test_zero_bubble.py`` checks them against the simulator.
 
 Memory counts a micro-batch from its forward to its W (W still needs the activations), in units
 of a whole stage's activations, like ``cost.in_flight``.

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from tests.processes import run_cli
+from tests.support.processes import run_cli
 
 JOB = ["model=gpt_tiny", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=2", "model.seq_len=16",
        "train.global_batch_size=8", "train.micro_batch_size=2", "train.log_every=1", "train.eval_every=0",

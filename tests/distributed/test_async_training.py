@@ -1,7 +1,7 @@
 """The asynchronous schedules on Gloo match their single-process references update by update.
 
 Each run records, per rank, the weights after every update and the loss of every micro-batch its
-last stage completes; both must match ``tests/async_reference.py`` (fp32, rtol 1e-5) for at least
+last stage completes; both must match ``tests/support/async_reference.py`` (fp32, rtol 1e-5) for at least
 2p steps, and so must the final (drained) weights. One run per world size goes through the real
 trainer (evaluation between steps, summary.json) and checks the measured weight versions.
 """
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import torch
 
-from tests.async_reference import Reference, pipedream_reference, two_bw_reference
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, compose_config, merge_params
+from tests.support.async_reference import Reference, pipedream_reference, two_bw_reference
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, compose_config, merge_params
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=4", "model.hidden_size=16", "train.global_batch_size=4",
        "train.micro_batch_size=2", "train.lr=0.1", "train.warmup_steps=1", "train.grad_clip=1.0",
@@ -81,7 +81,7 @@ def _engine_run(rank: int, world_size: int, overrides: list[str], drain_after: i
 
 
 def _trainer_run(rank: int, world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
-    from tests.training_harness import _train_once
+    from tests.support.training_harness import _train_once
 
     return _train_once(rank, world_size, overrides, run_dir)
 

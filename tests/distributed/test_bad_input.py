@@ -1,6 +1,6 @@
 """Every unusable configuration is refused before any process starts, with one line that names the
 value, the rule and a way out, and a non-zero exit. The catalogue's end-to-end cases
-(tests/bad_input_catalogue.py) go through the real command lines, which must never start torchrun."""
+(tests/support/bad_input_catalogue.py) go through the real command lines, which must never start torchrun."""
 from __future__ import annotations
 
 import pytest
@@ -8,9 +8,9 @@ import pytest
 from launcher.__main__ import main as launch
 from pipedream.errors import ConfigError
 from pipedream.config.run_spec import build_run_spec
-from tests.bad_input_catalogue import CATALOGUE, END_TO_END, make_fixtures
-from tests.processes import run_cli
-from tests.training_harness import compose_config
+from tests.support.bad_input_catalogue import CATALOGUE, END_TO_END, make_fixtures
+from tests.support.processes import run_cli
+from tests.support.training_harness import compose_config
 
 E2E_SECONDS = 30   # a refusal takes ~1-3 s; a launched job waits 120 s for a dead peer
 
@@ -83,7 +83,7 @@ def test_end_to_end_cases_are_in_the_catalogue():
 @pytest.mark.parametrize("case", E2E_CASES, ids=[c.id for c in E2E_CASES])
 def test_command_line_refuses_before_torchrun(case, fixtures, tmp_path):
     done = run_cli(case.tool, case.args(fixtures), tmp_path)
-    assert done.commands, "the probe recorded nothing: is tests/process_probe on PYTHONPATH?"
+    assert done.commands, "the probe recorded nothing: is tests/support/process_probe on PYTHONPATH?"
     assert not done.launched, f"{case.id}: torchrun or a rank started: {done.launched}"
     assert done.code == 2 and len(done.stderr_lines) == 1, (done.code, done.stderr_lines)
     assert done.stderr_lines[0].startswith("error: ") and case.expect in done.stderr_lines[0]

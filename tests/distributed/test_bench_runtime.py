@@ -5,17 +5,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-from bench_runtime_report import analyse, ideal_bubble, replace_section  # noqa: E402
+from scripts import ROOT
+from scripts.bench.runtime_report import analyse, ideal_bubble, replace_section
 
 
 def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_runtime.py"), "--quick",
-                           "--out-dir", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-m", "scripts.bench.runtime", "--quick", "--out-dir", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "bench_runtime.json").read_text())
     cases = data["workloads"]["mlp"]["cases"]
@@ -68,14 +65,14 @@ def test_both_cores_row_and_its_ideal() -> None:
 
 
 def test_target_cases_run_back_to_back() -> None:
-    from bench_runtime import run_order
+    from scripts.bench.runtime import run_order
 
     names = ["single-process", "pipedream gpipe", "pipedream 1f1b", "torch 1f1b", "pipedream 2bw"]
     assert run_order(names) == ["torch 1f1b", "pipedream 1f1b", "single-process", "pipedream gpipe", "pipedream 2bw"]
 
 
 def test_targets_only_keeps_the_cases_the_targets_compare() -> None:
-    from bench_runtime_cases import cases
+    from scripts.bench.runtime_cases import cases
 
     mlp = {c.name for c in cases("mlp", targets_only=True)}
     gpt = {c.name for c in cases("gpt", targets_only=True)}
@@ -88,7 +85,7 @@ def test_targets_only_keeps_the_cases_the_targets_compare() -> None:
 
 
 def test_small_model_targets_pair_each_schedule_with_its_counterpart() -> None:
-    from bench_runtime_targets import small_model_targets
+    from scripts.bench.runtime_targets import small_model_targets
 
     def row(times):
         return {"times_s": times, "step_time_s": {"median": sorted(times)[len(times) // 2]}}
@@ -102,7 +99,7 @@ def test_small_model_targets_pair_each_schedule_with_its_counterpart() -> None:
 
 
 def test_generated_text_describes_only_rows_that_ran() -> None:
-    from bench_runtime_report import limits, rows_note
+    from scripts.bench.runtime_report import limits, rows_note
 
     targets_only = {"single-process", "single-process [both cores]", "pipedream 1f1b", "torch 1f1b", "pipedream zbv",
                     "torch zbv"}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.checkpoint_harness import train_full, train_interrupted
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params
+from tests.support.checkpoint_harness import train_full, train_interrupted
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params
 
 BASE = TINY_GPT + ["optim=sgd", "train.lr=0.05", "train.steps=4", "checkpoint.every=2"]
 ASYNC = ["model.tie_embeddings=false"]
@@ -66,7 +66,7 @@ def test_truncated_checkpoint_is_skipped_and_export_loads(tmp_path):
     from pipedream.data.datasets import build_datasets
     from pipedream.data.batching import GlobalBatchOrder, microbatches
     from pipedream.export import export
-    from tests.training_harness import compose_config
+    from tests.support.training_harness import compose_config
 
     run_dir = tmp_path / "run"
     overrides = BASE + ["parallel.pp=2", "checkpoint.every=1", "checkpoint.keep=3", "train.eval_batches=2"]

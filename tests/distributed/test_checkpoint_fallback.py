@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.checkpoint_harness import train_full, train_interrupted
+from tests.support.checkpoint_harness import train_full, train_interrupted
 from tests.distributed.test_checkpoint import BASE, losses
-from tests.training_harness import merge_params
-from tests.workers import run_workers
+from tests.support.training_harness import merge_params
+from tests.support.workers import run_workers
 
 
 @pytest.mark.slow

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, compose_config
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, compose_config
 
 
 def _train_with_broken_rank(rank: int, world_size: int, mode: str, run_dir: str) -> str:

@@ -15,9 +15,9 @@ import torch
 
 from pipedream.export import consolidate
 from pipedream.checkpoint.store import complete_checkpoints
-from tests.checkpoint_harness import train_full
-from tests.workers import run_workers
-from tests.training_harness import merge_params
+from tests.support.checkpoint_harness import train_full
+from tests.support.workers import run_workers
+from tests.support.training_harness import merge_params
 
 REPO = Path(__file__).resolve().parents[2]
 OVERRIDES = ["model=gpt_tiny", "optim=sgd", "train.lr=0.05", "train.global_batch_size=8", "train.micro_batch_size=2",

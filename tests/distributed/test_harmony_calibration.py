@@ -67,7 +67,7 @@ def test_each_cost_is_the_median_over_launches(monkeypatch):
     import random
     from dataclasses import replace
 
-    from tests.planner_helpers import random_profile
+    from tests.support.planner_helpers import random_profile
 
     alone = replace(random_profile(random.Random(4), 3), source="measured")
     swaps = itertools.count(1)

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from tests.harmony_plan_harness import planned_harmony_rank
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
-from tests.workers import run_workers
+from tests.support.harmony_plan_harness import planned_harmony_rank
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
+from tests.support.workers import run_workers
 
 MODEL = [o for o in TINY_GPT if o.startswith("model.") or o.startswith("model=")] + ["model.tie_embeddings=false"]
 TRAIN = ["schedule=harmony_pp", "train.grad_clip=0", "train.steps=3", "trace.enabled=false", "optim=sgd",

@@ -9,9 +9,9 @@ import math
 import pytest
 
 from pipedream.offload import Direction, TensorClass
-from tests.harmony_harness import harmony_train_rank
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
-from tests.workers import run_workers
+from tests.support.harmony_harness import harmony_train_rank
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
+from tests.support.workers import run_workers
 
 HARMONY = ["schedule=harmony_pp", "train.grad_clip=0", "train.steps=3", "trace.enabled=false"]
 SGD = ["optim=sgd", "train.lr=0.05"]
@@ -135,7 +135,7 @@ def test_a_budget_that_holds_each_pack_but_not_its_stash_stops_with_one_line(tmp
 
     from models import build_model
     from pipedream.config.loading import compose_config
-    from tests.processes import run_cli
+    from tests.support.processes import run_cli
 
     job = ["schedule=harmony_pp", "parallel.pp=2", "train.grad_clip=0", "model.tie_embeddings=false",
            "train.steps=2", "train.progress=false", f"train.run_dir={tmp_path}/run"]

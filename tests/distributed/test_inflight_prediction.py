@@ -6,8 +6,8 @@ import pytest
 
 from pipedream.schedules import build_schedule
 from pipedream.schedules.simulate import Costs, simulate
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, train_rank
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, train_rank
 
 RUNS = [("gpipe", 1, []), ("1f1b", 1, []), ("interleaved", 2, []), ("1f1b", 1, ["recompute.granularity=full"])]
 

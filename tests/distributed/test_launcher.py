@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from launcher.commands import build_launch
-from tests.training_harness import compose_config
+from tests.support.training_harness import compose_config
 
 
 def test_single_node_command():

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.async_reference import pipedream_reference, two_bw_reference
-from tests.checkpoint_harness import train_full, train_interrupted
-from tests.precision_harness import overflow_run
-from tests.training_harness import TINY_GPT, compose_config, merge_params, reference_training, train_rank
-from tests.workers import run_workers
+from tests.support.async_reference import pipedream_reference, two_bw_reference
+from tests.support.checkpoint_harness import train_full, train_interrupted
+from tests.support.precision_harness import overflow_run
+from tests.support.training_harness import TINY_GPT, compose_config, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
 
 BASE = TINY_GPT + ["train.steps=3", "optim=sgd", "train.lr=0.05", "model.tie_embeddings=false"]
 # Without tensor parallelism a pipeline runs the reference's operations on the same tensors (one
@@ -70,8 +70,8 @@ def test_bf16_pipelines_match_the_single_process_bf16_scheme(tmp_path, world, la
 
 @pytest.mark.slow
 def test_bf16_asynchronous_schedules_match_their_references(tmp_path):
-    """pipedream and 2bw in bf16 against tests/async_reference.py under the same scheme (fp16 is
-    refused for them: tests/unit/test_precision.py)."""
+    """pipedream and 2bw in bf16 against tests/support/async_reference.py under the same scheme (fp16 is
+    refused for them: tests/unit/numerics/test_precision.py)."""
     runs = {"2bw": BASE + ["precision=bf16", "schedule=2bw", "parallel.pp=2", "train.steps=4"],
             "pipedream": BASE + ["precision=bf16", "schedule=pipedream", "parallel.pp=2", "train.steps=4"]}
     per_rank = run_workers(train_rank, 2, [(overrides, str(tmp_path / name)) for name, overrides in runs.items()])

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from pipedream.numerics.precision import MixedPrecision
-from tests.precision_harness import train_on_cuda
-from tests.training_harness import TINY_GPT
-from tests.workers import run_workers
+from tests.support.precision_harness import train_on_cuda
+from tests.support.training_harness import TINY_GPT
+from tests.support.workers import run_workers
 
 pytestmark = pytest.mark.gpu
 

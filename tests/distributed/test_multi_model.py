@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from pipedream.multi_model.export import split_models
-from tests.checkpoint_harness import train_full, train_interrupted
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
-from tests.workers import run_workers
+from tests.support.checkpoint_harness import train_full, train_interrupted
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
 
 STEPS = 3
 # per-model overrides: each model its own seed (weights, data set and order) and learning rate

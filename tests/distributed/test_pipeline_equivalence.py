@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
 
 # (schedule, pp, dp, vpp)
 LAYOUTS = [

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from pipedream.config.plan_file import load_plan
-from tests.training_harness import compose_config, reference_training
-from tests.workers import run_workers
+from tests.support.training_harness import compose_config, reference_training
+from tests.support.workers import run_workers
 
 MODEL = ["model=bert_tiny", "model.hidden_size=32", "model.num_heads=2", "model.seq_len=16"]
 TRAIN = ["train.steps=3", "train.warmup_steps=1", "train.eval_every=0", "train.eval_batches=1", "train.log_every=1",

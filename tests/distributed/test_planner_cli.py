@@ -11,7 +11,7 @@ import pytest
 from planner.__main__ import main
 from planner.inputs.graph_txt import import_graph
 from pipedream.config.plan_file import load_plan
-from tests.planner_helpers import BRANCHY, CHAIN
+from tests.support.planner_helpers import BRANCHY, CHAIN
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -80,7 +80,7 @@ def test_branchy_graph_txt_plans(capsys, tmp_path):
 
 @pytest.mark.parametrize("model", ["vgg16", "alexnet", "resnet50", "gnmt"])
 def test_pipedream_dag_profiles_plan(capsys, tmp_path, model):
-    from tests.graph_txt_profiles import write_profiles
+    from tests.support.graph_txt_profiles import write_profiles
 
     graph = write_profiles(tmp_path)[model]
     out_path = tmp_path / "plan.json"
@@ -88,7 +88,7 @@ def test_pipedream_dag_profiles_plan(capsys, tmp_path, model):
                          "cluster.nodes=1", "train.global_batch_size=256", f"planner.out={out_path}")
     assert code == 0, err
     assert f"Plan for graph:{model} " in out
-    plan = load_plan(out_path)   # every node a layer (tests/unit/test_planner_profile.py counts them)
+    plan = load_plan(out_path)   # every node a layer (tests/unit/planner/inputs/test_profile.py counts them)
     assert plan.model.num_layers == import_graph(graph, 32).num_layers
     assert plan.world_size <= 4 and plan.stages[-1].layers[1] == plan.model.num_layers
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.training_harness import assert_matches_reference, merge_params, reference_training, train_rank
-from tests.workers import run_workers
+from tests.support.training_harness import assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "masked_sequences"
 PLUGIN = ["model._target_=maskseq.model.build", "model.width=16", "data._target_=maskseq.data.build",
@@ -38,7 +38,7 @@ def test_two_tensor_boundary_plugin_matches_single_process(tmp_path, monkeypatch
 def test_a_parameter_shared_by_two_stages_matches_single_process(tmp_path):
     """``from_modules`` finds the Linear used as layer 0 and layer 3; on two stages its gradients
     are summed across them, as the single-process model accumulates both uses into one."""
-    tied = ["model._target_=tests.plugin_cases.tied_across_layers", "data._target_=tests.plugin_cases.tied_data",
+    tied = ["model._target_=tests.support.plugin_cases.tied_across_layers", "data._target_=tests.support.plugin_cases.tied_data",
             "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=3", "train.warmup_steps=1",
             "train.eval_every=0", "train.log_every=1", "train.progress=false", "train.timeout_s=60", "optim=sgd",
             "train.lr=0.05", "parallel.pp=2"]

@@ -18,10 +18,10 @@ import torch
 from pipedream.checkpoint.store import complete_checkpoints
 from pipedream.export import consolidate
 from pipedream.lifecycle.preemption import read_marker
-from tests.checkpoint_harness import train_full
-from tests.preemption_harness import signal_then_resume
-from tests.training_harness import TINY_GPT, merge_params
-from tests.workers import run_workers
+from tests.support.checkpoint_harness import train_full
+from tests.support.preemption_harness import signal_then_resume
+from tests.support.training_harness import TINY_GPT, merge_params
+from tests.support.workers import run_workers
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -21,7 +21,7 @@ from models.tensor_parallel import (ColumnParallelLinear, ParallelMLP, ParallelS
                                        gather_from_region, gather_tensor, grad_norm_squared, scatter_chunk, shard_spec,
                                        shard_tensor, vocab_parallel_cross_entropy)
 from models.tensor_parallel.mappings import gather_last, split_last
-from tests.workers import run_workers
+from tests.support.workers import run_workers
 
 Pairs = dict[str, tuple[torch.Tensor, torch.Tensor]]
 TINY = dict(num_layers=2, hidden_size=32, num_heads=4, seq_len=16, vocab_size=251)  # 251: padded to 252

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
 
 LAYOUTS = [(1, 2, 1), (2, 2, 1), (1, 2, 2)]   # (pp, tp, dp)
 SGD = ["optim=sgd", "train.lr=0.05", "model.vocab_size=255"]   # 255: the vocabulary needs padding

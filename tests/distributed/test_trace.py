@@ -13,7 +13,7 @@ from pipedream.schedules.weight_hold import held_until_activation_send
 from pipedream.config.specs import TraceSpec
 from pipedream.observe.trace import WEIGHT_GRADS, RankTrace, StepTrace, TraceEvent, TraceRecorder, chrome_trace, traced_steps
 from pipedream.observe.trace_report import bubble_fraction, measured_costs, representative_step, write_trace_outputs
-from tests.workers import run_workers
+from tests.support.workers import run_workers
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 TINY_MLP = ["model=mlp", "data=synthetic", "model.num_layers=4", "model.hidden_size=32", "train.global_batch_size=16",

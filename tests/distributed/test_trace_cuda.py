@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.precision_harness import train_on_cuda
-from tests.training_harness import TINY_GPT
-from tests.workers import run_workers
+from tests.support.precision_harness import train_on_cuda
+from tests.support.training_harness import TINY_GPT
+from tests.support.workers import run_workers
 
 pytestmark = pytest.mark.gpu
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers import run_workers
-from tests.training_harness import TINY_GPT, compose_config
+from tests.support.workers import run_workers
+from tests.support.training_harness import TINY_GPT, compose_config
 
 # sequence lengths of each step's 4 micro-batches (the model's context is 16)
 LENGTHS = [[16, 8, 12, 16], [5, 5, 16, 9], [16, 16, 16, 16]]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from tests.training_harness import assert_matches_reference, merge_params, reference_training, train_rank
-from tests.workers import run_workers
+from tests.support.training_harness import assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
 
 SYNTHETIC = ["data=synthetic_images", "data.num_samples=64"]
 BASE = ["train.global_batch_size=8", "train.micro_batch_size=2",

@@ -10,9 +10,9 @@ import pytest
 
 from pipedream.schedules import Kind, build_schedule, schedule_placement
 from pipedream.schedules.simulate import Costs, simulate
-from tests.checkpoint_harness import train_full, train_interrupted
-from tests.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
-from tests.workers import run_workers
+from tests.support.checkpoint_harness import train_full, train_interrupted
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
 
 LAYOUTS = [(schedule, pp, dp) for schedule in ("zb_h2", "zbv") for pp, dp in ((2, 1), (4, 1), (2, 2))]
 LAYOUTS += [("dualpipev", 2, 1), ("dualpipev", 4, 1)]

@@ -1,4 +1,4 @@
-"""Every case of the failure catalogue (tests/bad_input_catalogue.py) is refused in-process: exit code
+"""Every case of the failure catalogue (tests/support/bad_input_catalogue.py) is refused in-process: exit code
 2, one ``error:`` line naming the case's value, fast, and the launcher never reaches its torchrun
 call (replaced here by a tripwire; this tier's conftest also refuses any process)."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.bad_input_catalogue import CATALOGUE, make_fixtures
+from tests.support.bad_input_catalogue import CATALOGUE, make_fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = 20   # far below the 120 s a rank's communication timeout would take; generous for a loaded machine

@@ -10,7 +10,7 @@ from pipedream.checkpoint.store import CheckpointError
 from pipedream.errors import FINAL_EXIT, ConfigError, DataError, InvariantError
 from pipedream.numerics.optim import NonFiniteError
 from pipedream.train import run
-from tests.training_harness import compose_config
+from tests.support.training_harness import compose_config
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
        "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=2", "train.timeout_s=7"]

@@ -27,7 +27,7 @@ def test_a_line_and_its_newline_go_out_in_one_write(monkeypatch):
 def test_a_rank_failure_after_start_is_one_write(monkeypatch):
     from pipedream.errors import DataError
     from pipedream.train import run
-    from tests.training_harness import compose_config
+    from tests.support.training_harness import compose_config
 
     def failing_train(cfg, spec, ctx):
         raise DataError("injected fault on rank 0: the batch is malformed")

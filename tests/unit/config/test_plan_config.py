@@ -1,0 +1,65 @@
+"""A planner plan file drives a run: its degrees, split, schedule and batch replace the config's."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipedream.errors import ConfigError
+from pipedream.config.plan_config import apply_plan, check_plan_world_size
+from pipedream.config.run_spec import build_run_spec
+from tests.support.training_harness import compose_config
+
+
+def write_plan(path, layers=((0, 2), (2, 6)), num_layers=6, schedule="gpipe"):
+    plan = {"version": 1, "model": {"name": "gpt_tiny", "num_layers": num_layers, "num_parameters": 1},
+            "cluster": {"name": "local_cpu", "num_devices": 2, "devices_per_node": 2},
+            "parallel": {"pp": len(layers), "tp": 1, "dp": 1, "vpp": 1}, "schedule": schedule,
+            "batch": {"global": 8, "micro": 2, "num_microbatches": 4}, "recompute": "full",
+            "stages": [{"layers": list(l), "replicas": 1, "ranks": [i]} for i, l in enumerate(layers)],
+            "predicted": {"iteration_time_s": 1.0, "samples_per_s": 8.0, "tflops_per_device": 0.0,
+                          "bubble_fraction": 0.0, "memory_bytes_per_device": 0.0}}
+    path.write_text(json.dumps(plan))
+    return str(path)
+
+
+def test_plan_replaces_degrees_split_schedule_and_batch(tmp_path):
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json')}", "parallel.pp=7"])
+    spec = build_run_spec(apply_plan(cfg), world_size=2)
+    assert spec.layout.pp == 2 and spec.schedule == "gpipe" and spec.recompute
+    assert spec.bounds == ((0, 2), (2, 6)) and spec.global_batch == 8 and spec.microbatches == 4
+
+
+def test_plan_world_size_and_model_mismatch_are_one_line(tmp_path):
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json')}"])
+    with pytest.raises(ConfigError, match="the plan needs 2 processes .* but WORLD_SIZE = 4"):
+        check_plan_world_size(cfg, 4)
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'p8.json', ((0, 4), (4, 8)), 8)}"])
+    with pytest.raises(ConfigError, match="splits 8 layers but model=gpt has 6 pipeline layers"):
+        apply_plan(cfg)
+
+
+def test_a_planner_plan_for_bert_applies(tmp_path, capsys):
+    """The planner counts BERT's embedding and head as pipeline layers, as the runtime does."""
+    from planner.__main__ import main as planner_main
+
+    path = tmp_path / "bert.json"
+    model = ["model=bert_tiny", "model.hidden_size=32", "model.num_heads=2", "model.seq_len=16"]
+    assert planner_main(model + ["cluster=local_cpu", "train.global_batch_size=8", "planner.pp=2",
+                                 f"planner.out={path}"]) == 0, capsys.readouterr().err
+    cfg = compose_config(model + [f"parallel.plan={path}"])
+    check_plan_world_size(cfg, 2)
+    spec = build_run_spec(apply_plan(cfg), world_size=2)
+    assert spec.num_layers == 4 and spec.layout.pp == 2
+    assert spec.bounds[0][0] == 0 and spec.bounds[-1][1] == 4 and spec.global_batch == 8
+
+
+def test_zero_bubble_plans(tmp_path):
+    """A zb_h2 plan trains as planned; a zbv plan (priced per rank, no V split) is one line."""
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'zb.json', schedule='zb_h2')}"])
+    spec = build_run_spec(apply_plan(cfg), world_size=2)
+    assert spec.schedule == "zb_h2" and spec.bounds == ((0, 2), (2, 6))
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'zbv.json', schedule='zbv')}"])
+    with pytest.raises(ConfigError, match="train it with schedule=zbv parallel.pp=2 without parallel.plan") as error:
+        apply_plan(cfg)
+    assert "\n" not in str(error.value)

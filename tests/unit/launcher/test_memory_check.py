@@ -1,0 +1,76 @@
+"""The launcher's memory pre-check: analytic bytes per term, summed over this machine's processes."""
+from __future__ import annotations
+
+import pytest
+
+from launcher.memory_check import (FP32, GIB, RUNTIME_BYTES_PER_PROCESS, check_memory, estimate_memory,
+                                   for_model_set, microbatches_in_flight, optimizer_states, weight_versions)
+from models import build_model
+from pipedream.errors import ConfigError
+from pipedream.config.run_spec import build_run_spec
+from pipedream.config.specs import OptimSpec
+from tests.support.training_harness import compose_config
+
+GPT_1_7B = ["model.num_layers=24", "model.hidden_size=2304", "model.num_heads=24", "model.seq_len=2048",
+            "model.vocab_size=51200"]
+
+
+def estimate(overrides: list[str], processes: int = 2):
+    from omegaconf import OmegaConf
+    cfg = compose_config(overrides)
+    spec = build_run_spec(cfg, processes)
+    return estimate_memory(OmegaConf.to_container(cfg.model), spec, processes), cfg, spec
+
+
+def test_optimizer_states_and_weight_versions():
+    assert optimizer_states(OptimSpec("adamw", 0.0, True, "torch", betas=(0.9, 0.95), eps=1e-8)) == 2
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.9)) == 1
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.0)) == 0
+    assert weight_versions("1f1b", 4) == 1 and weight_versions("2bw", 4) == 2 and weight_versions("pipedream", 4) == 4
+    assert microbatches_in_flight("gpipe", 2, 8) == 8
+    assert microbatches_in_flight("1f1b", 4, 8) == (4 + 3 + 2 + 1) / 4
+    assert microbatches_in_flight("1f1b", 4, 2) == (2 + 2 + 2 + 1) / 4
+
+
+def test_weights_match_the_built_model_and_terms_scale():
+    """The default job (pp = 2): the weight term is the real model's parameter count in fp32, plus
+    the tied embedding's second copy on the last stage; gradients equal it, AdamW doubles it."""
+    adamw, cfg, _ = estimate([])
+    built = sum(p.numel() for p in build_model(cfg.model).build_sequential().parameters())
+    tied_copy = cfg.model.vocab_size * cfg.model.hidden_size
+    assert adamw.weights == pytest.approx((built + tied_copy) * FP32, rel=0.001)
+    assert adamw.gradients == adamw.weights and adamw.optimizer == 2 * adamw.weights
+    assert adamw.runtime == 2 * RUNTIME_BYTES_PER_PROCESS
+    sgd, _, _ = estimate(["optim=sgd"])
+    assert sgd.optimizer == sgd.weights and sgd.activations == adamw.activations
+    full, _, _ = estimate(["recompute.granularity=full"])
+    assert full.activations < adamw.activations / 5
+    dp2, _, _ = estimate(["parallel.pp=1", "parallel.dp=2"])
+    assert dp2.weights == pytest.approx(2 * adamw.weights)   # two whole replicas on this machine
+    gpipe, _, _ = estimate(["schedule=gpipe"])
+    assert gpipe.activations == pytest.approx(adamw.activations * 8 / 1.5)   # m = 8 vs 1F1B's (2 + 1) / 2
+
+
+def test_large_model_is_refused_with_the_numbers_in_one_line():
+    _, cfg, spec = estimate(GPT_1_7B)
+    with pytest.raises(ConfigError) as error:
+        check_memory("gpt_1.7b", cfg, spec, 2, available=23.4 * GIB)
+    message = str(error.value)
+    assert "\n" not in message
+    assert message.startswith("model=gpt_1.7b needs about ") and "2 processes: weights 6.6, gradients 6.6, " \
+        "optimizer 13.2" in message and "but 23.4 GiB is available" in message
+
+
+def test_default_job_fits_and_cuda_is_skipped():
+    _, cfg, spec = estimate([])
+    assert check_memory("gpt_tiny", cfg, spec, 2, available=2 * GIB) is None
+    _, big, big_spec = estimate(GPT_1_7B + ["cluster.device=cuda"])
+    assert "skipped for cluster.device=cuda" in check_memory("gpt_1.7b", big, big_spec, 2, available=GIB)
+
+
+def test_a_fused_model_set_holds_k_models():
+    single, cfg, _ = estimate([])
+    fused = for_model_set(estimate(["train.models=4"])[0], compose_config(["train.models=4"]))
+    assert fused.weights == 4 * single.weights and fused.activations == 4 * single.activations
+    assert fused.runtime == single.runtime
+    assert for_model_set(single, cfg) == single
