@@ -91,5 +91,5 @@ INFO = ScheduleInfo(
              SizeRule(lambda p, m, v: m >= 2 * p,
                       lambda p, m, v: f"schedule dualpipev needs microbatches >= 2 * pp = {2 * p} (got {m}): "
                                       f"raise the micro-batches per step or use schedule=zbv")),
-    bubble=lambda p, m, v: (p - 1) / (6 * m),     # the fill of p - 1 chunk forwards, zbv's at best
+    bubble=lambda p, m, v: (p - 1) / (6 * m), bubble_rule="(p-1)/(6m) with t_w = t_b/2",   # zbv's at best
     in_flight=lambda stage, p, m, v: 2 * p + 1 + 0 * (stage + m))   # one pair more than zbv's 2p, at every rank

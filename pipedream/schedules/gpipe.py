@@ -25,5 +25,5 @@ def gpipe(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
 
 INFO = ScheduleInfo(
     name="gpipe", build=gpipe, refuses=(ONE_CHUNK,),
-    bubble=lambda p, m, v: (p - 1) / m,
+    bubble=lambda p, m, v: (p - 1) / m, bubble_rule="(p-1)/m",
     in_flight=lambda stage, p, m, v: m + 0 * stage)   # every micro-batch forwarded before the first backward

@@ -52,6 +52,7 @@ class ScheduleInfo:
     in_flight: Callable[[Any, Any, Any, Any], Any]
     bubble: Callable[[Any, Any, Any], Any] = no_bubble
     bubble_slack: int = 0
+    bubble_rule: str = "none in steady state"   # ``bubble`` as the planner's report prints it
     weight_versions: Callable[[Any], Any] = one_version
     refuses: tuple[SizeRule, ...] = ()
     asynchronous: bool = False          # no flush: the lists span the run, weights have several versions

@@ -86,4 +86,4 @@ def interleaved(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
 
 
 INFO = ScheduleInfo(name="interleaved", build=interleaved, refuses=REFUSES, interleaves=True,
-                    bubble=lambda p, m, v: (p - 1) / (v * m), in_flight=in_flight)
+                    bubble=lambda p, m, v: (p - 1) / (v * m), bubble_rule="(p-1)/(v m)", in_flight=in_flight)

@@ -29,4 +29,4 @@ def in_flight(stage, p, m, v=1):
 
 
 INFO = ScheduleInfo(name="1f1b", build=one_f_one_b, refuses=(ONE_CHUNK,),
-                    bubble=lambda p, m, v: (p - 1) / m, in_flight=in_flight)
+                    bubble=lambda p, m, v: (p - 1) / m, bubble_rule="(p-1)/m", in_flight=in_flight)

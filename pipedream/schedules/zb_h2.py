@@ -39,7 +39,7 @@ def bubble(p, m, v=1):
 
 
 INFO = ScheduleInfo(
-    name="zb_h2", build=zb_h2, split_backward=True, bubble=bubble,
+    name="zb_h2", build=zb_h2, split_backward=True, bubble=bubble, bubble_rule="(p-1)/(3m) with t_w = t_b/2",
     refuses=(SizeRule(lambda p, m, v: v == 1, lambda p, m, v: f"schedule zb_h2 needs vpp = 1, got {v}; "
                                                               f"use schedule=zbv for two chunks per rank"),),
     in_flight=lambda stage, p, m, v: np.minimum(2 * p - 1, m) + 0 * stage)   # about twice 1F1B's p at stage 0

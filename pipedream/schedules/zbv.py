@@ -50,5 +50,5 @@ def bubble(p, m, v=CHUNKS):
 
 INFO = ScheduleInfo(
     name="zbv", build=zbv, split_backward=True, placement="vshape", fixed_chunks=CHUNKS, refuses=(v_shape_rule("zbv"),),
-    bubble=bubble, bubble_slack=2,
+    bubble=bubble, bubble_slack=2, bubble_rule="(p-1)/(6m) with t_w = t_b/2",
     in_flight=lambda stage, p, m, v: np.minimum(2 * p, 2 * m) + 0 * stage)   # p micro-batches: 1F1B's stage 0
