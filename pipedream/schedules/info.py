@@ -30,6 +30,10 @@ def no_bubble(p, m, v):
     return np.zeros(np.broadcast(np.asarray(p), np.asarray(m), np.asarray(v)).shape)
 
 
+def exact(p: int, m: int) -> int:
+    return 0
+
+
 def one_version(in_flight):
     return np.ones(np.shape(in_flight)) if np.ndim(in_flight) else 1.0
 
@@ -40,7 +44,7 @@ class ScheduleInfo:
 
     ``bubble(p, m, v)``: idle over compute time of one iteration at unit costs ((p-1)/m for 1F1B); for
     the asynchronous schedules the steady state's (their run's one fill and drain is not in it).
-    ``bubble_slack``: chunk-steps by which the built order may exceed ``bubble`` (0: exact).
+    ``bubble_slack(p, m)``: chunk-steps by which the built order may exceed ``bubble`` (0: exact).
     ``in_flight(stage, p, m, v)``: (micro-batch, chunk) pairs rank ``stage`` holds at its peak, from a
     forward to its backward (to its W with a split backward); divided by ``chunks(v)`` it is in units of
     a whole stage's activations. ``weight_versions(in_flight)``: weight copies a rank keeps with that
@@ -51,7 +55,7 @@ class ScheduleInfo:
     build: Callable[..., list] | None   # (pp, microbatches, vpp[, steps]) -> actions per rank; None: harmony_pp
     in_flight: Callable[[Any, Any, Any, Any], Any]
     bubble: Callable[[Any, Any, Any], Any] = no_bubble
-    bubble_slack: int = 0
+    bubble_slack: Callable[[int, int], int] = exact
     bubble_rule: str = "none in steady state"   # ``bubble`` as the planner's report prints it
     weight_versions: Callable[[Any], Any] = one_version
     refuses: tuple[SizeRule, ...] = ()

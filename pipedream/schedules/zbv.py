@@ -42,13 +42,13 @@ def v_shape_rule(name: str) -> SizeRule:
 
 
 def bubble(p, m, v=CHUNKS):
-    """One chunk forward of fill per rank, (p-1)/(6m), half of ZB-H2's; for p >= 5 the greedy order
-    may take up to 2 chunk-steps more (``bubble_slack``)."""
+    """One chunk forward of fill per rank, (p-1)/(6m), half of ZB-H2's: a lower bound, the greedy order
+    takes up to 2 chunk-steps more for p >= 5 and m >= 2p, up to 4p below (``bubble_slack``)."""
     p, m = np.asarray(p, dtype=float), np.asarray(m, dtype=float)
     return np.maximum(6.0 * m + p - 1.0, 2.0 * m + 4.0 * p - 1.0) / (6.0 * m) - 1.0
 
 
 INFO = ScheduleInfo(
     name="zbv", build=zbv, split_backward=True, placement="vshape", fixed_chunks=CHUNKS, refuses=(v_shape_rule("zbv"),),
-    bubble=bubble, bubble_slack=2, bubble_rule="(p-1)/(6m) with t_w = t_b/2",
+    bubble=bubble, bubble_slack=lambda p, m: 2 if m >= 2 * p else 4 * p, bubble_rule="(p-1)/(6m) with t_w = t_b/2",
     in_flight=lambda stage, p, m, v: np.minimum(2 * p, 2 * m) + 0 * stage)   # p micro-batches: 1F1B's stage 0

@@ -32,7 +32,7 @@ def test_formulas_match_the_simulated_order(name: str) -> None:
             result = simulate(build_schedule(name, p, m), Costs(forward=1.0, backward=2.0, weight_grad=1.0),
                               vpp=placement.vpp, peer=placement.peer, needs=placement.needs)
             formula = float(cost.bubble_fraction(name, p, m))
-            if not schedule_info(name).bubble_slack:
+            if not schedule_info(name).bubble_slack(p, m):
                 assert math.isclose(result.bubble_fraction, formula, abs_tol=1e-9), (p, m)
             else:   # the formula is the fill; the order may add up to 2 chunk-steps (4p of them for m < p)
                 slack = (2 if m >= 2 * p else 4 * p) / (6 * m)
