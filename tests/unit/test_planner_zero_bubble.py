@@ -90,3 +90,10 @@ def test_a_schedule_the_planner_cannot_plan_is_one_line_with_its_reason(capsys) 
     assert schedule_info("harmony_pp").not_planned in err
     assert planner_main(["model=gpt_tiny", "cluster=local_cpu", "planner.schedules=[zigzag]"]) == 2
     assert "no cost model for zigzag" in capsys.readouterr().err
+
+
+def test_dualpipev_is_planned_with_its_own_bubble_and_memory() -> None:
+    best = ptdp_search(small_inputs(("dualpipev",))).best
+    assert best.schedule == "dualpipev" and best.pp == 4
+    assert math.isclose(best.bubble_fraction, 3 / (6 * best.num_microbatches))
+    assert cost.in_flight("dualpipev", 4, 0, 8) == 4.5   # 2p + 1 chunks of half a stage
