@@ -8,6 +8,7 @@ from typing import Any, Mapping
 
 from pipedream.errors import ConfigError
 from pipedream.config.specs import OptimSpec
+from pipedream.schedules import ScheduleInfo
 
 GIB = 1024 ** 3
 FP32 = 4
@@ -42,17 +43,22 @@ def optimizer_states(optim: OptimSpec) -> int:
     return 2
 
 
-def weight_versions(schedule: str, pp: int) -> int:
-    """Weight copies a stage holds: 2BW double-buffers, PipeDream stashes up to one per stage."""
-    return {"2bw": 2, "pipedream": pp}.get(schedule, 1)
+def stage_in_flight(schedule: ScheduleInfo, stage: int, pp: int, microbatches: int, vpp: int) -> float:
+    """Micro-batches whose activations ``stage`` holds at its peak, in whole stages' activations."""
+    return float(schedule.in_flight(stage, pp, microbatches, vpp)) / schedule.chunks(vpp)
 
 
-def microbatches_in_flight(schedule: str, pp: int, microbatches: int) -> float:
-    """Micro-batches whose activations a stage holds at the peak, averaged over the stages: all of
-    them for GPipe; for the 1F1B family stage i holds min(pp - i, m)."""
-    if schedule == "gpipe":
-        return float(microbatches)
-    return sum(min(pp - stage, microbatches) for stage in range(pp)) / pp
+def weight_versions(schedule: ScheduleInfo, pp: int, microbatches: int, vpp: int = 1) -> float:
+    """Weight copies the stage that holds most keeps (2BW double-buffers, PipeDream stashes one per
+    micro-batch in flight, up to pp at stage 0)."""
+    return max(float(schedule.weight_versions(stage_in_flight(schedule, stage, pp, microbatches, vpp)))
+               for stage in range(pp))
+
+
+def microbatches_in_flight(schedule: ScheduleInfo, pp: int, microbatches: int, vpp: int = 1) -> float:
+    """Micro-batches whose activations a stage holds at the peak, averaged over the stages (the
+    schedule's ``in_flight``: all m for GPipe, min(pp - i, m) at stage i of 1F1B)."""
+    return sum(stage_in_flight(schedule, stage, pp, microbatches, vpp) for stage in range(pp)) / pp
 
 
 def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> MemoryEstimate:
@@ -67,10 +73,10 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
     pp, tp = spec.layout.pp, spec.layout.tp
     share = processes / (pp * tp)
     weights = parameters * FP32 * share
-    in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches)
+    in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
     return MemoryEstimate(
         processes=processes,
-        weights=weights * weight_versions(spec.schedule, pp),
+        weights=weights * weight_versions(spec.schedule, pp, spec.microbatches, spec.layout.vpp),
         gradients=weights,
         optimizer=weights * optimizer_states(spec.optim),
         activations=per_sample * spec.micro_batch * in_flight * share,

@@ -267,9 +267,9 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
     traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)
     report = None
     if traces is not None:
-        report = write_trace_outputs(run_dir / "trace", traces, spec.schedule, spec.layout.pp, spec.microbatches,
+        report = write_trace_outputs(run_dir / "trace", traces, spec.schedule.name, spec.layout.pp, spec.microbatches,
                                      spec.layout.vpp, draw=spec.trace.timeline,
-                                     metadata={"schedule": spec.schedule, "run_dir": str(run_dir)},
+                                     metadata={"schedule": spec.schedule.name, "run_dir": str(run_dir)},
                                      weight_grads_delay=spec.train.weight_grads_delay)
         if report is not None:
             for rank_stats, bubble in zip(gathered, report.bubble_fraction_per_rank):
@@ -282,7 +282,7 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
     median = loop.times.median_after_warmup()
     return {
         "steps": spec.train.steps,
-        "schedule": spec.schedule,
+        "schedule": spec.schedule.name,
         "precision": spec.precision.name,
         "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp},
         "batch": {"global": spec.global_batch, "micro": spec.micro_batch, "num_microbatches": spec.microbatches},

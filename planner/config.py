@@ -7,7 +7,7 @@ from typing import Any, Sequence
 
 from pipedream.config.loading import compose_config, describe_missing_option
 
-from planner.costs import zero_bubble
+from pipedream.schedules import SCHEDULE_INFOS, planned_schedules
 from planner.errors import PlannerError
 from planner.inputs.cluster_sheet import measured_cluster, measured_profile, measured_runtime, measured_tp_profiles
 from planner.harmony.costs import alone_profile, measured_harmony, sheet_entry
@@ -16,7 +16,7 @@ from planner.inputs.search_inputs import Inputs
 from planner.inputs.model_specs import spec_from_config
 from planner.inputs.profile import Profile, analytic_profile, load_profile
 
-PLANNED_SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", *zero_bubble.SCHEDULES)
+PLANNED_SCHEDULES = planned_schedules()
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
@@ -126,11 +126,14 @@ def _calibrated(cfg: Any, cluster, profile: Profile) -> dict:
 
 def _schedules(values: Any) -> tuple[str, ...]:
     names = tuple(str(s) for s in values)
-    unknown = [s for s in names if s not in PLANNED_SCHEDULES]
+    for name in names:
+        info = SCHEDULE_INFOS.get(name)
+        if info is not None and info.not_planned:
+            raise PlannerError(f"planner.schedules={list(names)}: {info.not_planned}")
+    unknown = [s for s in names if s not in SCHEDULE_INFOS]
     if unknown:
         raise PlannerError(f"planner.schedules={list(names)}: the planner has no cost model for {', '.join(unknown)}; "
-                           f"choose among {', '.join(PLANNED_SCHEDULES)} (for dualpipev plan zbv: the same "
-                           f"iteration at unit costs)")
+                           f"choose among {', '.join(PLANNED_SCHEDULES)}")
     return names
 
 

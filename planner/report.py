@@ -3,6 +3,7 @@ end-to-end training time for a token budget (eq. 4.4)."""
 from __future__ import annotations
 
 from models.formulas import training_days
+from pipedream.schedules import schedule_info
 
 from planner.search.auto import Outcome
 from planner.search.ranking import GIB, Candidate
@@ -16,9 +17,7 @@ def _split(c: Candidate, limit: int = 6) -> str:
 
 
 def _bubble_rule(schedule: str) -> str:
-    return {"gpipe": "(p-1)/m", "1f1b": "(p-1)/m", "interleaved": "(p-1)/(v m)",
-            "zb_h2": "(p-1)/(3m) with t_w = t_b/2", "zbv": "(p-1)/(6m) with t_w = t_b/2",
-            }.get(schedule, "none in steady state")
+    return schedule_info(schedule).bubble_rule
 
 
 def _sim_line(sim, m: int) -> str:
@@ -84,8 +83,8 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
         _row("bubble", f"{c.bubble_fraction:.2%} of ideal time ({_bubble_rule(c.schedule)})"),
         _row("time per iteration", ", ".join(f"{k} {v:.3g} s" for k, v in c.breakdown.items() if v > 0)),
     ]
-    lines.append(_row("simulator check", _sim_line(sim, c.num_microbatches if c.schedule != "pipedream"
-                                               else c.global_batch // c.micro)))
+    lines.append(_row("simulator check", _sim_line(sim, c.global_batch // c.micro
+                                               if schedule_info(c.schedule).updates_per_microbatch else c.num_microbatches)))
     for note in plan.planner.get("notes", []):
         lines.append(f"  note: {note}")
     return "\n".join(lines)

@@ -280,7 +280,7 @@ class RunCheckpoints:
         self.engine, self.rank = engine, rank
         spec = engine.spec
         self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}-v{spec.layout.vpp}-"
-                           f"{spec.schedule}-{list(spec.bounds)}")
+                           f"{spec.schedule.name}-{list(spec.bounds)}")
         self.module = layers_module(_global_layers(engine))
         self.extra = {**record, "layout": self.layout_key}
         self.saved: tuple[int, Path] | None = None   # the latest (step, folder) this run wrote

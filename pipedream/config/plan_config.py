@@ -10,6 +10,7 @@ from pipedream.config.loading import config_dir
 from pipedream.errors import ConfigError
 from pipedream.config.plan_file import PlanError, load_plan
 from models import layer_count
+from pipedream.schedules import schedule_info
 
 
 def apply_plan(cfg: Any) -> Any:
@@ -21,9 +22,10 @@ def apply_plan(cfg: Any) -> Any:
         plan = load_plan(str(path))
     except PlanError as error:
         raise ConfigError(str(error)) from None
-    if plan.schedule == "zbv" and plan.parallel.vpp != 2:
-        raise ConfigError(f"plan {path} prices schedule=zbv as one stage per rank and does not split each rank's "
-                          f"layers into the V's two chunks: train it with schedule=zbv parallel.pp="
+    chunks = schedule_info(plan.schedule).fixed_chunks
+    if chunks and plan.parallel.vpp != chunks:
+        raise ConfigError(f"plan {path} prices schedule={plan.schedule} as one stage per rank and does not split each "
+                          f"rank's layers into the V's two chunks: train it with schedule={plan.schedule} parallel.pp="
                           f"{plan.parallel.pp} without parallel.plan")
     expected_layers = layer_count(cfg.model)
     if plan.model.num_layers != expected_layers:

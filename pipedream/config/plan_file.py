@@ -1,8 +1,9 @@
 """The plan file: the single contract between the planner and the runtime (docs/planner.md,
 "The plan file").
 
-The planner writes it and the runtime reads it. It imports neither (only the standard library),
-so the runtime never depends on the planner.
+The planner writes it and the runtime reads it. It imports neither (only the standard library and
+the schedule registry, which names the schedules a plan may hold), so the runtime never depends on
+the planner.
 
 ``load_plan(path)`` validates everything the runtime relies on and raises ``PlanError`` with one
 line naming the field, the rule and a way out. Extra top-level keys (``planner``: algorithm, reason,
@@ -15,8 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pipedream.schedules.registry import SCHEDULE_INFOS
+
 PLAN_VERSION = 1
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "pipedream", "2bw", "zb_h2", "zbv", "harmony_pp")
+SCHEDULES = tuple(SCHEDULE_INFOS)
 RECOMPUTE = ("none", "full", "selective")
 
 
@@ -173,7 +176,7 @@ def plan_from_json(data: Any) -> Plan:
         if value < 1:
             raise PlanError(f"plan parallel.{name} = {value} must be >= 1")
     schedule = _need(data, "schedule", str)
-    if schedule not in SCHEDULES:
+    if schedule not in SCHEDULE_INFOS:
         raise PlanError(f"plan schedule = {schedule!r} is unknown; choose one of {', '.join(SCHEDULES)}")
     recompute = _need(data, "recompute", str)
     if recompute not in RECOMPUTE:
@@ -182,7 +185,7 @@ def plan_from_json(data: Any) -> Plan:
     stages = tuple(_stage(s, i) for i, s in enumerate(_need(data, "stages", list)))
     pred = data.get("predicted") or {}
     predicted = Predicted(**{k: float(pred.get(k, 0.0)) for k in Predicted.__dataclass_fields__})
-    harmony = _harmony(_need(data, "harmony", dict)) if schedule == "harmony_pp" else None
+    harmony = _harmony(_need(data, "harmony", dict)) if SCHEDULE_INFOS[schedule].memory_virtualised else None
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
                 data.get("precision"), harmony)
@@ -257,7 +260,7 @@ def _validate(plan: Plan) -> None:
         start = st.layers[1]
     if start != plan.model.num_layers:
         raise PlanError(f"plan stages cover layers [0, {start}) but the model has {plan.model.num_layers}")
-    if plan.schedule != "pipedream" and any(st.replicas != par.dp for st in stages):
+    if not SCHEDULE_INFOS[plan.schedule].replicated_stages and any(st.replicas != par.dp for st in stages):
         raise PlanError(f"plan replicas {[st.replicas for st in stages]} must all equal parallel.dp = {par.dp}; "
                         f"only the pipedream schedule replicates stages unevenly")
     if plan.batch.global_batch != plan.batch.micro * plan.batch.num_microbatches * stages[0].replicas:

@@ -21,8 +21,8 @@ from pipedream.config.layout import ParallelLayout, split_layers
 from pipedream.multi_model.settings import check_multi_model, multi_model_spec
 from pipedream.config.precision import PrecisionSpec
 from models.plugin_config import plugin_target
-from pipedream.schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SCHEDULES, ScheduleError, build_schedule, pipedream_replicated,
-                        schedule_placement)
+from pipedream.schedules import (ScheduleError, ScheduleInfo, build_schedule, pipedream_replicated, schedule_info,
+                                 unknown_schedule)
 from pipedream.config.specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
 
 OPTIMIZERS = ("adamw", "sgd")
@@ -34,7 +34,7 @@ RECOMPUTE = ("none", "full")
 @dataclass(frozen=True)
 class RunSpec:
     layout: ParallelLayout
-    schedule: str
+    schedule: ScheduleInfo     # .name for printing and output files
     micro_batch: int
     microbatches: int          # per pipeline per iteration (m)
     global_batch: int
@@ -154,9 +154,10 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     seq_len = _check_data(cfg, plugin_model)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
-    if schedule not in SCHEDULES and schedule not in HARMONY_SCHEDULES:
-        raise ConfigError(f"schedule={schedule!r} is unknown: choose one of "
-                          f"{', '.join(sorted(SCHEDULES) + sorted(HARMONY_SCHEDULES))}")
+    try:
+        info = schedule_info(schedule)
+    except ScheduleError:
+        raise ConfigError(unknown_schedule(schedule)) from None
     granularity = _get(cfg, "recompute.granularity")
     if granularity not in RECOMPUTE:
         raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
@@ -172,26 +173,26 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
 
     replicas = _get(cfg, "parallel.stage_replicas")
     replicas = tuple(replicas) if replicas else ()
-    if replicas and schedule != "pipedream":
+    if replicas and not info.replicated_stages:
         raise ConfigError(f"parallel.stage_replicas={list(replicas)} gives stages their own replica counts, which "
                           f"only schedule=pipedream (1F1B-RR) runs: use schedule=pipedream, or parallel.dp for "
                           f"equal replicas")
     layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
                             stage_replicas=replicas)
-    placement = schedule_placement(schedule, layout.pp)
+    placement = info.placement_for(layout.pp)
     if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
         if layout.vpp not in (1, 2):
             raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={schedule} holds exactly 2 chunks per rank "
                               f"(a V); set parallel.vpp=2 or leave it at 1")
         layout = ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp,
                                 placement=placement.kind)
-    elif layout.vpp > 1 and schedule != "interleaved":
+    elif layout.vpp > 1 and not info.interleaves:
         raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev (got schedule={schedule})")
     vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
-    if vertical_sync and schedule != "pipedream":
+    if vertical_sync and not info.replicated_stages:
         raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "
                           f"set schedule.vertical_sync=false or use schedule=pipedream")
-    if schedule in ASYNC_SCHEDULES and layout.pp > 1 and _get(cfg, "model.tie_embeddings"):
+    if info.asynchronous and layout.pp > 1 and _get(cfg, "model.tie_embeddings"):
         raise ConfigError(f"schedule={schedule} cannot tie the embedding (stage 0) to the head "
                           f"(stage {layout.pp - 1}): stages update at different times, so their copies would diverge; "
                           f"set model.tie_embeddings=false")
@@ -206,23 +207,23 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     try:
         if replicas:
             pipedream_replicated(replicas, microbatches)
-        elif schedule in HARMONY_SCHEDULES:
+        elif info.memory_virtualised:
             harmony = harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")))
         else:
             build_schedule(schedule, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
-    precision = PrecisionSpec.from_config(cfg, schedule, schedule in ASYNC_SCHEDULES)
+    precision = PrecisionSpec.from_config(cfg, schedule, info.asynchronous)
     device = str(Section(cfg, "cluster").raw("device"))
     check_apex(optim.impl, device)
-    if check_multi_model(cfg, schedule, schedule in ASYNC_SCHEDULES, layout.tp, optim.impl) is not None:
+    if check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl) is not None:
         from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
         build_fused_model(cfg, multi_model_spec(cfg))
-    if schedule in ASYNC_SCHEDULES and plugin_model is not None:
+    if info.asynchronous and plugin_model is not None:
         _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:
         layout.check_world_size(world_size)
-    return RunSpec(layout=layout, schedule=schedule, micro_batch=micro, microbatches=microbatches,
+    return RunSpec(layout=layout, schedule=info, micro_batch=micro, microbatches=microbatches,
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
                    recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
                    scatter_gather=Section(cfg, "comm").flag("scatter_gather"),

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipedream.errors import ConfigError
+from pipedream.schedules import schedule_info
 
 OVERRIDABLE = ("seed", "lr", "weight_decay")   # what one model of a set may change
 
@@ -92,7 +93,7 @@ def check_multi_model(cfg: Any, schedule: str, asynchronous: bool, tp: int, opti
     spec = multi_model_spec(cfg)
     if spec is None:
         return None
-    if asynchronous or schedule == "harmony_pp":   # harmony_pp swaps whole layers, not fused sets
+    if asynchronous or schedule_info(schedule).memory_virtualised:   # harmony_pp swaps whole layers, not fused sets
         raise ConfigError(f"train.models with schedule={schedule}: fused model sets train with the flush "
                           f"schedules only (1f1b, gpipe, interleaved, zb_h2, zbv): choose one of them")
     if tp > 1:

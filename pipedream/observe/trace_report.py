@@ -9,8 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pipedream.schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SPLIT_BACKWARD_SCHEDULES, Kind, ScheduleError, build_schedule,
-                        schedule_placement)
+from pipedream.schedules import Kind, ScheduleError, build_schedule, schedule_info, schedule_placement
 from pipedream.schedules.simulate import Costs, DeadlockError, SimResult, simulate
 from pipedream.observe.timeline_plot import Span, plot_timeline, spans_from_sim
 from pipedream.observe.trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
@@ -35,7 +34,7 @@ def bubble_fraction(step: StepTrace) -> float:
 def ideal_bubble_fraction(pp: int, microbatches: int, vpp: int = 1, schedule: str = "1f1b") -> float:
     """(p-1) / (v*m + p-1): idle share of an iteration of a flush schedule with equal stages; for
     a schedule with W actions, its simulated iteration at F = B = W per chunk and free messages."""
-    if schedule not in SPLIT_BACKWARD_SCHEDULES:
+    if not schedule_info(schedule).split_backward:
         return (pp - 1) / (vpp * microbatches + pp - 1)
     placement = schedule_placement(schedule, pp, vpp)
     unit = simulate(build_schedule(schedule, pp, microbatches, vpp), Costs(forward=1.0, backward=2.0, weight_grad=1.0),
@@ -148,7 +147,7 @@ def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: Measured
             weight_grads_delay: int) -> SimResult | None:
     """The simulator's iteration (in ms) with measured costs; None where one iteration is not a
     self-contained action list (asynchronous schedules never flush) or costs are missing."""
-    if schedule in ASYNC_SCHEDULES:
+    if schedule_info(schedule).asynchronous:
         return None
     try:
         placement = schedule_placement(schedule, pp, vpp)   # zbv's V: peers differ from round-robin
@@ -176,7 +175,7 @@ def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, p
     if draw:
         label = f"{schedule} pp={pp}{f' vpp={vpp}' if vpp > 1 else ''} m={microbatches}"
         rows = measured_spans(traces, step)
-        if schedule in HARMONY_SCHEDULES:   # an action's chunk is its task there, not a model chunk: one shade
+        if schedule_info(schedule).memory_virtualised:   # an action's chunk is its task there, not a model chunk: one shade
             rows = [[(label, kind, mb, 0, s, e) for label, kind, mb, _, s, e in row] for row in rows]
         width = _figure_width(rows)
         measured_png, predicted_png = out_dir / "timeline.png", out_dir / "timeline_predicted.png"

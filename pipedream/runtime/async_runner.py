@@ -35,17 +35,17 @@ class AsyncRunner:
     @staticmethod
     def updates_per_step(spec: RunSpec, topology: ReplicatedPipeline, schedule_rank: int) -> int:
         """pipedream updates after every micro-batch this rank runs; 2bw once per step."""
-        if spec.schedule != "pipedream":
+        if not spec.schedule.updates_per_microbatch:
             return 1
         return len(topology.microbatches_of(schedule_rank, spec.microbatches))
 
     def __init__(self, parts: RankParts, build: Callable[..., Segment] = build_segment):
         self.parts = parts
         spec = parts.spec
-        self.schedule, self.topology, self.rank = spec.schedule, parts.topology, parts.schedule_rank
+        self.schedule, self.topology, self.rank = spec.schedule.name, parts.topology, parts.schedule_rank
         self.microbatches, self.total_steps, self.vertical_sync = spec.microbatches, parts.train.steps, spec.vertical_sync
         # pipedream: every micro-batch is a mini-batch; 2bw: the batch's m micro-batches are averaged
-        self.loss_scale = 1.0 if spec.schedule == "pipedream" else 1.0 / spec.microbatches
+        self.loss_scale = 1.0 if spec.schedule.updates_per_microbatch else 1.0 / spec.microbatches
         self.build = build
         self.executor = parts.make_executor(self._update, sends_before_sync=False)
         self.segment: Segment | None = None

@@ -27,7 +27,7 @@ from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.async_runner import AsyncRunner
 from models.boundary import dtypes
 from pipedream.runtime.runner import FlushRunner, RankParts, Runner, StepResult
-from pipedream.schedules import ASYNC_SCHEDULES, Action
+from pipedream.schedules import Action, ScheduleInfo
 from pipedream.schedules.forward_only import forward_only
 from pipedream.runtime.shapes import BoundaryShapes
 from pipedream.config.specs import OptimSpec, TrainSpec
@@ -37,8 +37,8 @@ from models.tensor_parallel import TensorParallel
 __all__ = ["PipelineEngine", "StepResult", "runner_class"]
 
 
-def runner_class(schedule: str) -> type[FlushRunner] | type[AsyncRunner]:
-    return AsyncRunner if schedule in ASYNC_SCHEDULES else FlushRunner
+def runner_class(schedule: ScheduleInfo) -> type[FlushRunner] | type[AsyncRunner]:
+    return AsyncRunner if schedule.asynchronous else FlushRunner
 
 
 class PipelineEngine:

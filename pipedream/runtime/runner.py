@@ -123,7 +123,7 @@ class FlushRunner:
     def __init__(self, parts: RankParts):
         self.parts = parts
         spec = parts.spec
-        self.actions = build_schedule(spec.schedule, spec.layout.pp, spec.microbatches, spec.layout.vpp)[parts.pp_rank]
+        self.actions = build_schedule(spec.schedule.name, spec.layout.pp, spec.microbatches, spec.layout.vpp)[parts.pp_rank]
         self.executor = parts.make_executor(self._update, sends_before_sync=True)
         self.last_losses: dict[int, float] = {}
         self._norm = math.nan

@@ -16,10 +16,9 @@ from collections import deque
 
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.common import add_communication, check_sizes, flush_update
-from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.info import ScheduleInfo, SizeRule
 from pipedream.schedules.placement import Placement
-
-CHUNKS = 2
+from pipedream.schedules.zbv import CHUNKS, v_shape_rule
 
 
 def _rank_order(rank: int, pp: int, microbatches: int) -> list[Action]:
@@ -80,11 +79,17 @@ def _rank_order(rank: int, pp: int, microbatches: int) -> list[Action]:
 
 def dualpipev(pp: int, microbatches: int, vpp: int = CHUNKS) -> list[list[Action]]:
     check_sizes(pp, microbatches, vpp)
-    if vpp not in (1, CHUNKS):  # vpp = 1 means "the default" for callers that always pass one
-        raise ScheduleError(f"schedule dualpipev has exactly {CHUNKS} chunks per rank (a V), got vpp = {vpp}")
-    if microbatches < 2 * pp:
-        raise ScheduleError(f"schedule dualpipev needs microbatches >= 2 * pp = {2 * pp} (got {microbatches}): "
-                            f"raise the micro-batches per step or use schedule=zbv")
+    INFO.check(pp, microbatches, vpp)
     placement = Placement(pp, CHUNKS, "vshape")
     compute = [_rank_order(rank, pp, microbatches) for rank in range(pp)]
     return [actions + flush_update() for actions in add_communication(compute, pp, CHUNKS, placement)]
+
+
+INFO = ScheduleInfo(
+    name="dualpipev", build=dualpipev, split_backward=True, placement="vshape", fixed_chunks=CHUNKS,
+    refuses=(v_shape_rule("dualpipev"),
+             SizeRule(lambda p, m, v: m >= 2 * p,
+                      lambda p, m, v: f"schedule dualpipev needs microbatches >= 2 * pp = {2 * p} (got {m}): "
+                                      f"raise the micro-batches per step or use schedule=zbv")),
+    bubble=lambda p, m, v: (p - 1) / (6 * m), bubble_rule="(p-1)/(6m) with t_w = t_b/2",   # zbv's at best
+    in_flight=lambda stage, p, m, v: 2 * p + 1 + 0 * (stage + m))   # one pair more than zbv's 2p, at every rank

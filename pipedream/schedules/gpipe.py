@@ -3,13 +3,15 @@ from __future__ import annotations
 
 from pipedream.schedules.actions import Action
 from pipedream.schedules.common import backward_block, check_sizes, flush_update, forward_block
-from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.info import ScheduleInfo, SizeRule
+
+ONE_CHUNK = SizeRule(lambda p, m, v: v == 1,
+                     lambda p, m, v: f"schedule gpipe needs vpp = 1, got {v}; use schedule=interleaved for vpp > 1")
 
 
 def gpipe(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
     check_sizes(pp, microbatches, vpp)
-    if vpp != 1:
-        raise ScheduleError(f"schedule gpipe needs vpp = 1, got {vpp}; use schedule=interleaved for vpp > 1")
+    INFO.check(pp, microbatches, vpp)
     ranks = []
     for rank in range(pp):
         actions: list[Action] = []
@@ -19,3 +21,9 @@ def gpipe(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
             actions += backward_block(mb, 0, rank, pp)
         ranks.append(actions + flush_update())
     return ranks
+
+
+INFO = ScheduleInfo(
+    name="gpipe", build=gpipe, refuses=(ONE_CHUNK,),
+    bubble=lambda p, m, v: (p - 1) / m, bubble_rule="(p-1)/m",
+    in_flight=lambda stage, p, m, v: m + 0 * stage)   # every micro-batch forwarded before the first backward

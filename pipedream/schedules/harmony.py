@@ -30,6 +30,7 @@ from functools import cached_property
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.common import add_communication
 from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.info import ScheduleInfo
 
 MODES = ("pp",)
 FORWARD, JIT, BACKWARD = "forward", "forward+backward", "backward"
@@ -262,3 +263,9 @@ def harmony_config(num_layers: int, microbatches: int, devices: int, forward_pac
         microbatches if forward_group is None else forward_group,
         microbatches if backward_group is None else backward_group,
         devices, mode)
+
+
+INFO = ScheduleInfo(
+    name="harmony_pp", build=None, memory_virtualised=True,
+    in_flight=lambda stage, p, m, v: m + 0 * stage,   # every micro-batch's stashed inputs wait for its backward task
+    not_planned="harmony_pp is planned by planner.algorithm=harmony (layer packs and groups, not pipeline stages)")

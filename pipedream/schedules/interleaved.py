@@ -19,22 +19,32 @@ In-flight (mb, chunk) pairs at rank r peak at ``min(warmup + 1, m*v)``
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.common import add_communication, check_sizes, flush_update
-from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.info import ScheduleInfo, SizeRule
 
 
-def check_interleaved(pp: int, microbatches: int, vpp: int) -> None:
-    """Reject sizes the interleaved order cannot serve, with one line naming the rule and a fix."""
-    check_sizes(pp, microbatches, vpp)
-    if vpp > 1 and pp == 1:
-        raise ScheduleError(f"schedule interleaved with vpp = {vpp} needs pp >= 2 (one rank has no pipeline "
-                            f"to interleave): use vpp = 1 or pp >= 2")
-    if vpp > 1 and microbatches % pp:
-        lower = microbatches - microbatches % pp
-        options = f"{lower + pp} or {lower}" if lower else f"{pp}"
-        raise ScheduleError(f"schedule interleaved needs microbatches ({microbatches}) to be a multiple of "
-                            f"pp ({pp}): use {options} microbatches")
+def _multiple_of_pp(pp: int, microbatches: int, vpp: int) -> str:
+    lower = microbatches - microbatches % pp
+    options = f"{lower + pp} or {lower}" if lower else f"{pp}"
+    return (f"schedule interleaved needs microbatches ({microbatches}) to be a multiple of "
+            f"pp ({pp}): use {options} microbatches")
+
+
+REFUSES = (
+    SizeRule(lambda p, m, v: (v <= 1) | (p >= 2),
+             lambda p, m, v: f"schedule interleaved with vpp = {v} needs pp >= 2 (one rank has no pipeline "
+                             f"to interleave): use vpp = 1 or pp >= 2"),
+    SizeRule(lambda p, m, v: (v <= 1) | (m % p == 0), _multiple_of_pp),
+)
+
+
+def in_flight(stage, p, m, v):
+    """The warm-up forwards and the one in progress, each 1/v of a stage's activations."""
+    return np.where(np.asarray(v) > 1, np.minimum((p - stage - 1) * 2 + (v - 1) * p + 1, m * v),
+                    np.minimum(p - stage, m))
 
 
 def warmup_forwards(rank: int, pp: int, microbatches: int, vpp: int) -> int:
@@ -54,7 +64,8 @@ def virtual_microbatch(k: int, pp: int, vpp: int, forward: bool) -> tuple[int, i
 
 
 def interleaved(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
-    check_interleaved(pp, microbatches, vpp)
+    check_sizes(pp, microbatches, vpp)
+    INFO.check(pp, microbatches, vpp)
     total = microbatches * vpp
     compute = []
     for rank in range(pp):
@@ -72,3 +83,7 @@ def interleaved(pp: int, microbatches: int, vpp: int = 1) -> list[list[Action]]:
         order += [bwd(k) for k in range(total - warmup, total)]
         compute.append(order)
     return [actions + flush_update() for actions in add_communication(compute, pp, vpp)]
+
+
+INFO = ScheduleInfo(name="interleaved", build=interleaved, refuses=REFUSES, interleaves=True,
+                    bubble=lambda p, m, v: (p - 1) / (v * m), bubble_rule="(p-1)/(v m)", in_flight=in_flight)

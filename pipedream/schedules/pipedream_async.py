@@ -17,8 +17,11 @@ from __future__ import annotations
 import math
 from functools import reduce
 
+import numpy as np
+
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.common import backward_block, check_sizes, forward_block
+from pipedream.schedules.info import ScheduleInfo, SizeRule
 from pipedream.schedules.actions import ScheduleError
 from pipedream.schedules.replicated import ReplicatedPipeline
 
@@ -65,6 +68,18 @@ def pipedream_replicated(replicas: tuple[int, ...] | list[int], microbatches: in
 def pipedream(pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[list[Action]]:
     """Straight pipeline (one replica per stage): rank r is stage r."""
     check_sizes(pp, microbatches, vpp)
-    if vpp != 1:
-        raise ScheduleError(f"schedule pipedream needs vpp = 1, got {vpp}; interleaving needs a flush schedule")
+    INFO.check(pp, microbatches, vpp)
     return pipedream_replicated((1,) * pp, microbatches, steps)
+
+
+def stashed_versions(in_flight):
+    """Weight stashing: one version per micro-batch in flight (ch. 2.4.3), at least the current one."""
+    return np.maximum(np.asarray(in_flight, dtype=float), 1.0)
+
+
+INFO = ScheduleInfo(
+    name="pipedream", build=pipedream, asynchronous=True, updates_per_microbatch=True, replicated_stages=True,
+    refuses=(SizeRule(lambda p, m, v: v == 1, lambda p, m, v: f"schedule pipedream needs vpp = 1, got {v}; "
+                                                              f"interleaving needs a flush schedule"),),
+    in_flight=lambda stage, p, m, v: p - stage + 0 * m,   # NOAM on a straight pipeline, once the run is long enough
+    weight_versions=stashed_versions)

@@ -10,23 +10,26 @@ is exactly ``1f1b``'s. Steady-state bubble: none; the run's warm-up and drain co
 """
 from __future__ import annotations
 
+import numpy as np
+
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.common import backward_block, check_sizes, forward_block, one_f_one_b_order
-from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.info import ScheduleInfo, SizeRule
+from pipedream.schedules.one_f_one_b import in_flight
 
-
-def check_two_bw(pp: int, microbatches: int, vpp: int, steps: int = 1) -> None:
-    check_sizes(pp, microbatches, vpp)
-    check_sizes(pp, steps, vpp)
-    if vpp != 1:
-        raise ScheduleError(f"schedule 2bw needs vpp = 1, got {vpp}; interleaving needs a flush schedule")
-    if microbatches < pp:
-        raise ScheduleError(f"schedule 2bw needs microbatches per batch (m = {microbatches}) >= pp ({pp}) so two "
-                            f"weight versions suffice: use m >= {pp} (raise train.global_batch_size)")
+REFUSES = (
+    SizeRule(lambda p, m, v: v == 1,
+             lambda p, m, v: f"schedule 2bw needs vpp = 1, got {v}; interleaving needs a flush schedule"),
+    SizeRule(lambda p, m, v: m >= p,
+             lambda p, m, v: f"schedule 2bw needs microbatches per batch (m = {m}) >= pp ({p}) so two "
+                             f"weight versions suffice: use m >= {p} (raise train.global_batch_size)"),
+)
 
 
 def two_bw(pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[list[Action]]:
-    check_two_bw(pp, microbatches, vpp, steps)
+    check_sizes(pp, microbatches, vpp)
+    check_sizes(pp, steps, vpp)
+    INFO.check(pp, microbatches, vpp)
     total = microbatches * steps
 
     def backward(mb: int, rank: int) -> list[Action]:
@@ -37,3 +40,12 @@ def two_bw(pp: int, microbatches: int, vpp: int = 1, steps: int = 1) -> list[lis
 
     return [one_f_one_b_order(rank, pp, total, lambda mb, r=rank: forward_block(mb, 0, r, pp),
                               lambda mb, r=rank: backward(mb, r)) for rank in range(pp)]
+
+
+def two_versions(in_flight):
+    """The current weights and the shadow version (ch. 3.2.1), whatever is in flight."""
+    return 2.0 + 0.0 * np.asarray(in_flight)
+
+
+INFO = ScheduleInfo(name="2bw", build=two_bw, refuses=REFUSES, asynchronous=True, in_flight=in_flight,
+                    weight_versions=two_versions)

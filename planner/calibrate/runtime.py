@@ -37,6 +37,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from pipedream.schedules import schedule_info
+
 from planner.costs import closed_form as cost
 from planner.inputs.profile import profile_from_json
 from planner.costs.uniform import even_boundaries
@@ -145,7 +147,7 @@ def measure_runtime(model_overrides: Sequence[str], profile_json: dict, optimize
             if "error" in run:
                 errors[family] = run["error"]
                 continue
-            out[family] = overheads(run["trace"], layer_s, opt_s, per_update=family == "pipedream")
+            out[family] = overheads(run["trace"], layer_s, opt_s, per_update=schedule_info(schedule).updates_per_microbatch)
             planned = planned_bytes(profile_json, bounds, schedule)
             ranks = sorted(run["summary"]["ranks"], key=lambda r: r.get("rank", 0))
             extra += [r["peak_memory_bytes"]["rss"] - process_base_bytes - planned[i] for i, r in enumerate(ranks)]

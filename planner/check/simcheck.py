@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipedream.schedules import schedule_info
+
 from planner.costs import closed_form as cost
 from planner.costs import zero_bubble
 from planner.costs.uniform import RankStats
@@ -44,7 +46,8 @@ def _simulate(schedule: str, p: int, m: int, v: int, costs: dict, steps: int = 1
     from pipedream.schedules import build_schedule, schedule_placement
     from pipedream.schedules.simulate import Costs, simulate
 
-    if schedule in zero_bubble.SCHEDULES:
+    info = schedule_info(schedule)
+    if info.split_backward:
         placement = schedule_placement(schedule, p, v)
         return simulate(build_schedule(schedule, p, m, v), Costs(**zero_bubble.chunk_costs(costs, placement.vpp)),
                         vpp=placement.vpp, peer=placement.peer, needs=placement.needs)
@@ -55,7 +58,7 @@ def _simulate(schedule: str, p: int, m: int, v: int, costs: dict, steps: int = 1
         topo = ReplicatedPipeline(tuple(replicas))
         return simulate(pipedream_replicated(topo.replicas, m, steps), costs, peer=topo.peer, needs=topo.needs,
                         sync_groups=topo.sync_group)
-    if schedule in ("pipedream", "2bw"):
+    if info.asynchronous:
         return simulate(build_schedule(schedule, p, m, v, steps), costs, vpp=v)
     return simulate(build_schedule(schedule, p, m, v), costs, vpp=v)
 
@@ -85,27 +88,29 @@ def _run(schedule: str, p: int, m: int, v: int, m_sim: int, costs: dict, formula
 def check_uniform(schedule: str, stats: RankStats, row: int, m: int, bandwidth: float, latency: float) -> SimCheck:
     """Simulate one pipeline of an equi-replicated plan at micro-batch row ``row`` of ``stats``.
 
-    Flush schedules: one iteration, against (p-1)/m or (p-1)/(v m). 2BW: a few steps without flushes,
-    against the run's one fill and drain, (p-1)/(m steps); its steady state has no bubble.
+    Flush schedules: one iteration, against their ``ScheduleInfo.bubble``. Asynchronous ones (2BW): a few
+    steps without flushes, against the run's one fill and drain, (p-1)/(m steps); their steady state has
+    no bubble.
     """
     p, v = stats.p, stats.v
     if schedule not in available_schedules():
         return SimCheck(False, f"simulator check skipped: schedule {schedule!r} is not in pipedream.schedules yet")
-    steps = ASYNC_STEPS if schedule in cost.ASYNC_SCHEDULES else 1
+    info = schedule_info(schedule)
+    steps = ASYNC_STEPS if info.asynchronous else 1
     m_sim = m
-    if p * m * v * steps > MAX_SIMULATED_MICROBATCHES:
-        step = p if schedule in ("interleaved", "2bw") else 1
-        m_sim = max(p, (MAX_SIMULATED_MICROBATCHES // (p * v * steps)) // step * step)
+    if p * m * v * steps > MAX_SIMULATED_MICROBATCHES:   # the largest m below the cap that the schedule accepts
+        cap = max(p, MAX_SIMULATED_MICROBATCHES // (p * v * steps))
+        m_sim = next((k for k in range(cap, 0, -1) if info.accepts(p, k, info.chunks(v))), m)
     costs = dict(
         forward={(r, c): float(stats.chunk_forward[row, c, r]) for r in range(p) for c in range(v)},
         backward={(r, c): float(stats.chunk_backward[row, c, r]) for r in range(p) for c in range(v)},
         act_bytes={(r, c): float(stats.boundary_bytes[row, c, r]) / stats.t for r in range(p) for c in range(v)},
         latency=latency, bandwidth=bandwidth)
     costs["grad_bytes"] = costs["act_bytes"]
-    if schedule == "2bw":
+    if info.asynchronous:   # the run's one fill and drain; the steady state has none
         formula = (p - 1) / (m_sim * steps)
     else:
         formula = float(cost.bubble_fraction(schedule, p, m_sim, v))
-    counted = v * zero_bubble.CHUNKS.get(schedule, 1)   # the simulator counts (micro-batch, chunk) pairs
+    counted = info.chunks(v)   # the simulator counts (micro-batch, chunk) pairs
     flight = [int(np.ceil(cost.in_flight(schedule, p, r, m_sim, v) * counted - 1e-9)) for r in range(p)]
     return _run(schedule, p, m, v, m_sim, costs, formula, flight, steps)

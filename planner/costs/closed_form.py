@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipedream.schedules import ASYNC_SCHEDULES
-
-from planner.costs import zero_bubble
+from pipedream.schedules import schedule_info
 
 
 def pipedream_sync_time(nbytes, replicas, bandwidth):
@@ -39,16 +37,11 @@ def pipedream_boundary_time(output_bytes, bandwidth):
 
 
 def bubble_fraction(schedule: str, p, m, v=1):
-    """Pipeline bubble over ideal time: (p-1)/m for gpipe and 1f1b, (p-1)/(v m) interleaved (ch. 4.2.2);
-    none in steady state for pipedream and 2bw (ch. 2.4.2, 3.2.1)."""
-    if schedule in zero_bubble.SCHEDULES:
-        return zero_bubble.bubble_fraction(schedule, p, m)
+    """Pipeline bubble over ideal time, the schedule's ``ScheduleInfo.bubble``: (p-1)/m for gpipe and
+    1f1b, (p-1)/(v m) interleaved (ch. 4.2.2); none in steady state for pipedream and 2bw (ch. 2.4.2,
+    3.2.1). The V schedules are planned as one stage per rank (v = 1), split in two."""
     p, m, v = (np.asarray(x, dtype=float) for x in (p, m, v))
-    if schedule in ASYNC_SCHEDULES:
-        return np.zeros(np.broadcast(p, m, v).shape)
-    if schedule == "interleaved":
-        return (p - 1.0) / (v * m)
-    return (p - 1.0) / m
+    return np.asarray(schedule_info(schedule).bubble(p, m, v), dtype=float)
 
 
 def flush_iteration_time(schedule: str, stage_time, p, m, v=1):
@@ -57,36 +50,25 @@ def flush_iteration_time(schedule: str, stage_time, p, m, v=1):
 
 
 def in_flight(schedule: str, p, stage, m, v=1, devices_downstream=None, replicas=1):
-    """Micro-batches whose activations a device holds at its peak, in units of a full stage's activations.
+    """Micro-batches whose activations a device holds at its peak, in units of a full stage's activations:
+    the schedule's ``ScheduleInfo.in_flight`` (micro-batch, chunk) pairs over its chunks per rank.
 
     gpipe: all m (ch. 4.2.2). 1f1b / 2bw: p - stage, at most m (ch. 3.2.2). interleaved: Megatron's
     warm-up (p - stage - 1) * 2 + (v - 1) * p chunk-forwards plus the one in progress, each 1/v of the
     stage. pipedream: 1F1B-RR admits ceil(devices from this stage on / replicas) (NOAM, ch. 2.4.2).
     """
-    if schedule in zero_bubble.SCHEDULES:
-        return zero_bubble.in_flight(schedule, p, stage, m)
+    info = schedule_info(schedule)
     p, stage, m, v = (np.asarray(x, dtype=float) for x in (p, stage, m, v))
-    if schedule == "gpipe":
-        return m
-    if schedule in ("1f1b", "2bw"):
-        return np.minimum(p - stage, m)
-    if schedule == "interleaved":
-        chunks = np.minimum((p - stage - 1.0) * 2.0 + (v - 1.0) * p + 1.0, m * v)
-        return chunks / v
-    if schedule == "pipedream":
+    if info.replicated_stages:
         down = p - stage if devices_downstream is None else np.asarray(devices_downstream, dtype=float)
         return np.ceil(down / np.asarray(replicas, dtype=float))
-    raise ValueError(f"unknown schedule {schedule!r}")
+    return np.asarray(info.in_flight(stage, p, m, v), dtype=float) / info.chunks(v)
 
 
 def weight_versions(schedule: str, in_flight_count=1):
-    """Weight copies a device keeps: 1 with flushes, 2 with 2BW (ch. 3.2.1), one per in-flight input
-    with PipeDream's weight stashing (ch. 2.4.3)."""
-    if schedule == "2bw":
-        return 2.0
-    if schedule == "pipedream":
-        return np.maximum(np.asarray(in_flight_count, dtype=float), 1.0)
-    return 1.0
+    """Weight copies a device keeps (``ScheduleInfo.weight_versions``): 1 with flushes, 2 with 2BW
+    (ch. 3.2.1), one per in-flight input with PipeDream's weight stashing (ch. 2.4.3)."""
+    return schedule_info(schedule).weight_versions(in_flight_count)
 
 
 def device_memory(param_bytes, optimizer_bytes, versions, activation_bytes, in_flight_count,

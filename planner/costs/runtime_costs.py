@@ -27,6 +27,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from pipedream.schedules import schedule_info
+
 FAMILIES = ("flush", "2bw", "pipedream")
 
 
@@ -49,7 +51,7 @@ class RuntimeCosts:
     process_bytes: float = 0.0   # added to every device's memory: the process itself
 
     def for_schedule(self, schedule: str) -> ScheduleOverheads:
-        family = schedule if schedule in ("2bw", "pipedream") else "flush"
+        family = schedule if schedule_info(schedule).asynchronous else "flush"   # each asynchronous one is its own
         return self.schedules.get(family, ScheduleOverheads())
 
     @property

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipedream.schedules import schedule_info
+
 from planner.costs import closed_form as cost
 from planner.inputs.cluster_sheet import optimizer_seconds
 from planner.costs.collectives import allreduce_time
@@ -145,12 +147,11 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     m = per_pipeline / bs
     valid = (np.abs(m - np.round(m)) < 1e-9) & (m >= 1)
     m = np.where(valid, np.round(m), 1.0)
-    if schedule == "interleaved":
-        valid &= (m % p == 0) & (v > 1)  # Megatron's interleaved schedule needs m divisible by p
-    elif v != 1:
-        valid &= False
-    if schedule == "2bw":
-        valid &= m >= p  # a new weight version every m >= p micro-batches (ch. 3.2.1)
+    info = schedule_info(schedule)
+    # the sizes the schedule accepts (interleaved: m divisible by p; 2bw: m >= p, ch. 3.2.1); v > 1 only
+    # for an interleaving one (the V schedules are priced as one stage per rank)
+    valid &= info.accepts(p, m, info.chunks(v)) & (info.interleaves == (v > 1))
+    two_bw = info.asynchronous and not info.updates_per_microbatch   # no flush, one update per batch
 
     overheads = runtime.for_schedule(schedule)
     messages = stats.messages if stats.messages is not None else np.zeros(p)
@@ -165,7 +166,7 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     stage_time = per_mb[rows, slow]
     grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
     update = float(optimizer_seconds(cluster, stats.param_bytes).max()) + overheads.step_s  # 0 unless measured
-    if schedule == "2bw":
+    if two_bw:
         # ch. 3.3.3 THROUGHPUT(.): a micro-batch every max_i max(comp_i + comm_i, allreduce_i / m) seconds
         every = np.maximum(stage_time, grad_sync / m)
         iteration = every * m + update

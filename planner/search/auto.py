@@ -7,6 +7,7 @@ from typing import Callable
 
 import numpy as np
 
+from pipedream.schedules import schedule_info
 from pipedream.config.plan_file import Batch, ClusterInfo, Harmony, ModelInfo, Parallel, Plan, Predicted, Stage
 
 from planner.errors import DoesNotFitError, PlannerError
@@ -67,9 +68,10 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
     if best.schedule not in available_schedules():
         return SimCheck(False, f"simulator check skipped: schedule {best.schedule!r} is not in "
                                f"pipedream.schedules yet (available: {', '.join(available_schedules()) or 'none'})")
-    level = inputs.cluster.level_for_span(sum(len(r) for _, _, r in best.stages) if best.schedule == "pipedream"
+    replicated = schedule_info(best.schedule).replicated_stages   # stages with their own replica counts
+    level = inputs.cluster.level_for_span(sum(len(r) for _, _, r in best.stages) if replicated
                                           else best.pp * best.tp * best.dp)
-    if best.schedule == "pipedream":
+    if replicated:
         fwd, bwd = inputs.profile.times(best.micro)
         col = inputs.profile.arrays
         extra = fwd * col["recomputable"] if best.recompute else 0.0

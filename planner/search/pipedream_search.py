@@ -21,6 +21,8 @@ from planner.search.pipedream_dp import (DPOptions, DPStage, MemoryModel, check_
                            replica_stage_time, replica_sync, stage_memory)
 from planner.search.ranking import GIB, Candidate, SearchResult, why_lost
 
+ALGORITHM = "pipedream"   # labels this search's candidates (the baselines carry others)
+
 
 def dp_options(inputs: Inputs) -> DPOptions:
     return DPOptions(inputs.replication, inputs.fewer_devices, inputs.pipedream_costs,
@@ -67,7 +69,7 @@ def step_microbatches(requested: int, replicas: tuple[int, ...]) -> int:
 
 
 def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recompute: bool, per_input: float,
-               memory: MemoryModel, label: str = "pipedream") -> Candidate:
+               memory: MemoryModel, label: str = ALGORITHM) -> Candidate:
     microbatches = step_microbatches(inputs.global_batch // micro, tuple(st.replicas for st in stages))
     batch = microbatches * micro
     first = stages[0].replicas
@@ -118,12 +120,12 @@ def search_candidates(inputs: Inputs) -> tuple[list[Candidate], list[Candidate],
 
 
 def pipedream_search(inputs: Inputs) -> SearchResult:
-    check_pins(inputs, "pipedream")
+    check_pins(inputs, ALGORITHM)
     check_layers(inputs.profile, inputs.cluster, dp_options(inputs))
     n = inputs.cluster.num_devices
     found, baselines, considered = search_candidates(inputs)
     order = lambda c: (-c.samples_per_s, c.memory_bytes)  # noqa: E731 - batches may differ: rank by rate
-    fitting = sorted((c for c in found + baselines if c.fits and c.algorithm == "pipedream"), key=order)
+    fitting = sorted((c for c in found + baselines if c.fits and c.algorithm == ALGORITHM), key=order)
     if not fitting:
         micro = min(inputs.micro_batches(inputs.global_batch) or [1])
         limit = inputs.capacity if inputs.memory_constraint else None
@@ -152,4 +154,4 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
                      f"only the step's length changes")
     if len(inputs.cluster.levels) > 1 and inputs.memory_constraint:
         notes.append("memory is checked per server like PipeDream's optimizer, then for the flattened pipeline")
-    return SearchResult("pipedream", best, alternatives, considered, tuple(notes))
+    return SearchResult(ALGORITHM, best, alternatives, considered, tuple(notes))

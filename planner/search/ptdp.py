@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pipedream.schedules import schedule_info
+
 from planner.costs import zero_bubble
 from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
@@ -36,7 +38,7 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                 continue
             chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
             for v in chunk_counts:
-                schedules = [s for s in inputs.schedules if (s == "interleaved") == (v > 1)
+                schedules = [s for s in inputs.schedules if schedule_info(s).interleaves == (v > 1)
                              and zero_bubble.fits(s, p, len(_blocks(profile)))]
                 if not schedules:
                     continue

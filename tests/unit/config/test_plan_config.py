@@ -26,7 +26,7 @@ def write_plan(path, layers=((0, 2), (2, 6)), num_layers=6, schedule="gpipe"):
 def test_plan_replaces_degrees_split_schedule_and_batch(tmp_path):
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json')}", "parallel.pp=7"])
     spec = build_run_spec(apply_plan(cfg), world_size=2)
-    assert spec.layout.pp == 2 and spec.schedule == "gpipe" and spec.recompute
+    assert spec.layout.pp == 2 and spec.schedule.name == "gpipe" and spec.recompute
     assert spec.bounds == ((0, 2), (2, 6)) and spec.global_batch == 8 and spec.microbatches == 4
 
 
@@ -58,7 +58,7 @@ def test_zero_bubble_plans(tmp_path):
     """A zb_h2 plan trains as planned; a zbv plan (priced per rank, no V split) is one line."""
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'zb.json', schedule='zb_h2')}"])
     spec = build_run_spec(apply_plan(cfg), world_size=2)
-    assert spec.schedule == "zb_h2" and spec.bounds == ((0, 2), (2, 6))
+    assert spec.schedule.name == "zb_h2" and spec.bounds == ((0, 2), (2, 6))
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'zbv.json', schedule='zbv')}"])
     with pytest.raises(ConfigError, match="train it with schedule=zbv parallel.pp=2 without parallel.plan") as error:
         apply_plan(cfg)

@@ -9,6 +9,7 @@ from models import build_model
 from pipedream.errors import ConfigError
 from pipedream.config.run_spec import build_run_spec
 from pipedream.config.specs import OptimSpec
+from pipedream.schedules import schedule_info
 from tests.support.training_harness import compose_config
 
 GPT_1_7B = ["model.num_layers=24", "model.hidden_size=2304", "model.num_heads=24", "model.seq_len=2048",
@@ -26,10 +27,20 @@ def test_optimizer_states_and_weight_versions():
     assert optimizer_states(OptimSpec("adamw", 0.0, True, "torch", betas=(0.9, 0.95), eps=1e-8)) == 2
     assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.9)) == 1
     assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.0)) == 0
-    assert weight_versions("1f1b", 4) == 1 and weight_versions("2bw", 4) == 2 and weight_versions("pipedream", 4) == 4
-    assert microbatches_in_flight("gpipe", 2, 8) == 8
-    assert microbatches_in_flight("1f1b", 4, 8) == (4 + 3 + 2 + 1) / 4
-    assert microbatches_in_flight("1f1b", 4, 2) == (2 + 2 + 2 + 1) / 4
+    one_f_one_b, two_bw, pipedream = schedule_info("1f1b"), schedule_info("2bw"), schedule_info("pipedream")
+    assert weight_versions(one_f_one_b, 4, 8) == 1 and weight_versions(two_bw, 4, 8) == 2
+    assert weight_versions(pipedream, 4, 8) == 4
+    assert microbatches_in_flight(schedule_info("gpipe"), 2, 8) == 8
+    assert microbatches_in_flight(one_f_one_b, 4, 8) == (4 + 3 + 2 + 1) / 4
+    assert microbatches_in_flight(one_f_one_b, 4, 2) == (2 + 2 + 2 + 1) / 4
+
+
+def test_interleaved_holds_its_warm_up_chunks():
+    """Megatron's warm-up: stage i holds min(2 (pp - i - 1) + (v - 1) pp + 1, m v) chunks of 1/v of a
+    stage each (measured on the schedule's actions by tests/unit/test_schedule_infos.py), more than
+    1F1B's min(pp - i, m)."""
+    chunks = [min(2 * (4 - i - 1) + 4 + 1, 16) for i in range(4)]   # pp = 4, v = 2, m = 8
+    assert microbatches_in_flight(schedule_info("interleaved"), 4, 8, 2) == sum(chunks) / 2 / 4
 
 
 def test_weights_match_the_built_model_and_terms_scale():

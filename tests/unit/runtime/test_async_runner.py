@@ -13,6 +13,7 @@ from torch import nn
 from pipedream.runtime.async_runner import AsyncRunner
 from pipedream.errors import InvariantError
 from pipedream.runtime.executor import Executor
+from pipedream.schedules import schedule_info
 from pipedream.config.layout import ParallelLayout
 from pipedream.runtime.shapes import InputShapes
 from pipedream.runtime.stage import Stage
@@ -79,7 +80,7 @@ class LoopbackParts:
     clipping, and the step's loss sums kept local (the last stage's are the test's)."""
 
     def __init__(self, schedule: str, rank: int, comm, stage: Stage, steps: int):
-        self.spec = SimpleNamespace(schedule=schedule, microbatches=MICROBATCHES, vertical_sync=False)
+        self.spec = SimpleNamespace(schedule=schedule_info(schedule), microbatches=MICROBATCHES, vertical_sync=False)
         self.train = SimpleNamespace(steps=steps, grad_clip=0.0)
         self.stage, self.params, self.comm = stage, stage.parameters(), comm
         self.optimizer = torch.optim.SGD(self.params, lr=LR)

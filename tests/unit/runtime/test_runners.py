@@ -14,6 +14,7 @@ from pipedream.errors import DataError, InvariantError
 from pipedream.runtime.groups import build_groups
 from pipedream.config.run_spec import build_run_spec
 from pipedream.runtime.runner import FlushRunner
+from pipedream.schedules import schedule_info
 from tests.support.training_harness import compose_config
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
@@ -53,8 +54,8 @@ def _counting_updates(engine: PipelineEngine) -> list[int]:
 
 
 def test_the_schedule_picks_the_runner_once() -> None:
-    assert runner_class("1f1b") is FlushRunner and runner_class("gpipe") is FlushRunner
-    assert runner_class("2bw") is AsyncRunner and runner_class("pipedream") is AsyncRunner
+    assert runner_class(schedule_info("1f1b")) is FlushRunner and runner_class(schedule_info("gpipe")) is FlushRunner
+    assert runner_class(schedule_info("2bw")) is AsyncRunner and runner_class(schedule_info("pipedream")) is AsyncRunner
     assert isinstance(_engine("1f1b").runner, FlushRunner)
     assert isinstance(_engine("2bw").runner, AsyncRunner)
 

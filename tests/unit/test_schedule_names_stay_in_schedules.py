@@ -1,0 +1,45 @@
+"""Outside ``pipedream/schedules/`` no code compares a schedule's name with a string literal or tests
+it against a collection of names: it reads the schedule's ``ScheduleInfo`` instead (registry.py)."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from pipedream.schedules import SCHEDULE_INFOS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCANNED = ("pipedream", "planner", "launcher", "models")
+OWNER = ROOT / "pipedream" / "schedules"
+
+
+def names_schedules(node: ast.AST) -> bool:
+    """A schedule-name literal, a literal collection holding one, or a ``*_SCHEDULES`` constant."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, str) and node.value in SCHEDULE_INFOS
+    if isinstance(node, (ast.Set, ast.Tuple, ast.List)):
+        return any(names_schedules(element) for element in node.elts)
+    name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else ""
+    return name.endswith("SCHEDULES")
+
+
+def name_comparisons(source: str) -> list[int]:
+    return [node.lineno for node in ast.walk(ast.parse(source))
+            if isinstance(node, ast.Compare) and any(names_schedules(side) for side in (node.left, *node.comparators))]
+
+
+def test_the_scanner_finds_each_form() -> None:
+    assert name_comparisons("x = spec.schedule == 'interleaved'") == [1]
+    assert name_comparisons("if name in ('2bw', 'pipedream'): pass") == [1]
+    assert name_comparisons("ok = s not in ASYNC_SCHEDULES") == [1]
+    assert name_comparisons("ok = s not in zero_bubble.SCHEDULES") == [1]
+    assert name_comparisons("ok = info.asynchronous and kind == 'vshape'") == []
+
+
+def test_no_schedule_name_is_compared_outside_the_schedules_package() -> None:
+    found = []
+    for package in SCANNED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if OWNER in path.parents:
+                continue
+            found += [f"{path.relative_to(ROOT)}:{line}" for line in name_comparisons(path.read_text())]
+    assert not found, f"read the schedule's ScheduleInfo instead of comparing names: {', '.join(found)}"
