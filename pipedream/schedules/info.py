@@ -2,8 +2,8 @@
 declared beside its build function and listed in ``registry.py``.
 
 The formulas are the schedule's own iteration played out by the simulator at unit costs (t_f = 1,
-t_b = 2 per chunk; with split backwards B = W = 1), with free messages; ``tests/unit/
-test_schedule_infos.py`` measures every one of them on the action lists the schedule builds. They
+t_b = 2 per chunk; with split backwards B = W = 1), with free messages;
+``tests/unit/schedules/test_infos.py`` measures every one of them on the action lists the schedule builds. They
 accept numbers or numpy arrays (the planner evaluates thousands of layouts at once).
 """
 from __future__ import annotations

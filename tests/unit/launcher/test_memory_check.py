@@ -37,7 +37,7 @@ def test_optimizer_states_and_weight_versions():
 
 def test_interleaved_holds_its_warm_up_chunks():
     """Megatron's warm-up: stage i holds min(2 (pp - i - 1) + (v - 1) pp + 1, m v) chunks of 1/v of a
-    stage each (measured on the schedule's actions by tests/unit/test_schedule_infos.py), more than
+    stage each (measured on the schedule's actions by tests/unit/schedules/test_infos.py), more than
     1F1B's min(pp - i, m)."""
     chunks = [min(2 * (4 - i - 1) + 4 + 1, 16) for i in range(4)]   # pp = 4, v = 2, m = 8
     assert microbatches_in_flight(schedule_info("interleaved"), 4, 8, 2) == sum(chunks) / 2 / 4

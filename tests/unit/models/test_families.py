@@ -17,7 +17,7 @@ from models.plugins import CHECK_BATCH, meta_forward_flops
 from models.registry import MODEL_FAMILIES, model_family
 from planner.inputs.model_specs import SPEC_BUILDERS, spec_from_config
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PRESETS = [yaml.safe_load(path.read_text()) for path in sorted((ROOT / "conf" / "model").glob("*.yaml"))]
 OUTSIDE_MODELS = ("pipedream", "planner", "launcher")
 
