@@ -12,7 +12,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("pipedream", "planner", "models", "launcher", "conf")
+PACKAGES = ("pipedream", "planner", "models", "launcher", "conf", "scripts", "tests")
 MAX_TOP_LEVEL_FILES = {"pipedream": 12, "planner": 10}
 
 
