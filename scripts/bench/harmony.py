@@ -99,7 +99,7 @@ def planned(row: Row):
 
 def calibrate(path: Path, devices: int, repeats: int) -> dict:
     if not path.exists():
-        cmd = [sys.executable, "-m", "planner.calibrate.sheet", *MODEL, f"cluster.devices_per_node={max(devices, 2)}",
+        cmd = [sys.executable, "-m", "planner.calibrate", *MODEL, f"cluster.devices_per_node={max(devices, 2)}",
                f"planner.calibration_out={path}", f"planner.calibrate_repeats={repeats}",
                "planner.calibrate_micro_batches=[1,2,4,8]"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=1800)

@@ -164,7 +164,7 @@ def calibrate(path: Path, repeats: int, models: set[str]) -> None:
     for model, overrides in MODELS.items():
         if model not in models:
             continue
-        cmd = [sys.executable, "-m", "planner.calibrate.sheet", *overrides, f"planner.calibration_out={path}",
+        cmd = [sys.executable, "-m", "planner.calibrate", *overrides, f"planner.calibration_out={path}",
                f"planner.calibrate_repeats={repeats}"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_calibrate_writes_a_sheet_the_planner_plans_with(tmp_path, capsys):
     sheet_path = tmp_path / "sheet.json"
-    cmd = [sys.executable, "-m", "planner.calibrate.sheet", "model=gpt_tiny", f"planner.calibration_out={sheet_path}",
+    cmd = [sys.executable, "-m", "planner.calibrate", "model=gpt_tiny", f"planner.calibration_out={sheet_path}",
            "planner.calibrate_micro_batches=[1,4]", "planner.calibrate_repeats=3"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
@@ -49,7 +49,7 @@ def test_calibrate_writes_a_sheet_the_planner_plans_with(tmp_path, capsys):
 def test_calibrating_a_second_model_keeps_the_first(tmp_path):
     sheet_path = tmp_path / "sheet.json"
     for over in (["model=gpt_tiny"], ["model=gpt_tiny", "model.hidden_size=64", "model.num_heads=2"]):
-        cmd = [sys.executable, "-m", "planner.calibrate.sheet", *over, f"planner.calibration_out={sheet_path}",
+        cmd = [sys.executable, "-m", "planner.calibrate", *over, f"planner.calibration_out={sheet_path}",
                "planner.calibrate_micro_batches=[2]", "planner.calibrate_repeats=2", "planner.calibrate_runtime=false"]
         proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr
@@ -57,7 +57,7 @@ def test_calibrating_a_second_model_keeps_the_first(tmp_path):
 
 
 def test_planner_only_model_is_refused_in_one_line(tmp_path):
-    cmd = [sys.executable, "-m", "planner.calibrate.sheet", "model=gpt_1t", f"planner.calibration_out={tmp_path / 's.json'}"]
+    cmd = [sys.executable, "-m", "planner.calibrate", "model=gpt_1t", f"planner.calibration_out={tmp_path / 's.json'}"]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "is planner-only" in proc.stderr
