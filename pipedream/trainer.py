@@ -21,6 +21,7 @@ from pipedream.data.batching import GlobalBatchOrder, microbatches
 from pipedream.observe.device_clock import clock_for
 from pipedream.runtime.distributed import DistContext
 from pipedream.runtime.engine import PipelineEngine, StepResult
+from pipedream.runtime.engine_protocol import Engine
 from pipedream.runtime.groups import build_groups
 from pipedream.multi_model.settings import multi_model_spec
 from pipedream.multi_model.fused import build_fused_model
@@ -56,7 +57,7 @@ class RankStats:
 @dataclass
 class TrainOutcome:
     summary: dict[str, Any]
-    engine: PipelineEngine
+    engine: Engine
 
 
 def agree_on_run_dir(spec: RunSpec, ctx: DistContext) -> Path:
@@ -73,7 +74,7 @@ def resolved_config(cfg: Any, run_dir: Path) -> dict[str, Any]:
     return resolved
 
 
-def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> PipelineEngine:
+def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> Engine:
     """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
     torch.manual_seed(spec.train.seed)
     multi = multi_model_spec(cfg)
@@ -110,11 +111,6 @@ class ShardedData:
         return dict(enumerate(microbatches(dataset, indices, self.spec.micro_batch)))
 
 
-def _comm_bytes(engine: PipelineEngine) -> tuple[int, int]:
-    stats = engine.comm.stats if engine.comm is not None else None
-    return (stats.bytes_sent, stats.bytes_received) if stats is not None else (0, 0)
-
-
 def _throughput(cfg: Any, spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops | None]:
     """Only rank 0 logs, so only rank 0 looks up (or measures once, then caches) the peak."""
     peak = peak_flops(ctx.device, torch.get_num_threads(), precision=spec.precision.name) if ctx.rank == 0 else None
@@ -126,7 +122,7 @@ def _throughput(cfg: Any, spec: RunSpec, ctx: DistContext) -> tuple[Throughput, 
 class Loop:
     """State of the step loop: what it measured, and the last losses."""
 
-    engine: PipelineEngine
+    engine: Engine
     data: ShardedData
     recorder: TraceRecorder
     times: StepTimes = field(default_factory=StepTimes)
@@ -139,7 +135,7 @@ class Loop:
         losses = [self.engine.evaluate(self.data.val_batches(i)) for i in range(self.data.val_steps)]
         self.val_loss = sum(losses) / len(losses)
         if self.models is not None:
-            for record, val_loss in zip(self.models, self.engine.runner.eval_losses()):
+            for record, val_loss in zip(self.models, self.engine.model_val_losses()):
                 record["val_loss"] = val_loss
         return self.val_loss
 
@@ -147,13 +143,13 @@ class Loop:
         """Runs 1-based ``step``; returns its result and time."""
         batches = self.data.train_batches(step - 1)
         self.recorder.begin_step(step, traced, dist.barrier if traced else None)
-        sent, received = _comm_bytes(self.engine)
+        sent, received = self.engine.comm_bytes()
         started = time.perf_counter()
         result = self.engine.train_step(batches, grad_norm=grad_norm)
         elapsed = time.perf_counter() - started
         self.recorder.end_step()
-        self.train_bytes[0] += _comm_bytes(self.engine)[0] - sent
-        self.train_bytes[1] += _comm_bytes(self.engine)[1] - received
+        self.train_bytes[0] += self.engine.comm_bytes()[0] - sent
+        self.train_bytes[1] += self.engine.comm_bytes()[1] - received
         self.times.add(elapsed)
         self.last_loss = result.loss
         self.models = result.models
@@ -177,7 +173,7 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
             progress.update(1)
             record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                       "step_time_s": elapsed, **throughput.of(elapsed)}
-            scaler = loop.engine.parts.scaler
+            scaler = loop.engine.loss_scaler
             if scaler is not None:   # fp16: the scale after this step and the steps skipped so far
                 record.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped_steps)
             if evaluating:
@@ -227,10 +223,10 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
     fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
-    fused_stage = getattr(engine, "fused_stage", None)   # harmony_pp's engine has none
-    if fused_stage is not None:
+    fusion = engine.fusion_report()
+    if fusion is not None:
         fused_stages = [None] * ctx.world_size
-        dist.all_gather_object(fused_stages, fused_stage.report())
+        dist.all_gather_object(fused_stages, fusion)
     summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
     if writer:
         path = writer.write_summary(summary)
@@ -252,16 +248,16 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                   ) -> tuple[list[RankStats], TraceReport | None]:
     """Collective: every rank's statistics and traces; rank 0 writes the trace outputs."""
     engine, steps = loop.engine, spec.train.steps
-    stage_stats = engine.stage.stats
+    stage_stats = engine.stash_stats
     stats = RankStats(rank=ctx.rank, pp_rank=engine.coords.pp, dp_rank=engine.coords.dp,
                       peak_in_flight=stage_stats.peak_in_flight, peak_stash_bytes=stage_stats.peak_bytes,
                       stash_bytes_per_microbatch=dict(stage_stats.bytes_per_microbatch),
                       weight_versions=engine.weight_versions,
-                      bytes_sent=_comm_bytes(engine)[0], bytes_received=_comm_bytes(engine)[1],
+                      bytes_sent=engine.comm_bytes()[0], bytes_received=engine.comm_bytes()[1],
                       comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
                             "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
-                      memory=engine.memory_report() if hasattr(engine, "memory_report") else None)
+                      memory=engine.memory_report())
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)
     traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)
