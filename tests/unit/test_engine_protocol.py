@@ -60,9 +60,8 @@ def world_of_one():
 
 
 def _built(overrides: list[str]) -> Engine:
-    cfg = compose_config(overrides)
-    spec = build_run_spec(cfg, world_size=1)
-    model = build_model(cfg.model, seed=spec.train.seed)
+    spec = build_run_spec(compose_config(overrides), world_size=1)
+    model = build_model(spec.model_config, seed=spec.train.seed)
     if spec.harmony is not None:
         return HarmonyEngine(spec, model, 0, torch.device("cpu"), spec.optim, spec.train, timedelta(seconds=30))
     groups = build_groups(spec.layout, 0, "cpu", model, list(spec.bounds))
