@@ -41,7 +41,6 @@ def main(argv: list[str]) -> int:
     try:
         cfg, slurm_notes = apply_allocation(compose_config(argv), argv, os.environ)
         from pipedream.config.plan_config import apply_plan
-        from pipedream.lifecycle.preemption import PreemptionSpec
         from pipedream.observe.run_outputs import claim_run_dir
         from pipedream.config.run_spec import build_run_spec
         label = model_label(cfg, argv)
@@ -50,7 +49,7 @@ def main(argv: list[str]) -> int:
         plan = build_launch(cfg, overrides, run_dir)
         spec = build_run_spec(apply_plan(cfg), plan.world_size)
         check_buildable(cfg, label)
-        preemption = PreemptionSpec.from_config(cfg)
+        preemption = spec.preemption
         if cfg.launcher.emit:
             print(emit_script(cfg, argv, plan.world_size), end="")
             return 0

@@ -20,7 +20,6 @@ from omegaconf import DictConfig
 from pipedream.runtime.distributed import init_distributed, shutdown, world_size_from_env
 from pipedream.errors import FINAL_EXIT, REFUSED_EXIT, ConfigError, stderr_line
 from pipedream.config.plan_config import apply_plan, check_plan_world_size
-from pipedream.lifecycle.preemption import PreemptionSpec
 from pipedream.observe.run_outputs import claim_run_dir
 from pipedream.config.run_spec import build_run_spec
 
@@ -34,12 +33,11 @@ def run(cfg: Any) -> int:
     try:
         check_plan_world_size(cfg, world_size_from_env())
         cfg = apply_plan(cfg)
-        spec = build_run_spec(cfg, world_size_from_env())
-        PreemptionSpec.from_config(cfg)
+        spec = build_run_spec(cfg, world_size_from_env())   # the last read of cfg: below, the spec only
         if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
             claim_run_dir(spec, Path(spec.loop.run_dir))
             from pipedream.data.checks import check_data   # what the launcher checks, for runs started by torchrun
-            for note in check_data(cfg.data, cfg.model, spec.seq_len):
+            for note in check_data(spec.data_config, spec.model_config, spec.seq_len):
                 stderr_line(f"warning: {note}")
     except ConfigError as error:
         stderr_line(f"error: {error}")
@@ -50,7 +48,7 @@ def run(cfg: Any) -> int:
     from pipedream.trainer import train
     try:
         ctx = init_distributed(spec.device, spec.train.timeout_s)
-        train(cfg, spec, ctx)
+        train(spec, ctx)
     except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
         rank = int(os.environ.get("RANK", "0"))
         wait_for_peer_report(error)

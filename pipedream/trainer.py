@@ -1,6 +1,7 @@
 """The training loop shared by every schedule: data, iterations, evaluation, logging, summary."""
 from __future__ import annotations
 
+import copy
 import json
 import math
 import time
@@ -21,14 +22,13 @@ from pipedream.data.batching import GlobalBatchOrder, microbatches
 from pipedream.observe.device_clock import clock_for
 from pipedream.runtime.distributed import DistContext
 from pipedream.runtime.engine import PipelineEngine, StepResult
+from pipedream.runtime.engine_protocol import Engine
 from pipedream.runtime.groups import build_groups
-from pipedream.multi_model.settings import multi_model_spec
 from pipedream.multi_model.fused import build_fused_model
 from pipedream.multi_model.training import StackedData
 from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                       peak_memory_bytes, warmup_steps)
 from pipedream.observe.peak_flops import PeakFlops, peak_flops
-from pipedream.lifecycle.preemption import PreemptionSpec
 from pipedream.lifecycle.preemption_watch import PreemptionWatch
 from pipedream.config.run_spec import RunSpec
 from models.tensor_parallel import TensorParallel
@@ -56,7 +56,7 @@ class RankStats:
 @dataclass
 class TrainOutcome:
     summary: dict[str, Any]
-    engine: PipelineEngine
+    engine: Engine
 
 
 def agree_on_run_dir(spec: RunSpec, ctx: DistContext) -> Path:
@@ -66,24 +66,24 @@ def agree_on_run_dir(spec: RunSpec, ctx: DistContext) -> Path:
     return Path(holder[0])
 
 
-def resolved_config(cfg: Any, run_dir: Path) -> dict[str, Any]:
+def resolved_config(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
     """The run as it ran, for run_dir/config.yaml, checkpoints and the summary (timestamp included)."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
+    resolved = copy.deepcopy(spec.config)
     resolved["train"]["run_dir"] = str(run_dir)
     return resolved
 
 
-def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> PipelineEngine:
+def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> Engine:
     """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
     torch.manual_seed(spec.train.seed)
-    multi = multi_model_spec(cfg)
-    dense = build_fused_model(cfg, multi) if multi else build_model(cfg.model, seed=spec.train.seed)
+    dense = (build_fused_model(spec.model_config, spec.multi_model) if spec.multi_model
+             else build_model(spec.model_config, seed=spec.train.seed))
     if spec.harmony is not None:
         from pipedream.harmony.engine import HarmonyEngine
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
     tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None
-    model = build_model(cfg.model, seed=spec.train.seed, tp=tp) if tp is not None else dense
+    model = build_model(spec.model_config, seed=spec.train.seed, tp=tp) if tp is not None else dense
     return PipelineEngine(spec, model, ctx.rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout,
                           recorder=recorder, tp=tp, shape_model=dense)
 
@@ -91,10 +91,10 @@ def _build_engine(cfg: Any, spec: RunSpec, ctx: DistContext, recorder: TraceReco
 class ShardedData:
     """The training and validation sets, and this data-parallel rank's micro-batches of a step."""
 
-    def __init__(self, cfg: Any, spec: RunSpec, dp_rank: int):
+    def __init__(self, spec: RunSpec, dp_rank: int):
         seed = spec.train.seed
         self.spec, self.dp_rank = spec, dp_rank
-        self.train_set, self.val_set = build_datasets(cfg.model, cfg.data, seed)
+        self.train_set, self.val_set = build_datasets(spec.model_config, spec.data_config, seed)
         self.order = GlobalBatchOrder(len(self.train_set), spec.global_batch, seed)
         self.val_order = GlobalBatchOrder(len(self.val_set), spec.global_batch, seed)
         self.val_steps = max(1, min(spec.loop.eval_batches, len(self.val_set) // spec.global_batch))
@@ -110,15 +110,10 @@ class ShardedData:
         return dict(enumerate(microbatches(dataset, indices, self.spec.micro_batch)))
 
 
-def _comm_bytes(engine: PipelineEngine) -> tuple[int, int]:
-    stats = engine.comm.stats if engine.comm is not None else None
-    return (stats.bytes_sent, stats.bytes_received) if stats is not None else (0, 0)
-
-
-def _throughput(cfg: Any, spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops | None]:
+def _throughput(spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops | None]:
     """Only rank 0 logs, so only rank 0 looks up (or measures once, then caches) the peak."""
     peak = peak_flops(ctx.device, torch.get_num_threads(), precision=spec.precision.name) if ctx.rank == 0 else None
-    flops = model_flops_per_iteration(cfg.model, spec.global_batch, spec.seq_len, spec.recompute)
+    flops = model_flops_per_iteration(spec.model_config, spec.global_batch, spec.seq_len, spec.recompute)
     return Throughput(spec.global_batch, spec.seq_len or 1, flops, ctx.world_size, peak.flops if peak else 0.0), peak
 
 
@@ -126,8 +121,8 @@ def _throughput(cfg: Any, spec: RunSpec, ctx: DistContext) -> tuple[Throughput, 
 class Loop:
     """State of the step loop: what it measured, and the last losses."""
 
-    engine: PipelineEngine
-    data: ShardedData
+    engine: Engine
+    data: ShardedData | StackedData
     recorder: TraceRecorder
     times: StepTimes = field(default_factory=StepTimes)
     train_bytes: list[int] = field(default_factory=lambda: [0, 0])
@@ -139,7 +134,7 @@ class Loop:
         losses = [self.engine.evaluate(self.data.val_batches(i)) for i in range(self.data.val_steps)]
         self.val_loss = sum(losses) / len(losses)
         if self.models is not None:
-            for record, val_loss in zip(self.models, self.engine.runner.eval_losses()):
+            for record, val_loss in zip(self.models, self.engine.model_val_losses()):
                 record["val_loss"] = val_loss
         return self.val_loss
 
@@ -147,13 +142,13 @@ class Loop:
         """Runs 1-based ``step``; returns its result and time."""
         batches = self.data.train_batches(step - 1)
         self.recorder.begin_step(step, traced, dist.barrier if traced else None)
-        sent, received = _comm_bytes(self.engine)
+        sent, received = self.engine.comm_bytes()
         started = time.perf_counter()
         result = self.engine.train_step(batches, grad_norm=grad_norm)
         elapsed = time.perf_counter() - started
         self.recorder.end_step()
-        self.train_bytes[0] += _comm_bytes(self.engine)[0] - sent
-        self.train_bytes[1] += _comm_bytes(self.engine)[1] - received
+        self.train_bytes[0] += self.engine.comm_bytes()[0] - sent
+        self.train_bytes[1] += self.engine.comm_bytes()[1] - received
         self.times.add(elapsed)
         self.last_loss = result.loss
         self.models = result.models
@@ -177,7 +172,7 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
             progress.update(1)
             record = {"step": step, "loss": result.loss, "lr": result.lr, "grad_norm": result.grad_norm,
                       "step_time_s": elapsed, **throughput.of(elapsed)}
-            scaler = loop.engine.parts.scaler
+            scaler = loop.engine.loss_scaler
             if scaler is not None:   # fp16: the scale after this step and the steps skipped so far
                 record.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped_steps)
             if evaluating:
@@ -196,24 +191,23 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
     return None
 
 
-def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
-    """Trains on this rank. ``cfg`` supplies the model and data sections (read by ``models`` and
-    ``data``) and the record of the run; every other setting comes from ``spec``."""
+def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
+    """Trains on this rank; every setting comes from ``spec`` (the model and data sections, and the
+    record of the run, as ``spec.config``)."""
     check_tensorboard(spec.loop.tensorboard)
     recorder = TraceRecorder(clock_for(ctx.device))   # the executor times its actions with it too
-    engine = _build_engine(cfg, spec, ctx, recorder)
-    multi = multi_model_spec(cfg)
-    data = StackedData(cfg, spec, engine.coords.dp, multi, ShardedData) if multi else \
-        ShardedData(cfg, spec, engine.coords.dp)
+    engine = _build_engine(spec, ctx, recorder)
+    data = StackedData(spec, engine.coords.dp, ShardedData) if spec.multi_model else \
+        ShardedData(spec, engine.coords.dp)
     loop = Loop(engine, data, recorder)
     run_dir = agree_on_run_dir(spec, ctx)
-    config = resolved_config(cfg, run_dir)
+    config = resolved_config(spec, run_dir)
     writer = RunWriter(run_dir, spec.loop.tensorboard) if ctx.rank == 0 else None
     if writer:
-        writer.write_config(OmegaConf.to_yaml(OmegaConf.create(config)))
-    throughput, peak = _throughput(cfg, spec, ctx)
+        writer.write_config(OmegaConf.to_yaml(config))   # the plain record, in Hydra's YAML layout
+    throughput, peak = _throughput(spec, ctx)
     checkpoints = RunCheckpoints(spec.checkpoint, _checkpoint_record(spec, config), engine, ctx.rank, run_dir)
-    preemption = PreemptionWatch(PreemptionSpec.from_config(cfg), ctx, run_dir)
+    preemption = PreemptionWatch(spec.preemption, ctx, run_dir)
     try:
         stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption)
     finally:
@@ -227,10 +221,10 @@ def train(cfg: Any, spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
     fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
-    fused_stage = getattr(engine, "fused_stage", None)   # harmony_pp's engine has none
-    if fused_stage is not None:
+    fusion = engine.fusion_report()
+    if fusion is not None:
         fused_stages = [None] * ctx.world_size
-        dist.all_gather_object(fused_stages, fused_stage.report())
+        dist.all_gather_object(fused_stages, fusion)
     summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
     if writer:
         path = writer.write_summary(summary)
@@ -252,16 +246,16 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                   ) -> tuple[list[RankStats], TraceReport | None]:
     """Collective: every rank's statistics and traces; rank 0 writes the trace outputs."""
     engine, steps = loop.engine, spec.train.steps
-    stage_stats = engine.stage.stats
+    stage_stats = engine.stash_stats
     stats = RankStats(rank=ctx.rank, pp_rank=engine.coords.pp, dp_rank=engine.coords.dp,
                       peak_in_flight=stage_stats.peak_in_flight, peak_stash_bytes=stage_stats.peak_bytes,
                       stash_bytes_per_microbatch=dict(stage_stats.bytes_per_microbatch),
                       weight_versions=engine.weight_versions,
-                      bytes_sent=_comm_bytes(engine)[0], bytes_received=_comm_bytes(engine)[1],
+                      bytes_sent=engine.comm_bytes()[0], bytes_received=engine.comm_bytes()[1],
                       comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
                             "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
-                      memory=engine.memory_report() if hasattr(engine, "memory_report") else None)
+                      memory=engine.memory_report())
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)
     traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)
@@ -297,7 +291,7 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "final_train_loss": loop.last_loss,
         "final_val_loss": loop.val_loss,
         **({"models": [{**vars(v), "final_train_loss": m["loss"], "final_val_loss": m.get("val_loss")}
-                       for v, m in zip(multi_model_spec(OmegaConf.create(config)).variants, loop.models)],
+                       for v, m in zip(spec.multi_model.variants, loop.models)],
             "fused_stages": fused_stages} if loop.models is not None else {}),
         "ranks": [vars(s) for s in gathered],
         "config": config,

@@ -33,6 +33,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from pipedream.checkpoint.integrity import MARKER, checkpoint_problem, completeness_problem, has_checksums, manifest
 from pipedream.errors import stderr_line
 from pipedream.config.specs import CheckpointSpec
+from pipedream.runtime.engine_protocol import Engine
 
 OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
@@ -272,7 +273,7 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
 class RunCheckpoints:
     """The trainer's view: resume at start (``train.resume``), save every ``checkpoint.every`` steps."""
 
-    def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Any, rank: int, run_dir: Path):
+    def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Engine, rank: int, run_dir: Path):
         """``record`` (the resolved config, the plan) is stored beside every checkpoint."""
         self.every, self.keep = spec.every, spec.keep
         self.root = spec.root(run_dir)
@@ -281,7 +282,7 @@ class RunCheckpoints:
         spec = engine.spec
         self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}-v{spec.layout.vpp}-"
                            f"{spec.schedule.name}-{list(spec.bounds)}")
-        self.module = layers_module(_global_layers(engine))
+        self.module = layers_module(engine.global_layers())
         self.extra = {**record, "layout": self.layout_key}
         self.saved: tuple[int, Path] | None = None   # the latest (step, folder) this run wrote
 
@@ -328,14 +329,14 @@ class RunCheckpoints:
         return path
 
 
-def _loss_scaler_state(engine: Any) -> dict[str, Any]:
+def _loss_scaler_state(engine: Engine) -> dict[str, Any]:
     """fp16: the scale every rank agrees on, stored once in extra.json (it loads into any layout)."""
-    scaler = engine.parts.scaler
+    scaler = engine.loss_scaler
     return {"loss_scaler": scaler.state_dict()} if scaler is not None else {}
 
 
-def _restore_loss_scaler(engine: Any, path: Path) -> None:
-    scaler = engine.parts.scaler
+def _restore_loss_scaler(engine: Engine, path: Path) -> None:
+    scaler = engine.loss_scaler
     if scaler is None:
         return
     state = json.loads((path / "extra.json").read_text()).get("loss_scaler")
@@ -343,13 +344,3 @@ def _restore_loss_scaler(engine: Any, path: Path) -> None:
         raise CheckpointError(f"{path} was saved without fp16 loss scaling (precision was not fp16): resume it with "
                               f"its own precision, or start a new run")
     scaler.load_state_dict(state)
-
-
-def _global_layers(engine: Any) -> dict[int, nn.Module]:
-    """This rank's layers by their index in the whole model."""
-    layers = {}
-    for chunk, virtual_stage in zip(engine.stage.chunks, engine.virtual_stages):
-        start = engine.spec.bounds[virtual_stage][0]
-        for offset, layer in enumerate(chunk):
-            layers[start + offset] = layer
-    return layers

@@ -1,14 +1,17 @@
 """Turns the Hydra config into a validated ``RunSpec`` before any process group exists.
 
 Every rule lives here and in the section readers of ``specs.py``, and each failure is one
-``ConfigError`` line naming the value, the rule and a way out. The model and data sections stay
-configs: ``models`` and ``data`` read them.
+``ConfigError`` line naming the value, the rule and a way out. Below the entry point nothing reads
+the Hydra config again: the model and data sections travel in ``RunSpec.config`` as plain data
+(``models`` and ``data`` read mappings), beside the run's record.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from omegaconf import OmegaConf
 
 from models import check_tensor_parallel_config, pipeline_layer_count
 from models.family import IMAGES, TEACHER_REGRESSION
@@ -18,7 +21,8 @@ from pipedream.errors import ConfigError
 from pipedream.config.harmony import HarmonySpec, harmony_spec
 from pipedream.numerics.apex import check_apex
 from pipedream.config.layout import ParallelLayout, split_layers
-from pipedream.multi_model.settings import check_multi_model, multi_model_spec
+from pipedream.lifecycle.preemption import PreemptionSpec
+from pipedream.multi_model.settings import MultiModelSpec, check_multi_model
 from pipedream.config.precision import PrecisionSpec
 from models.plugin_config import plugin_target
 from pipedream.schedules import (ScheduleError, ScheduleInfo, build_schedule, pipedream_replicated, schedule_info,
@@ -52,7 +56,20 @@ class RunSpec:
     loop: LoopSpec
     checkpoint: CheckpointSpec
     trace: TraceSpec
+    preemption: PreemptionSpec
+    multi_model: MultiModelSpec | None   # train.models: a fused model set (None: one model)
+    config: dict[str, Any]     # the whole config as plain data, interpolations resolved (the run's record)
     harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        """The ``model`` section, as ``models.build_model`` reads it."""
+        return self.config["model"]
+
+    @property
+    def data_config(self) -> dict[str, Any]:
+        """The ``data`` section, as ``pipedream.data.datasets.build_datasets`` reads it."""
+        return self.config["data"]
 
 
 def _positive(cfg: Any, key: str) -> int:
@@ -216,9 +233,10 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     precision = PrecisionSpec.from_config(cfg, schedule, info.asynchronous)
     device = str(Section(cfg, "cluster").raw("device"))
     check_apex(optim.impl, device)
-    if check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl) is not None:
+    multi_model = check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl)
+    if multi_model is not None:
         from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
-        build_fused_model(cfg, multi_model_spec(cfg))
+        build_fused_model(cfg.model, multi_model)
     if info.asynchronous and plugin_model is not None:
         _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
     if world_size is not None:
@@ -229,4 +247,6 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                    scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
                    device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
-                   checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony)
+                   checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony,
+                   preemption=PreemptionSpec.from_config(cfg), multi_model=multi_model,
+                   config=OmegaConf.to_container(cfg, resolve=True))

@@ -1,5 +1,5 @@
-"""One rank of a harmony_pp run: the engine the trainer drives (``PipelineEngine``'s interface),
-built from the Harmony configuration instead of fixed stages.
+"""One rank of a harmony_pp run: the engine the trainer drives (``engine_protocol.Engine``, as
+``PipelineEngine``), built from the Harmony configuration instead of fixed stages.
 
 A rank builds only the layers of the tasks bound to it (from the per-layer seeds, so they start
 from the single-process weights), publishes the initial weights of the layers it owns to the
@@ -13,7 +13,6 @@ import time
 import weakref
 from datetime import timedelta
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -95,11 +94,9 @@ class HarmonyEngine:
         executor.connect(schedules)
         self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
                                     self._global_sums)
-        # what the trainer and checkpoints read from an engine
-        self.stage = SimpleNamespace(stats=StashStats(), chunks=list(modules.values()))
-        self.virtual_stages: list[int] = []
-        self.comm, self.tp = None, None
-        self.parts = SimpleNamespace(scaler=None)
+        self.layer_modules = list(modules.values())
+        self.tp = None   # harmony_pp does not split layers over tensor-parallel ranks
+        self._stash_stats = StashStats()   # empty: the device tier counts the stashes (memory_report)
 
     def _global_sums(self, *values: float) -> list[float]:
         totals = torch.tensor(values, dtype=torch.float64, device=self.device)
@@ -114,26 +111,49 @@ class HarmonyEngine:
     def last_losses(self) -> dict[int, float]:
         return {}
 
+    @property
+    def loss_scaler(self) -> None:
+        """harmony_pp runs in fp32 only: no loss scale."""
+        return None
+
+    @property
+    def stash_stats(self) -> StashStats:
+        return self._stash_stats
+
     def _on_device(self, batches: dict[int, Any]) -> dict[int, Any]:
         if self.device.type == "cpu":
             return batches
         return {k: (to_device(x, self.device), to_device(y, self.device)) for k, (x, y) in batches.items()}
 
     def train_step(self, batches: dict[int, Any], grad_norm: bool = True) -> StepResult:
-        for module in self.stage.chunks:
+        for module in self.layer_modules:
             module.train()
         return self.runner.run_step(self._on_device(batches), grad_norm)
 
     def evaluate(self, batches: dict[int, Any]) -> float:
-        for module in self.stage.chunks:
+        for module in self.layer_modules:
             module.eval()
         return self.runner.evaluate(self.eval_actions, self._on_device(batches))
+
+    def model_val_losses(self) -> list[float]:
+        return []   # fused model sets do not run under harmony_pp
 
     def drain(self) -> None:
         return None
 
     def resume_at(self, step: int) -> None:
         self.runner.resume_at(step)
+
+    def global_layers(self) -> dict[int, nn.Module]:
+        """None to save: the weights live on the host tier, which checkpoints do not hold yet (the
+        configuration refuses checkpoints with harmony_pp)."""
+        return {}
+
+    def comm_bytes(self) -> tuple[int, int]:
+        return 0, 0   # the executor's messages are not counted
+
+    def fusion_report(self) -> None:
+        return None
 
     def memory_report(self) -> dict[str, Any]:
         """summary.json's per-rank record: the budget, the peak of managed resident bytes, and the

@@ -219,12 +219,12 @@ def check_fusable(model: FusedLayerModel, batch_size: int = 2) -> None:
             raise NotFusableError(f"layer {i} ({inner}) cannot run fused under torch.vmap: {reason}") from None
 
 
-def build_fused_model(cfg: Any, multi: MultiModelSpec) -> Any:
-    """The fused ``LayerModel`` of the K variants (each built as a run with its seed builds it);
-    ``ConfigError`` naming the layer that cannot fuse and why."""
+def build_fused_model(model_cfg: Any, multi: MultiModelSpec) -> Any:
+    """The fused ``LayerModel`` of the K variants of the ``model`` section (each built as a run with
+    its seed builds it); ``ConfigError`` naming the layer that cannot fuse and why."""
     from models import build_model
 
-    members = [build_model(cfg.model, seed=variant.seed) for variant in multi.variants]
+    members = [build_model(model_cfg, seed=variant.seed) for variant in multi.variants]
     try:
         fused = fuse_models(members, multi, groups=multi.fusion_groups or 1)
         check_fusable(fused)

@@ -108,9 +108,10 @@ class StackedData:
     """K models' data, each as its own run would read it (``train.seed`` = the model's seed: data
     set, order and shard), stacked along the model dimension micro-batch by micro-batch."""
 
-    def __init__(self, cfg: Any, spec: Any, dp_rank: int, multi: MultiModelSpec, sharded_data: type):
-        self.members = [sharded_data(cfg, dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=v.seed)),
-                                     dp_rank) for v in multi.variants]
+    def __init__(self, spec: Any, dp_rank: int, sharded_data: type):
+        """``spec``: the run's ``RunSpec``, whose ``multi_model`` lists the variants."""
+        self.members = [sharded_data(dataclasses.replace(spec, train=dataclasses.replace(spec.train, seed=v.seed)),
+                                     dp_rank) for v in spec.multi_model.variants]
         self.val_steps = min(m.val_steps for m in self.members)
 
     @staticmethod

@@ -1,11 +1,12 @@
 """One rank's share of a pipeline: builds its stage, optimizer, gradient sync and communication
 from a RunSpec, picks the runner of the schedule once (``runner_class``: flush or
-asynchronous), and runs training steps and evaluation through it."""
+asynchronous), and runs training steps and evaluation through it (``engine_protocol.Engine``)."""
 from __future__ import annotations
 
 from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -31,7 +32,7 @@ from pipedream.schedules import Action, ScheduleInfo
 from pipedream.schedules.forward_only import forward_only
 from pipedream.runtime.shapes import BoundaryShapes
 from pipedream.config.specs import OptimSpec, TrainSpec
-from pipedream.runtime.stage import Stage
+from pipedream.runtime.stage import Stage, StashStats
 from models.tensor_parallel import TensorParallel
 
 __all__ = ["PipelineEngine", "StepResult", "runner_class"]
@@ -121,6 +122,14 @@ class PipelineEngine:
         """Asynchronous schedules: micro-batch -> loss, of the last window (last stage)."""
         return self.runner.last_losses
 
+    @property
+    def loss_scaler(self) -> LossScaler | None:
+        return self.parts.scaler
+
+    @property
+    def stash_stats(self) -> StashStats:
+        return self.stage.stats
+
     def train_step(self, batches: dict[int, Batch], grad_norm: bool = True) -> StepResult:
         """One iteration over this rank's micro-batches; returns the global mean loss (for the
         asynchronous schedules: of the micro-batches that completed in this step's window).
@@ -154,6 +163,29 @@ class PipelineEngine:
             self.comm.unpark(parked)
         loss_sum, count = self.parts.global_sums(result.loss_sum, float(result.loss_count))
         return loss_sum / count
+
+    def model_val_losses(self) -> list[float]:
+        return self.runner.eval_losses() if isinstance(self.runner, MultiModelRunner) else []
+
+    def global_layers(self) -> dict[int, nn.Module]:
+        layers = {}
+        for chunk, virtual_stage in zip(self.stage.chunks, self.virtual_stages):
+            start = self.spec.bounds[virtual_stage][0]
+            for offset, layer in enumerate(chunk):
+                layers[start + offset] = layer
+        return layers
+
+    def comm_bytes(self) -> tuple[int, int]:
+        if self.comm is None:   # pp = 1: no stage boundaries
+            return 0, 0
+        return self.comm.stats.bytes_sent, self.comm.stats.bytes_received
+
+    def memory_report(self) -> None:
+        """Stages keep their weights on the device: nothing beyond ``peak_memory_bytes`` to report."""
+        return None
+
+    def fusion_report(self) -> dict[str, Any] | None:
+        return self.fused_stage.report() if self.fused_stage is not None else None
 
     def _routed(self, actions: list[Action]) -> list[Action]:
         """With stage replicas, a rank runs only the micro-batches routed to it."""

@@ -56,7 +56,7 @@ def _worker(overrides_list: list[list[str]], out: str) -> None:
     try:
         for overrides in overrides_list:
             cfg = compose_config(overrides)
-            summary = train(cfg, build_run_spec(cfg, 1), ctx).summary
+            summary = train(build_run_spec(cfg, 1), ctx).summary
             results.append({"median_step_time_s": summary["median_step_time_s"],
                             "samples_per_step": summary["batch"]["global"] * (len(summary.get("models") or []) or 1),
                             "final_train_loss": summary["final_train_loss"]})

@@ -56,7 +56,7 @@ def _engine_run(rank: int, world_size: int, overrides: list[str], drain_after: i
     torch.manual_seed(seed)
     model = build_model(cfg.model, seed=seed)
     groups = build_groups(spec.layout, rank, "cpu", model, list(spec.bounds))
-    engine = PipelineEngine(spec, model, rank, ctx.device, groups, cfg.optim, cfg.train, ctx.timeout)
+    engine = PipelineEngine(spec, model, rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout)
     snapshots: list[list[torch.Tensor]] = []
     update = engine.executor.step
 

@@ -34,7 +34,7 @@ def _train_with_broken_rank(rank: int, world_size: int, mode: str, run_dir: str)
     cfg = compose_config(TINY_GPT + ["train.steps=5", "parallel.pp=2", "train.timeout_s=5", f"train.run_dir={run_dir}"])
     ctx = init_distributed("cpu", 5)
     try:
-        train(cfg, build_run_spec(cfg, world_size), ctx)
+        train(build_run_spec(cfg, world_size), ctx)
     except Exception as error:  # the line the entry point would print for the exception torch raised
         raise RuntimeError(f"{type(error).__name__} reported as: {failure_line(error, rank, 5)}") from error
     finally:

@@ -159,7 +159,7 @@ def _train_runs(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -
     try:
         for overrides, run_dir in runs:
             cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
-            outcome = train(cfg, build_run_spec(cfg, world_size), ctx)
+            outcome = train(build_run_spec(cfg, world_size), ctx)
             summaries.append(outcome.summary if rank == 0 else None)
     finally:
         shutdown()

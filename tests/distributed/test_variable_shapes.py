@@ -42,7 +42,7 @@ def rank_run(rank: int, world_size: int, layouts: list[list[str]]) -> list[Any]:
             spec = build_run_spec(cfg, world_size)
             model = build_model(cfg.model, seed=int(cfg.train.seed))
             groups = build_groups(spec.layout, rank, "cpu", model, list(spec.bounds))
-            engine = PipelineEngine(spec, model, rank, ctx.device, groups, cfg.optim, cfg.train, ctx.timeout)
+            engine = PipelineEngine(spec, model, rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout)
             try:
                 losses = [engine.train_step(step_batches(int(cfg.model.vocab_size), step)).loss for step in range(len(LENGTHS))]
             except ValueError as error:   # the asynchronous schedule refuses the change

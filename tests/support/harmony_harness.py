@@ -20,7 +20,7 @@ def harmony_train_rank(rank: int, world_size: int, runs: list[tuple[list[str], s
     try:
         for overrides, run_dir in runs:
             cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
-            outcome = train(cfg, build_run_spec(cfg, world_size), init_distributed("cpu", 60))
+            outcome = train(build_run_spec(cfg, world_size), init_distributed("cpu", 60))
             losses = []
             if rank == 0:
                 lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()

@@ -18,7 +18,7 @@ def planned_harmony_rank(rank: int, world_size: int, overrides: list[str], run_d
     init_distributed("cpu", 60)
     try:
         cfg = apply_plan(compose_config(overrides + [f"train.run_dir={run_dir}"]))
-        outcome = train(cfg, build_run_spec(cfg, world_size), init_distributed("cpu", 60))
+        outcome = train(build_run_spec(cfg, world_size), init_distributed("cpu", 60))
         losses = [json.loads(line)["loss"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()] \
             if rank == 0 else []
         return {"params": {k: v.clone() for k, v in outcome.engine.host_parameters().items()}, "losses": losses,

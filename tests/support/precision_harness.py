@@ -22,8 +22,8 @@ def overflow_run(rank: int, world_size: int, runs: list[tuple[list[str], int, in
         for overrides, inject_rank, inject_step in runs:
             cfg = compose_config(overrides)
             spec = build_run_spec(cfg, world_size)
-            engine = _build_engine(cfg, spec, ctx, TraceRecorder())
-            data = ShardedData(cfg, spec, engine.coords.dp)
+            engine = _build_engine(spec, ctx, TraceRecorder())
+            data = ShardedData(spec, engine.coords.dp)
             step_now = [0]
             sync = engine.executor.sync_grads
 
@@ -57,7 +57,7 @@ def train_on_cuda(rank: int, world_size: int, overrides: list[str], run_dir: str
     ctx = init_distributed("cuda", 60)
     try:
         cfg = compose_config(overrides + ["cluster.device=cuda", f"train.run_dir={run_dir}"])
-        outcome = train(cfg, build_run_spec(cfg, world_size), ctx)
+        outcome = train(build_run_spec(cfg, world_size), ctx)
         scaler = outcome.engine.parts.scaler
         return {"summary": outcome.summary, "device": str(outcome.engine.device),
                 "loss_scaler": scaler.state_dict() if scaler is not None else None}

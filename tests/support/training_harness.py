@@ -36,7 +36,7 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
 
     cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
     spec = build_run_spec(cfg, world_size)
-    outcome = train(cfg, spec, init_distributed("cpu", 60))
+    outcome = train(spec, init_distributed("cpu", 60))
     engine = outcome.engine
     params = {}
     for chunk, virtual_stage in zip(engine.stage.chunks, engine.virtual_stages):

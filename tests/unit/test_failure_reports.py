@@ -17,7 +17,7 @@ MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8
 
 
 def _run_raising(monkeypatch, capsys, error: BaseException, overrides: list[str] = ()) -> tuple[int, str]:
-    def failing_train(cfg, spec, ctx):
+    def failing_train(spec, ctx):
         raise error
     monkeypatch.setattr("pipedream.trainer.train", failing_train)
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
@@ -61,7 +61,7 @@ def test_a_nan_is_reported_by_rank_0_only(monkeypatch, capsys) -> None:
     """Every rank sees a non-finite loss or norm (they are all-reduced): one line, not one per rank."""
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr("pipedream.train.first_attempt_rank0", lambda: False)
-    def failing_train(cfg, spec, ctx):
+    def failing_train(spec, ctx):
         raise NonFiniteError("training loss is nan: stopped")
     monkeypatch.setattr("pipedream.trainer.train", failing_train)
     assert run(compose_config(MLP)) == FINAL_EXIT

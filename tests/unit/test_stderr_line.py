@@ -29,7 +29,7 @@ def test_a_rank_failure_after_start_is_one_write(monkeypatch):
     from pipedream.train import run
     from tests.support.training_harness import compose_config
 
-    def failing_train(cfg, spec, ctx):
+    def failing_train(spec, ctx):
         raise DataError("injected fault on rank 0: the batch is malformed")
     monkeypatch.setattr("pipedream.trainer.train", failing_train)
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):

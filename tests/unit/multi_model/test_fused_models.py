@@ -149,7 +149,7 @@ def test_different_architectures_are_refused():
 def test_a_builtin_model_set_builds_fused():
     cfg = OmegaConf.create({"model": {"name": "mlp", "num_layers": 2, "hidden_size": 8},
                             **config(2)})
-    assert build_fused_model(cfg, multi_model_spec(cfg)).num_layers == 2
+    assert build_fused_model(cfg.model, multi_model_spec(cfg)).num_layers == 2
 
 
 def test_export_splits_a_fused_state_into_single_models():
