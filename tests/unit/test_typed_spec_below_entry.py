@@ -15,7 +15,7 @@ from pipedream.errors import ConfigError
 from pipedream.lifecycle.preemption import PreemptionSpec
 from pipedream.multi_model.settings import multi_model_spec
 from pipedream.trainer import train
-from tests.training_harness import compose_config
+from tests.support.training_harness import compose_config
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
        "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=2"]

@@ -18,13 +18,13 @@ from pipedream.harmony.engine import HarmonyEngine
 from pipedream.runtime.engine import PipelineEngine
 from pipedream.runtime.engine_protocol import Engine
 from pipedream.runtime.groups import build_groups
-from tests.training_harness import TINY_GPT, compose_config
+from tests.support.training_harness import TINY_GPT, compose_config
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
        "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=2"]
 HARMONY = TINY_GPT + ["schedule=harmony_pp", "parallel.pp=1", "train.grad_clip=0", "optim=sgd",
                       "model.tie_embeddings=false"]
-TRAINER = Path(__file__).resolve().parents[2] / "pipedream" / "trainer.py"
+TRAINER = Path(__file__).resolve().parents[3] / "pipedream" / "trainer.py"
 
 
 def protocol_members() -> tuple[set[str], set[str], set[str]]:
