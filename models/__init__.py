@@ -20,8 +20,8 @@ if TYPE_CHECKING:
 
     from models.spec import LayerModel
 
-_LAZY = {"bert_model": ".bert", "gpt_model": ".gpt", "mlp_model": ".mlp", "LayerModel": ".spec",
-         "vgg16_model": ".vision", "resnet50_model": ".vision",
+_LAZY = {"bert_model": ".families.bert", "gpt_model": ".families.gpt", "mlp_model": ".families.mlp", "LayerModel": ".spec",
+         "vgg16_model": ".families.vision", "resnet50_model": ".families.vision",
          "PipelineSequential": ".spec", "from_modules": ".contract"}
 
 

@@ -26,7 +26,7 @@ DATA_KINDS = (TOKEN_WINDOWS, MASKED_LM, TEACHER_REGRESSION, IMAGES)
 # Which of the planner's analytic spec builders describes a family (``planner.inputs.model_specs``)
 TRANSFORMER_SPEC = "transformer"           # embedding, blocks, head with Megatron's tensor-parallel layout
 BLOCK_CHAIN_SPEC = "block_chain"           # identical residual blocks, tp = 1
-VISION_CHAIN_SPEC = "vision_chain"         # the layers of ``models.vision_facts``, tp = 1
+VISION_CHAIN_SPEC = "vision_chain"         # the layers of ``models.families.vision_facts``, tp = 1
 ANALYTIC_SPECS = (TRANSFORMER_SPEC, BLOCK_CHAIN_SPEC, VISION_CHAIN_SPEC)
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-import models.mlp_facts as mlp_facts
-import models.transformer_facts as transformer_facts
-import models.vision_facts as vision_facts
+import models.families.mlp_facts as mlp_facts
+import models.families.transformer_facts as transformer_facts
+import models.families.vision_facts as vision_facts
 from models.errors import ConfigError
 from models.family import (BLOCK_CHAIN_SPEC, IMAGES, MASKED_LM, TEACHER_REGRESSION, TOKEN_WINDOWS, TRANSFORMER_SPEC,
                            VISION_CHAIN_SPEC, ModelFamily, block_layer_kinds, plain_layer_kinds,
@@ -22,7 +22,7 @@ TRANSFORMER_FACTS = dict(analytic_spec=TRANSFORMER_SPEC, sequence=True, required
                          layer_count=transformer_facts.transformer_layer_count,
                          flops_per_iteration=transformer_facts.transformer_flops_per_iteration,
                          check_config=transformer_facts.check_transformer_config,
-                         tensor_parallel="models.gpt:check_tensor_parallel_config")
+                         tensor_parallel="models.families.gpt:check_tensor_parallel_config")
 VISION_FACTS = dict(data_kind=IMAGES, analytic_spec=VISION_CHAIN_SPEC, sequence=False,
                     required_keys=vision_facts.REQUIRED_KEYS, layer_count=vision_facts.vision_layer_count,
                     parameter_count=vision_facts.vision_parameters,
@@ -30,19 +30,19 @@ VISION_FACTS = dict(data_kind=IMAGES, analytic_spec=VISION_CHAIN_SPEC, sequence=
                     check_config=vision_facts.check_vision_config)
 
 FAMILIES = (
-    ModelFamily("gpt", builder="models.gpt:gpt_from_config", data_kind=TOKEN_WINDOWS,
+    ModelFamily("gpt", builder="models.families.gpt:gpt_from_config", data_kind=TOKEN_WINDOWS,
                 parameter_count=transformer_facts.gpt_parameter_count, layer_kinds=transformer_layer_kinds,
                 **TRANSFORMER_FACTS),
     # profiled as plain layers: a measured BERT profile has always labelled its layers so
-    ModelFamily("bert", builder="models.bert:bert_from_config", data_kind=MASKED_LM,
+    ModelFamily("bert", builder="models.families.bert:bert_from_config", data_kind=MASKED_LM,
                 parameter_count=transformer_facts.bert_parameter_count, layer_kinds=plain_layer_kinds,
                 **TRANSFORMER_FACTS),
-    ModelFamily("mlp", builder="models.mlp:mlp_from_config", data_kind=TEACHER_REGRESSION,
+    ModelFamily("mlp", builder="models.families.mlp:mlp_from_config", data_kind=TEACHER_REGRESSION,
                 analytic_spec=BLOCK_CHAIN_SPEC, sequence=False, required_keys=mlp_facts.REQUIRED_KEYS,
                 layer_count=mlp_facts.mlp_layer_count, parameter_count=mlp_facts.mlp_parameter_count,
                 flops_per_iteration=mlp_facts.mlp_config_flops, layer_kinds=block_layer_kinds),
-    ModelFamily("vgg16", builder="models.vision:vgg16_from_config", **VISION_FACTS),
-    ModelFamily("resnet50", builder="models.vision:resnet50_from_config",
+    ModelFamily("vgg16", builder="models.families.vision:vgg16_from_config", **VISION_FACTS),
+    ModelFamily("resnet50", builder="models.families.vision:resnet50_from_config",
                 normalised_values=vision_facts.fewest_normalised_values, **VISION_FACTS),
 )
 MODEL_FAMILIES = MappingProxyType({family.name: family for family in FAMILIES})

@@ -2,7 +2,7 @@
 end-to-end training time for a token budget (eq. 4.4)."""
 from __future__ import annotations
 
-from models.formulas import training_days
+from models.families.formulas import training_days
 from pipedream.schedules import schedule_info
 
 from planner.search.auto import Outcome

@@ -3,7 +3,7 @@ whole heads per rank (column-parallel [q; k; v], row-parallel output projection)
 its first GEMM split by columns and its second by rows. Per layer: two all-reduces forward (g after
 each row-parallel GEMM) and two backward (f before each column-parallel GEMM).
 
-Both are built from the dense modules of ``models.gpt`` (duck-typed: attention has ``qkv``,
+Both are built from the dense modules of ``models.families.gpt`` (duck-typed: attention has ``qkv``,
 ``proj``, ``num_heads``, ``dropout``, ``resid_drop`` and ``causal``; the MLP has ``fc``, ``proj``,
 ``drop``), keeping their parameter names."""
 from __future__ import annotations

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from models.transformer_facts import option
+from models.families.transformer_facts import option
 
 from pipedream.errors import ConfigError
 

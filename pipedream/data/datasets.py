@@ -13,7 +13,7 @@ import torch
 
 from models.family import IMAGES, MASKED_LM, TEACHER_REGRESSION
 from models.registry import model_family
-from models.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option
+from models.families.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option
 
 from pipedream.data.plugins import plugin_datasets
 from pipedream.errors import ConfigError

@@ -13,11 +13,11 @@ from typing import Any, Callable, Mapping
 
 from models.facts import flops_per_sample, parameter_count
 from models.family import BLOCK_CHAIN_SPEC, TRANSFORMER_SPEC, VISION_CHAIN_SPEC
-from models.formulas import mlp_block_forward_flops
-from models.mlp_facts import mlp_parameters
+from models.families.formulas import mlp_block_forward_flops
+from models.families.mlp_facts import mlp_parameters
 from models.registry import MODEL_FAMILIES, known_family
-from models.transformer_facts import option
-from models.vision_facts import VisionLayer, vision_layers
+from models.families.transformer_facts import option
+from models.families.vision_facts import VisionLayer, vision_layers
 
 from planner.errors import PlannerError
 
@@ -167,7 +167,7 @@ ModelSpec = TransformerSpec | ChainSpec
 
 
 def vision_layer_spec(layer: VisionLayer, e: int) -> LayerSpec:
-    """A layer of ``models.vision_facts`` (the trainable model's own description) as planner costs."""
+    """A layer of ``models.families.vision_facts`` (the trainable model's own description) as planner costs."""
     inp, out, inner = layer.input_elements, layer.output_elements, layer.inner_elements
     gemms = 4 if layer.kind == "bottleneck" and layer.downsample else 3 if layer.kind == "bottleneck" else 1
     return LayerSpec(layer.name, "layer", layer.forward_flops, layer.forward_flops / gemms, (inp + inner) * e,
@@ -192,7 +192,7 @@ def resnet50(precision: str = "fp32", image: int = 224, classes: int = 1000, wid
 
 
 def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
-    """The trainable MLP (models.mlp): ``num_layers`` residual blocks x + fc2(gelu(fc1(x))), h -> h."""
+    """The trainable MLP (models.families.mlp): ``num_layers`` residual blocks x + fc2(gelu(fc1(x))), h -> h."""
     e = PRECISION_BYTES[precision]
     flops = mlp_block_forward_flops(hidden)
     layer = LayerSpec("block", "block", flops, 2 * hidden * hidden, 4 * hidden * e, mlp_parameters(1, hidden),

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from models.gpt import Block
+from models.families.gpt import Block
 from models.spec import seeded
 from models.tensor_parallel import (ColumnParallelLinear, RNGTracker, TensorParallel, copy_to_region,
                                        parallelize_block)

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from models import build_model, check_tensor_parallel_config, gpt_model
-from models.gpt import MLP, CausalSelfAttention
+from models.families.gpt import MLP, CausalSelfAttention
 from pipedream.errors import ConfigError
 from models.grad_accumulation import fuse_grad_accumulation
 from models.tensor_parallel import (ColumnParallelLinear, ParallelMLP, ParallelSelfAttention, RNGTracker,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.vision_facts import vgg16_layers, resnet50_layers
+from models.families.vision_facts import vgg16_layers, resnet50_layers
 
 BATCH = 32
 FP32 = 4

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models import gpt_model, mlp_model
-from models.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
+from models.families.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
 
 
 @pytest.mark.parametrize("layers,hidden,seq,vocab", [(2, 64, 32, 256), (3, 96, 128, 512), (1, 16, 8, 256)])

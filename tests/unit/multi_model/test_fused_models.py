@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from models import from_modules
-from models.mlp import mlp_model
+from models.families.mlp import mlp_model
 from models.boundary import call_layer
 from pipedream.config.loading import compose_config
 from pipedream.errors import ConfigError

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.mlp import mlp_model
+from models.families.mlp import mlp_model
 from models.boundary import call_layer
 from pipedream.multi_model.feature_plan import (BudgetTooSmall, Decision, Event, FeatureMap, plan, simulate)
 from pipedream.multi_model.fused import fuse_models

@@ -10,7 +10,7 @@ import torch
 from omegaconf import OmegaConf
 
 from models import build_model
-from models.formulas import gpt_flops_per_iteration, mlp_flops_per_iteration
+from models.families.formulas import gpt_flops_per_iteration, mlp_flops_per_iteration
 from pipedream.errors import ConfigError
 from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
                                peak_memory_bytes, warmup_steps)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from models.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
+from models.families.formulas import gpt_flops_per_iteration, gpt_parameters, training_days
 from pipedream.config.loading import config_dir
 from planner.costs import closed_form as cost
 from planner.costs.collectives import ring_time

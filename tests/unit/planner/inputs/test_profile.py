@@ -144,7 +144,7 @@ def test_resnet50_graph_counts_the_shortcut_inside_a_block(tmp_path):
     stem_out = prof.layers[pool].output_bytes
     first_conv = prof.layers[pool + 1]
     assert first_conv.output_bytes == stem_out + first_conv.activation_bytes
-    assert prof.num_parameters == 25_557_032   # the generator uses models.vision_facts' shapes
+    assert prof.num_parameters == 25_557_032   # the generator uses models.families.vision_facts' shapes
 
 
 def test_graph_txt_garbage_line():

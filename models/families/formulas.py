@@ -32,7 +32,7 @@ def gpt_flops_per_iteration(batch: int, num_layers: int, hidden: int, vocab: int
 
 
 def mlp_block_forward_flops(hidden: int) -> float:
-    """One residual block of ``models.mlp``: two h x h GEMMs, 2 FLOPs per multiply-add (biases and
+    """One residual block of ``models.families.mlp``: two h x h GEMMs, 2 FLOPs per multiply-add (biases and
     GELU ignored)."""
     return float(2 * 2 * hidden * hidden)
 

@@ -1,16 +1,16 @@
-"""The residual MLP (``models.mlp``) described without torch: ``num_layers`` blocks of two h x h
+"""The residual MLP (``models.families.mlp``) described without torch: ``num_layers`` blocks of two h x h
 Linear layers, its parameters and FLOPs (``models.registry`` declares the family with them)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from models.formulas import mlp_flops_per_iteration
+from models.families.formulas import mlp_flops_per_iteration
 
 REQUIRED_KEYS = ("num_layers", "hidden_size")
 
 
 def mlp_parameters(num_layers: int, hidden: int) -> int:
-    """``models.mlp``: two h x h Linear layers with biases per residual block."""
+    """``models.families.mlp``: two h x h Linear layers with biases per residual block."""
     return num_layers * 2 * (hidden * hidden + hidden)
 
 

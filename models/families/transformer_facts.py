@@ -1,5 +1,5 @@
 """GPT and BERT described without torch: optional keys, pipeline layers, parameters, FLOPs, the
-reserved [MASK] id and the configuration rules. ``models.gpt`` / ``models.bert`` build what these
+reserved [MASK] id and the configuration rules. ``models.families.gpt`` / ``models.families.bert`` build what these
 describe; ``models.registry`` declares both families with them.
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from models.errors import ConfigError
-from models.formulas import gpt_flops_per_iteration, gpt_parameters
+from models.families.formulas import gpt_flops_per_iteration, gpt_parameters
 
 EMBEDDING_AND_HEAD = 2  # a transformer's pipeline layers beyond its blocks
 REQUIRED_KEYS = ("num_layers", "hidden_size", "num_heads", "seq_len", "vocab_size")
@@ -24,7 +24,7 @@ def option(model_cfg: Mapping[str, Any], key: str) -> Any:
 
 
 def transformer_pipeline_layers(num_blocks: int) -> int:
-    """[embedding, block_0 .. block_{L-1}, head]: the layer list ``models.gpt`` / ``models.bert`` build."""
+    """[embedding, block_0 .. block_{L-1}, head]: the layer list ``models.families.gpt`` / ``models.families.bert`` build."""
     return num_blocks + EMBEDDING_AND_HEAD
 
 
@@ -41,13 +41,13 @@ def _blocks_and_embeddings(model_cfg: Mapping[str, Any]) -> int:
 
 
 def gpt_parameter_count(model_cfg: Mapping[str, Any]) -> int:
-    """Parameters of the dense ``models.gpt`` model (a tied tensor counted once): eq. 4.3 plus the
+    """Parameters of the dense ``models.families.gpt`` model (a tied tensor counted once): eq. 4.3 plus the
     final LayerNorm."""
     return _blocks_and_embeddings(model_cfg) + 2 * int(model_cfg["hidden_size"])
 
 
 def bert_parameter_count(model_cfg: Mapping[str, Any]) -> int:
-    """Parameters of the dense ``models.bert`` model: eq. 4.3 plus the embedding LayerNorm and the
+    """Parameters of the dense ``models.families.bert`` model: eq. 4.3 plus the embedding LayerNorm and the
     MLM head (dense h x h, LayerNorm, vocabulary bias, and a final LayerNorm when pre-LN)."""
     h, vocab = int(model_cfg["hidden_size"]), int(option(model_cfg, "vocab_size"))
     head = (h * h + h) + 2 * h + vocab + (2 * h if bool(option(model_cfg, "pre_ln")) else 0)

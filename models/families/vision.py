@@ -1,5 +1,5 @@
 """VGG-16 and ResNet-50 as pipeline layers (torchvision's architectures and initialisation), built
-from the layer descriptions in ``models.vision_facts``.
+from the layer descriptions in ``models.families.vision_facts``.
 
 BatchNorm (ResNet-50) normalises each micro-batch by its own statistics, as any BatchNorm does in
 the forward it runs; the single-process reference runs the same micro-batches, so training matches
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.spec import LayerModel, seeded
-from models.vision_facts import IMAGE_CHANNELS, VisionLayer, vgg16_layers, resnet50_layers
+from models.families.vision_facts import IMAGE_CHANNELS, VisionLayer, vgg16_layers, resnet50_layers
 
 
 def _init_conv_and_norm(module: nn.Module) -> None:

@@ -15,7 +15,7 @@ from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vocab
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
 
-from models.transformer_facts import OPTIONAL_KEYS, option, transformer_pipeline_layers
+from models.families.transformer_facts import OPTIONAL_KEYS, option, transformer_pipeline_layers
 from models.spec import LayerModel, seeded
 
 INIT_STD = 0.02

@@ -16,8 +16,8 @@ from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vocab
                                        mark_sharded, parallelize_block, shard_tensor, vocab_parallel_cross_entropy,
                                        vocab_parallel_logits)
 
-from models.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option, transformer_pipeline_layers
-from models.gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel, transformer_sizes
+from models.families.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option, transformer_pipeline_layers
+from models.families.gpt import INIT_STD, MLP, CausalSelfAttention, check_tensor_parallel, transformer_sizes
 from models.spec import LayerModel, seeded
 
 IGNORE_INDEX = -100  # MLM targets at positions that were not masked
@@ -97,7 +97,7 @@ def parallel_mlm_loss(logits: torch.Tensor, targets: torch.Tensor, tp: TensorPar
 
 
 def parallelize_bert_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker) -> nn.Module:
-    """This rank's slice of a dense BERT layer (see ``models.gpt.parallelize_gpt_layer``)."""
+    """This rank's slice of a dense BERT layer (see ``models.families.gpt.parallelize_gpt_layer``)."""
     if isinstance(layer, BertEmbedding):
         layer.wte = VocabParallelEmbedding.from_dense_weight(layer.wte.weight.detach(), tp)
         return mark_replicated(layer)

@@ -1,5 +1,5 @@
 """VGG-16 and ResNet-50 as pipeline layers, described without torch: the one definition that
-``models.vision`` builds modules from and the planner costs (``planner.inputs.model_specs``), so both
+``models.families.vision`` builds modules from and the planner costs (``planner.inputs.model_specs``), so both
 count the same parameters and FLOPs.
 
 The architectures are torchvision's (``vgg16``: 13 convolutions with ReLU, 5 max-pools, an
