@@ -98,7 +98,7 @@ def available_memory() -> tuple[float, str]:
 def for_model_set(estimate: MemoryEstimate, cfg: Any) -> MemoryEstimate:
     """``train.models=K``: every process holds K models' weights, gradients, optimizer state and
     activations (the runtime's own memory once)."""
-    from pipedream.multi_model.settings import multi_model_spec
+    from pipedream.config.multi_model import multi_model_spec
 
     models = multi_model_spec(cfg)
     if models is None:

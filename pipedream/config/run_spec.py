@@ -22,7 +22,7 @@ from pipedream.config.harmony import HarmonySpec, harmony_spec
 from pipedream.numerics.apex import check_apex
 from pipedream.config.layout import ParallelLayout, split_layers
 from pipedream.lifecycle.preemption import PreemptionSpec
-from pipedream.multi_model.settings import MultiModelSpec, check_multi_model
+from pipedream.config.multi_model import MultiModelSpec, check_multi_model
 from pipedream.config.precision import PrecisionSpec
 from models.plugin_config import plugin_target
 from pipedream.schedules import (ScheduleError, ScheduleInfo, build_schedule, pipedream_replicated, schedule_info,

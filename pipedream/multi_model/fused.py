@@ -22,7 +22,7 @@ from models.contract import meta_copy
 from models.spec import LayerModel
 
 from pipedream.errors import ConfigError
-from pipedream.multi_model.settings import MultiModelSpec
+from pipedream.config.multi_model import MultiModelSpec
 
 MODEL_DIM = 0   # stacked inputs, outputs, parameters: model k at index k of dimension 0
 

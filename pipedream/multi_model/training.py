@@ -15,7 +15,7 @@ from pipedream.runtime.runner import FlushRunner, StepResult
 from pipedream.config.specs import OptimSpec
 
 from pipedream.multi_model.fused import FusedLayerModel, stack_values
-from pipedream.multi_model.settings import MultiModelSpec
+from pipedream.config.multi_model import MultiModelSpec
 
 
 def model_of(param: nn.Parameter) -> int:

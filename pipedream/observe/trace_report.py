@@ -11,7 +11,7 @@ from typing import Any
 
 from pipedream.schedules import Kind, ScheduleError, build_schedule, schedule_info, schedule_placement
 from pipedream.schedules.simulate import Costs, DeadlockError, SimResult, simulate
-from pipedream.observe.timeline_plot import Span, plot_timeline, spans_from_sim
+from pipedream.schedules.timeline_plot import Span, plot_timeline, spans_from_sim
 from pipedream.observe.trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
 
 _COMPUTE = (Kind.FWD.value, Kind.BWD.value, WEIGHT_GRADS)

@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
                              for r in range(args.pp))
             print(f"placement {placement.kind}, virtual stages held by each rank (chunk a, b, ...): {held}")
         if args.png:
-            from pipedream.observe.timeline_plot import plot_timeline, spans_from_sim
+            from pipedream.schedules.timeline_plot import plot_timeline, spans_from_sim
 
             title = f"{args.schedule} pp={args.pp} vpp={placement.vpp} m={args.microbatches}"
             plot_timeline(spans_from_sim(result), args.png, title)

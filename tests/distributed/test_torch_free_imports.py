@@ -15,7 +15,7 @@ TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.schedules.simulate",
               "models.families.formulas", "models.facts", "models.families.vision_facts", "planner.cluster.__main__",
               "planner.cluster.simulator", "pipedream.data.checks", "pipedream.checkpoint.integrity",
               "pipedream.observe.run_outputs", "launcher.prechecks", "pipedream.observe.trace_clock",
-              "pipedream.multi_model.settings", "pipedream.multi_model.feature_plan",
+              "pipedream.config.multi_model", "pipedream.multi_model.feature_plan",
               "pipedream.multi_model.export"]
 # A preset with a device sheet: ``local_cpu`` would measure this machine with torch.
 DRY_RUN = ["model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]

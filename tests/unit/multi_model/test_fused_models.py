@@ -13,12 +13,12 @@ from models.families.mlp import mlp_model
 from models.boundary import call_layer
 from pipedream.config.loading import compose_config
 from pipedream.errors import ConfigError
-from pipedream.multi_model.settings import multi_model_spec
+from pipedream.config.multi_model import multi_model_spec
 from pipedream.multi_model.fused import build_fused_model
 from pipedream.multi_model.degree import divisors, measure_fusion_groups, set_fusion_groups
 from pipedream.multi_model.export import is_fused_state, split_models
 from pipedream.multi_model.fused import NotFusableError, check_fusable, fuse_models
-from pipedream.multi_model.settings import MultiModelSpec, check_multi_model
+from pipedream.config.multi_model import MultiModelSpec, check_multi_model
 from pipedream.config.run_spec import build_run_spec
 
 

@@ -168,7 +168,7 @@ def test_cli_prints_w_and_the_v(capsys) -> None:
 
 def test_cli_draws_w_boxes(tmp_path, capsys) -> None:
     pytest.importorskip("matplotlib")
-    from pipedream.observe.timeline_plot import spans_from_sim
+    from pipedream.schedules.timeline_plot import spans_from_sim
 
     _, _, result = run("zbv", 2, 4)
     assert {kind for row in spans_from_sim(result) for _, kind, *_ in row} >= {"F", "B", "W"}

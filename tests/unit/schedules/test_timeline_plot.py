@@ -6,7 +6,7 @@ import pytest
 from pipedream.schedules import build_schedule
 from pipedream.schedules.__main__ import main
 from pipedream.schedules.simulate import Costs, simulate
-from pipedream.observe.timeline_plot import span_color, spans_from_sim
+from pipedream.schedules.timeline_plot import span_color, spans_from_sim
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -35,7 +35,7 @@ def test_held_weight_gradients_become_w_spans() -> None:
 
 def test_plot_timeline_writes_png(tmp_path) -> None:
     pytest.importorskip("matplotlib")
-    from pipedream.observe.timeline_plot import plot_timeline
+    from pipedream.schedules.timeline_plot import plot_timeline
 
     path = tmp_path / "timeline.png"
     plot_timeline(spans_from_sim(simulate(build_schedule("1f1b", 3, 4))), str(path), "1f1b")
