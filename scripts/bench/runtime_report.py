@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from pipedream.schedules import schedule_info
+
 
 @dataclass
 class Stat:
@@ -22,25 +24,18 @@ class Stat:
         return Stat(statistics.median(values), min(values), max(values))
 
 
-ASYNC = ("2bw", "pipedream")
 SINGLE = "single-process"
 BOTH_CORES = "single-process [both cores]"   # a copy of the single process on each core at once
 
 
 def ideal_bubble(schedule: str, m: int, pp: int) -> float:
-    """(p-1)/(v*m + p-1): the idle share of an iteration with equal stages and free communication;
-    none for the asynchronous schedules in steady state (their fill and drain happen once a run)."""
-    if schedule in ASYNC:
-        return 0.0
-    if schedule in ("zb_h2", "zbv", "interleaved_zb", "dualpipev"):
-        # the zero-bubble order's flushed iteration at F = B = W per chunk (planner/costs/zero_bubble.py);
-        # torch's two-chunk ones are counted as zbv
-        from planner.costs.zero_bubble import bubble_fraction
-
-        relative = float(bubble_fraction("zb_h2" if schedule == "zb_h2" else "zbv", pp, m))
-        return relative / (1 + relative)
-    v = 2 if schedule == "interleaved" else 1
-    return (pp - 1) / (v * m + pp - 1)
+    """The idle share of an iteration with equal stages and free communication, from the schedule's
+    ``ScheduleInfo.bubble`` (idle over compute; (p-1)/(v m + p-1) of the iteration for the 1F1B
+    family, interleaved at v = 2); none for the asynchronous schedules in steady state (their fill
+    and drain happen once a run). Torch's two-chunk zero-bubble schedule is counted as zbv."""
+    info = schedule_info("zbv" if schedule == "interleaved_zb" else schedule)
+    relative = float(info.bubble(pp, m, 2 if info.interleaves else 1))
+    return relative / (1 + relative)
 
 
 def analyse(times: dict[str, list[float]], global_batch: int, microbatches: int, pp: int) -> dict[str, Any]:
@@ -240,7 +235,7 @@ def rows_note(cases: set[str]) -> str:
                  "(*torch zbv*), `ScheduleInterleavedZeroBubble` (*torch interleaved_zb*, two chunks per rank) "
                  "and `ScheduleDualPipeV` (*dualpipev*, ours and torch's), on the same blocks and batch; their "
                  "ideal bubble is the zero-bubble order's flushed iteration at F = B = W per chunk "
-                 "(planner/costs/zero_bubble.py; the two-chunk schedules counted as zbv).")
+                 "(each schedule's `ScheduleInfo.bubble`, pipedream/schedules/; torch's interleaved_zb counted as zbv).")
     return text
 
 
