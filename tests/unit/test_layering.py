@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,10 +52,11 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
+@cache   # every test reads the same tree: parse it once
+def import_graph() -> dict[str, frozenset[str]]:
     modules = project_modules()
     known = set(modules)
-    return {name: imports_of(name, path, known) for name, path in modules.items()}
+    return {name: frozenset(imports_of(name, path, known)) for name, path in modules.items()}
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
