@@ -57,7 +57,8 @@ def _tflops(c: Candidate, peak_flops: float) -> str:
 def _memory(c: Candidate, reserve: float) -> str:
     used, usable = c.memory_bytes - reserve, c.capacity_bytes - reserve
     return (f"{used / GIB:.2f} of {usable / GIB:.2f} GiB usable ({used / usable:.0%}), + {reserve / GIB:.2f} GiB "
-            f"reserve = {c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB")
+            f"reserve = {c.memory_bytes / GIB:.2f} / {c.capacity_bytes / GIB:.2f} GiB"
+            + ("" if c.fits else " - OVER CAPACITY (planner.memory_constraint=false)"))
 
 
 def _row(name: str, value: str) -> str:

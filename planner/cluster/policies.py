@@ -153,12 +153,19 @@ class _LP:
         return np.concatenate([coeff.ravel(), np.zeros(self.extras)])
 
 
+KEEP_REL_TOL = 1e-7  # how far the second LP may let the first one's optimum slip, relative to it
+
+
 def _use_leftovers(lp: _LP, v: np.ndarray, keep: np.ndarray, keep_at: float, norm: np.ndarray) -> np.ndarray:
     """Second LP: hold the first one's objective (``keep`` . v <= ``keep_at``, a minimisation) and raise
-    the total normalised throughput, so no GPU stays idle that could still speed a job up."""
+    the total normalised throughput, so no GPU stays idle that could still speed a job up. The slack is
+    relative to the optimum (the row is divided by it): an absolute one would dwarf small objectives."""
     from scipy import sparse
 
-    lp.add(sparse.csr_matrix(keep.reshape(1, -1)), [keep_at + 1e-7 * max(1.0, abs(keep_at))])
+    scale = abs(keep_at)
+    if scale == 0.0:  # an optimum of 0: nothing to be relative to, hold it at 0 (up to the tolerance)
+        scale = 1.0
+    lp.add(sparse.csr_matrix(keep.reshape(1, -1) / scale), [keep_at / scale + KEEP_REL_TOL])
     return lp.solve(-lp.objective_x(lp.p.T / norm[:, None]))
 
 
@@ -186,9 +193,14 @@ def fifo(p: Problem) -> tuple[np.ndarray, int]:
 
 
 def makespan(p: Problem) -> tuple[np.ndarray, int]:
-    """Minimise max_m steps_m / throughput(m, X): maximise z with throughput(m, X) >= steps_m z."""
+    """Minimise max_m steps_m / throughput(m, X): maximise z with throughput(m, X) >= steps_m z. Rows
+    are scaled so z is of order 1 (z = D / makespan, D the longest time any job needs alone on its
+    fastest type) rather than 1 / makespan, which is tiny in seconds."""
     lp = _LP(p, extras=1)
-    lp.add(lp.per_job(-p.T, p.steps.reshape(-1, 1)), np.zeros(p.shape[0]))
+    best = _best(p)
+    alone = p.steps / best
+    lp.add(lp.per_job(-p.T / best[:, None], (alone / max(float(alone.max()), 1e-300)).reshape(-1, 1)),
+           np.zeros(p.shape[0]))
     c = np.zeros(lp.size)
     c[-1] = -1.0
     v = lp.solve(c)

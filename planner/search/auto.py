@@ -132,7 +132,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
     best = result.best
     sim = _sim_check(inputs, best) if simulate else SimCheck(False, "simulator check off (planner.simulate=false)")
     notes = list(result.notes)
-    assert best.fits, "searches never choose a plan over device memory"
+    assert best.fits or not inputs.memory_constraint, "searches never choose a plan over device memory"
     plan = Plan(
         model=ModelInfo(inputs.model, inputs.profile.num_layers, int(inputs.profile.num_parameters)),
         cluster=ClusterInfo(inputs.cluster.name, inputs.cluster.num_devices, inputs.cluster.devices_per_node),

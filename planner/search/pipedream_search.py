@@ -2,6 +2,10 @@
 only where nothing fits without it), plus the plain data-parallel baseline as an alternative.
 PipeDream's throughput is b / (time per input at the slowest stage).
 
+``planner.memory_constraint=false`` ignores device memory throughout, as PipeDream's released
+optimizer does by default: every partition is eligible, the fastest wins, and its memory is
+still estimated and reported (marked over capacity where it is).
+
 1F1B-RR routes micro-batches to a stage's replicas round-robin and the runtime updates every
 stage's replicas together, so the micro-batches per step must be a multiple of lcm(replicas).
 The pipedream schedule updates weights after every micro-batch (ch. 2.4.3), so the step only
@@ -97,6 +101,11 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
         model_tflops_per_device=inputs.model_flops(batch) / (time * devices) / 1e12)
 
 
+def eligible(inputs: Inputs, c: Candidate) -> bool:
+    """May ``c`` be chosen: it fits device memory, or planner.memory_constraint=false ignores memory."""
+    return c.fits or not inputs.memory_constraint
+
+
 def search_candidates(inputs: Inputs) -> tuple[list[Candidate], list[Candidate], int]:
     n = inputs.cluster.num_devices
     limit = inputs.capacity if inputs.memory_constraint else None
@@ -114,7 +123,7 @@ def search_candidates(inputs: Inputs) -> tuple[list[Candidate], list[Candidate],
                 dp_stage = (DPStage(0, inputs.profile.num_layers, tuple(range(n))),)
                 baselines.append(_candidate(inputs, dp_stage, micro, recompute,
                                             data_parallel_time(inputs, micro, recompute), memory, "data-parallel"))
-        if any(c.fits for c in found):
+        if any(eligible(inputs, c) for c in found):
             break  # PipeDream does not recompute; only fall back to it when nothing fits without
     return found, baselines, considered
 
@@ -125,7 +134,7 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
     n = inputs.cluster.num_devices
     found, baselines, considered = search_candidates(inputs)
     order = lambda c: (-c.samples_per_s, c.memory_bytes)  # noqa: E731 - batches may differ: rank by rate
-    fitting = sorted((c for c in found + baselines if c.fits and c.algorithm == ALGORITHM), key=order)
+    fitting = sorted((c for c in found + baselines if eligible(inputs, c) and c.algorithm == ALGORITHM), key=order)
     if not fitting:
         micro = min(inputs.micro_batches(inputs.global_batch) or [1])
         limit = inputs.capacity if inputs.memory_constraint else None
@@ -137,12 +146,16 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
             f"({inputs.workspace / GIB:.1f} GiB reserve); add devices, try planner.algorithm=ptdp (tensor "
             f"parallelism) or a smaller model")
     best = fitting[0]
-    others = fitting[1:inputs.top_k] + sorted((c for c in baselines if c.fits), key=order)[:1]
-    faster_oom = sorted((c for c in found + baselines if not c.fits and c.samples_per_s > best.samples_per_s),
-                        key=order)[:1]
+    others = fitting[1:inputs.top_k] + sorted((c for c in baselines if eligible(inputs, c)), key=order)[:1]
+    faster_oom = sorted((c for c in found + baselines if not eligible(inputs, c)
+                         and c.samples_per_s > best.samples_per_s), key=order)[:1]
     alternatives = tuple(Candidate(**{**c.__dict__, "why_lost": why_lost(c, best)}) for c in others + faster_oom)
     notes = ["PipeDream relaxes the optimizer's semantics: weight stashing keeps a version per in-flight input "
              "(ch. 2.4.3); stages may be replicated unevenly (1F1B-RR)"]
+    if not best.fits:
+        notes.append(f"over device memory: needs {best.memory_bytes / GIB:.1f} GiB per device > "
+                     f"{best.capacity_bytes / GIB:.1f} GiB, chosen because planner.memory_constraint=false "
+                     f"ignores memory; set it to true for a plan that fits")
     used = sum(len(r) for _, _, r in best.stages)
     if used < n:
         notes.append(f"uses {used} of the {n} devices: more would not speed up any stage (planner.fewer_devices)")

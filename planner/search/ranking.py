@@ -122,10 +122,16 @@ def _block_count(inputs: Inputs) -> int:
 def why_lost(alt: Candidate, best: Candidate) -> str:
     """One phrase: how much slower and the part of the iteration that grew most. Plans with other
     global batches (PipeDream's rounded steps) compare per sample, scaled to the best's batch."""
-    if not alt.fits:
+    if not alt.fits and alt.samples_per_s > best.samples_per_s:
         gain = alt.samples_per_s / best.samples_per_s - 1
         return (f"{gain:.0%} faster but needs {alt.memory_bytes / GIB:.1f} GiB per device "
                 f"> {alt.capacity_bytes / GIB:.1f} GiB")
+    over = (f"; needs {alt.memory_bytes / GIB:.1f} GiB per device > {alt.capacity_bytes / GIB:.1f} GiB"
+            if not alt.fits else "")
+    return _slower(alt, best) + over
+
+
+def _slower(alt: Candidate, best: Candidate) -> str:
     slower = best.samples_per_s / alt.samples_per_s - 1
     if slower < 1e-6:
         return f"as fast, but more memory ({alt.memory_bytes / GIB:.1f} vs {best.memory_bytes / GIB:.1f} GiB)"
