@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from hydra.errors import HydraException, MissingConfigException
+from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from pipedream.config.loading import compose_config, describe_missing_option
+from pipedream.config.loading import compose_config, describe_composition_error
 from pipedream.errors import ConfigError
 
 from launcher.commands import build_launch
@@ -66,11 +66,8 @@ def main(argv: list[str]) -> int:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    except MissingConfigException as error:
-        print(f"error: {describe_missing_option(error)}", file=sys.stderr)
-        return 2
-    except (HydraException, OmegaConfBaseException) as error:  # bad override syntax, unknown key
-        print(f"error: {str(error).splitlines()[0]}", file=sys.stderr)
+    except (HydraException, OmegaConfBaseException) as error:  # unknown choice or key, bad override syntax
+        print(f"error: {describe_composition_error(error, argv)}", file=sys.stderr)
         return 2
     node_rank = cfg.launcher.get("node_rank")
     if cfg.launcher.dry_run or (plan.nnodes > 1 and node_rank is None):

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.checkpoint.integrity import checkpoint_problem
+from pipedream.checkpoint.plain import NotPlainFileError, load_plain
 from pipedream.multi_model.export import is_fused_state, model_paths, split_models
 from pipedream.config.specs import default_checkpoint_root
 
@@ -42,13 +43,12 @@ def choose_checkpoint(root: Path, step: int | None) -> Path:
 
 def consolidate(checkpoint: Path) -> dict[str, Any]:
     """Global names ``layers.<i>.<param>`` become the single-process model's ``<i>.<param>``."""
-    import torch
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     with tempfile.TemporaryDirectory() as tmp:
         merged = Path(tmp) / "merged.pt"
         dcp_to_torch_save(str(checkpoint), str(merged))
-        state = torch.load(merged, weights_only=False)
+        state = load_plain(merged)
     model = state["model"]
     return {key.removeprefix("layers."): value for key, value in sorted(model.items())}
 
@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     try:
         written = export(Path(args["run_dir"]), Path(args["out"]) if "out" in args else None,
                          None if step is None else int(step))
-    except ExportError as error:
+    except (ExportError, NotPlainFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print("wrote " + ", ".join(str(p) for p in written))

@@ -67,7 +67,26 @@ def main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def main_refusing_bad_overrides(argv: list[str]) -> None:
+    """``main``, but a config Hydra cannot compose (a misspelt key, an unknown choice) ends in one line
+    and exit code 2 instead of Hydra's multi-line report; ``HYDRA_FULL_ERROR=1`` keeps Hydra's traceback."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        main()
+        return
+    os.environ["HYDRA_FULL_ERROR"] = "1"   # Hydra then raises the error rather than printing it
+    try:
+        main()
+    except (HydraException, OmegaConfBaseException) as error:
+        from pipedream.config.loading import describe_composition_error
+        stderr_line(f"error: {describe_composition_error(error, [a for a in argv if not a.startswith('-')])}")
+        sys.exit(REFUSED_EXIT)
+    finally:
+        del os.environ["HYDRA_FULL_ERROR"]
+
+
 if __name__ == "__main__":
     from models.plugin_config import plugin_overrides
     sys.argv[1:] = plugin_overrides(sys.argv[1:])   # model._target_=...: see plugin_config
-    main()
+    main_refusing_bad_overrides(sys.argv[1:])

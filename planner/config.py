@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipedream.config.loading import compose_config, describe_missing_option
+from pipedream.config.loading import compose_config, describe_composition_error
 
 from pipedream.schedules import SCHEDULE_INFOS, planned_schedules
 from planner.errors import PlannerError
@@ -21,16 +21,14 @@ PLANNED_SCHEDULES = planned_schedules()
 
 def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
     """``conf/planner.yaml`` with ``overrides``; bad overrides become one-line PlannerErrors."""
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import HydraException
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException as OmegaConfError
 
     try:
         cfg = compose_config(overrides, config_name, return_hydra_config=True)
-    except MissingConfigException as err:
-        raise PlannerError(describe_missing_option(err)) from None
-    except (HydraException, OmegaConfError) as err:
-        raise PlannerError(f"bad override: {str(err).splitlines()[0]}") from None
+    except (HydraException, OmegaConfError) as err:   # unknown choice or key, bad override syntax
+        raise PlannerError(describe_composition_error(err, overrides, config_name)) from None
     choice = cfg.hydra.runtime.choices.get("model")
     with open_dict(cfg):
         del cfg["hydra"]

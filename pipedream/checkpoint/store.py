@@ -30,6 +30,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_optimizer_state_dict, set_model_state_dict,
                                                      set_optimizer_state_dict)
 
+from pipedream.checkpoint.plain import load_plain
 from pipedream.checkpoint.integrity import MARKER, checkpoint_problem, completeness_problem, has_checksums, manifest
 from pipedream.errors import stderr_line
 from pipedream.config.specs import CheckpointSpec
@@ -240,7 +241,11 @@ def prune(root: Path, newest: Path, keep: int) -> None:
 def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                     layout_key: str, rank: int, tp: Any = None) -> int:
     """Collective. Loads weights and optimizer state (into any layout), the schedule position and,
-    for the same layout, this rank's RNG state. Returns the number of steps already done."""
+    for the same layout, this rank's RNG state. Returns the number of steps already done. This rank's
+    RNG file is read first, as data only (``load_plain``): one holding pickled objects is refused before
+    anything of the checkpoint is loaded."""
+    own = path / f"rank{rank}.pt"
+    saved = load_plain(own) if own.exists() else None
     state = {"model": get_model_state_dict(module, options=OPTIONS),
              "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
     shards = {}
@@ -260,13 +265,10 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
     set_optimizer_state_dict(module, optimizer, state["optim"], options=OPTIONS)
     step = checkpoint_step(path)
     set_schedule_position(optimizer, scheduler, step)
-    own = path / f"rank{rank}.pt"
-    if own.exists():
-        saved = torch.load(own, weights_only=False)
-        if saved["layout"] == layout_key:
-            torch.set_rng_state(saved["rng"]["torch"])
-            if "cuda" in saved["rng"] and torch.cuda.is_available():
-                torch.cuda.set_rng_state(saved["rng"]["cuda"])
+    if saved is not None and saved["layout"] == layout_key:
+        torch.set_rng_state(saved["rng"]["torch"])
+        if "cuda" in saved["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state(saved["rng"]["cuda"])
     return step
 
 

@@ -34,6 +34,10 @@ def case(id: str, argv: str, expect: str, tool: str = "launcher", warning: bool 
 
 
 CATALOGUE = [
+    # keys the config does not have
+    case("key-misspelt", "train.step=5", "train.step is not a config key; did you mean train.steps? (keys of train: steps,"),
+    case("planner-key-misspelt", "model=gpt_tiny cluster=local_cpu planner.algoritm=harmony",
+         "planner.algoritm is not a config key; did you mean planner.algorithm?", tool="planner"),
     # types of the keys the launcher reads itself
     case("pp-not-a-number", "parallel.pp=abc", "parallel.pp = 'abc' must be an integer >= 1"),
     case("pp-null", "parallel.pp=null", "parallel.pp = None must be an integer >= 1"),
@@ -114,7 +118,7 @@ CATALOGUE = [
 ]
 
 # run through the real command lines too (tests/distributed): one of each kind
-END_TO_END = ["pp-not-a-number", "max-restarts-negative", "pp-huge", "timeout-zero", "lr-inf", "text-empty-file",
+END_TO_END = ["key-misspelt", "pp-not-a-number", "max-restarts-negative", "pp-huge", "timeout-zero", "lr-inf", "text-empty-file",
               "tokens-no-val-bin", "resume-bit-flip", "resume-run-folder", "run-dir-under-a-file",
               "planner-out-unwritable", "export-step-not-a-number", "device-tpu"]
 
