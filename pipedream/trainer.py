@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +27,8 @@ from pipedream.runtime.engine_protocol import Engine
 from pipedream.runtime.groups import build_groups
 from pipedream.multi_model.fused import build_fused_model
 from pipedream.multi_model.training import StackedData
-from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
-                      peak_memory_bytes, warmup_steps)
+from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, format_step_line,
+                                       model_flops_per_iteration, peak_memory_bytes, progress_bar_wanted, warmup_steps)
 from pipedream.observe.peak_flops import PeakFlops, peak_flops
 from pipedream.lifecycle.preemption_watch import PreemptionWatch
 from pipedream.config.run_spec import RunSpec
@@ -114,7 +115,7 @@ def _throughput(spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops 
     """Only rank 0 logs, so only rank 0 looks up (or measures once, then caches) the peak."""
     peak = peak_flops(ctx.device, torch.get_num_threads(), precision=spec.precision.name) if ctx.rank == 0 else None
     flops = model_flops_per_iteration(spec.model_config, spec.global_batch, spec.seq_len, spec.recompute)
-    return Throughput(spec.global_batch, spec.seq_len or 1, flops, ctx.world_size, peak.flops if peak else 0.0), peak
+    return Throughput(spec.global_batch, spec.seq_len, flops, ctx.world_size, peak.flops if peak else 0.0), peak
 
 
 @dataclass
@@ -160,9 +161,9 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
     """Runs the remaining steps; returns the step after which a preemption stopped the run, else None."""
     steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
     to_trace = traced_steps(spec.trace, steps, warmup_steps(steps))
-    # closed on an error too, so the error line starts on a line of its own
-    with tqdm(total=steps, desc="train", disable=ctx.rank != 0 or not spec.loop.progress,
-              dynamic_ncols=True) as progress:
+    # closed on an error too, so the error line starts on a line of its own; off in a pipe or a log file
+    bar = progress_bar_wanted(spec.loop.progress, ctx.rank, sys.stderr)
+    with tqdm(total=steps, desc="train", disable=not bar, file=sys.stderr, dynamic_ncols=True) as progress:
         start_step = checkpoints.resume()
         progress.update(start_step)
         for step in range(start_step + 1, steps + 1):
@@ -183,7 +184,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 writer.log_step(record)
                 progress.set_postfix(loss=f"{result.loss:.3f}",
                                      **({"val": f"{loop.val_loss:.3f}"} if "val_loss" in record else {}))
-                progress.write(_format_record(record, steps))
+                progress.write(format_step_line(record, steps), file=sys.stdout)
+                sys.stdout.flush()   # a line at a time in a pipe or a log too
             checkpoints.after_step(step)
             if step < steps and preemption.requested():
                 preemption.stop(step, checkpoints)
@@ -297,11 +299,3 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "config": config,
     }
 
-
-def _format_record(record: dict[str, Any], steps: int) -> str:
-    text = (f"step {record['step']:>5}/{steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
-            f"step {record['step_time_s'] * 1000:.0f} ms  {record['samples_per_s']:.1f} samples/s  "
-            f"{record['tokens_per_s']:.0f} tokens/s  MFU {record['mfu']:.1%}")
-    if "val_loss" in record:
-        text += f"  val_loss {record['val_loss']:.4f}"
-    return text

@@ -1,14 +1,16 @@
 """Run outputs on rank 0 (the resolved config, metrics.jsonl per logged step, summary.json at the
-end, optional TensorBoard scalars) and the formulas behind the throughput metrics."""
+end, optional TensorBoard scalars), the formulas behind the throughput metrics, and the console:
+the logged step line and whether a progress bar is drawn."""
 from __future__ import annotations
 
 import json
+import math
 import resource
 import statistics
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import torch
 
@@ -55,20 +57,61 @@ def model_flops_per_iteration(model_cfg: Any, global_batch: int, seq_len: int | 
 
 @dataclass(frozen=True)
 class Throughput:
-    """Turns a step time into the per-step metrics; the same numbers feed metrics.jsonl and summary.json."""
+    """Turns a step time into the per-step metrics; the same numbers feed metrics.jsonl and summary.json.
+    A quantity the run cannot know is None (null in the JSON): tokens/s without a sequence per sample
+    (``tokens_per_sample`` None: MLP, vision, plugin models), TFLOP/s and MFU when the FLOPs are
+    unknown (``flops_per_iteration`` <= 0), MFU when the peak is (``peak_flops_per_device`` <= 0)."""
 
     global_batch: int
-    tokens_per_sample: int
+    tokens_per_sample: int | None
     flops_per_iteration: float
     devices: int
     peak_flops_per_device: float
 
-    def of(self, step_time_s: float) -> dict[str, float]:
-        tflops = self.flops_per_iteration / step_time_s / self.devices / 1e12
+    def of(self, step_time_s: float) -> dict[str, float | None]:
+        tflops = (self.flops_per_iteration / step_time_s / self.devices / 1e12
+                  if self.flops_per_iteration > 0 else None)
         return {"samples_per_s": self.global_batch / step_time_s,
-                "tokens_per_s": self.global_batch * self.tokens_per_sample / step_time_s,
+                "tokens_per_s": (self.global_batch * self.tokens_per_sample / step_time_s
+                                 if self.tokens_per_sample else None),
                 "tflops_per_device": tflops,
-                "mfu": tflops * 1e12 / self.peak_flops_per_device if self.peak_flops_per_device > 0 else float("nan")}
+                "mfu": (tflops * 1e12 / self.peak_flops_per_device
+                        if tflops is not None and self.peak_flops_per_device > 0 else None)}
+
+
+def _known(value: float | None) -> bool:
+    return value is not None and not math.isnan(value)
+
+
+def format_mfu(mfu: float | None) -> str:
+    """``n/a`` when unknown; two significant digits below 0.1% (never a misleading ``0.0%``)."""
+    if not _known(mfu):
+        return "n/a"
+    return f"{mfu:.1%}" if mfu == 0 or mfu >= 1e-3 else f"{mfu * 100:.2g}%"
+
+
+def format_step_line(record: dict[str, Any], steps: int) -> str:
+    """The console line of a logged step: tokens/s only where samples have tokens, MFU ``n/a`` when
+    the FLOPs or the peak are unknown."""
+    text = (f"step {record['step']:>5}/{steps}  loss {record['loss']:.4f}  lr {record['lr']:.2e}  "
+            f"step {record['step_time_s'] * 1000:.0f} ms  {record['samples_per_s']:.1f} samples/s  ")
+    if _known(record.get("tokens_per_s")):
+        text += f"{record['tokens_per_s']:.0f} tokens/s  "
+    text += f"MFU {format_mfu(record.get('mfu'))}"
+    if "val_loss" in record:
+        text += f"  val_loss {record['val_loss']:.4f}"
+    return text
+
+
+def progress_bar_wanted(enabled: bool, rank: int, stream: TextIO) -> bool:
+    """``train.progress`` draws a bar on rank 0 only when ``stream`` is a terminal: in a pipe or a log
+    file its carriage-return frames would interleave with the step lines."""
+    if not enabled or rank != 0:
+        return False
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):   # a replaced or closed stream
+        return False
 
 
 def peak_memory_bytes(device: torch.device) -> dict[str, int]:

@@ -34,7 +34,7 @@ def run(schedule: str, args: argparse.Namespace, run_dir: Path) -> dict:
     command = [str(ROOT / ".venv/bin/torchrun"), "--standalone", f"--nproc-per-node={args.pp}", "-m", "pipedream.train",
                f"schedule={schedule}", f"parallel.pp={args.pp}", "model.tie_embeddings=false",
                f"train.steps={args.steps}", f"train.eval_every={args.eval_every}", "train.progress=false",
-               f"train.log_every={args.eval_every}", f"train.run_dir={run_dir}", *args.overrides]
+               f"train.log_every={args.eval_every}", f"train.run_dir={run_dir}", "train.overwrite=true", *args.overrides]
     started = time.perf_counter()
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
     if completed.returncode:
@@ -53,8 +53,15 @@ def run(schedule: str, args: argparse.Namespace, run_dir: Path) -> dict:
         "final_train_loss": summary["final_train_loss"],
         "samples_per_s": summary["samples_per_s"],
         "weight_versions": [r["weight_versions"] for r in summary["ranks"]],
-        "val_curve": [(r["step"], r["val_loss"]) for r in records if "val_loss" in r],
+        "val_curve": val_curve(records),
     }
+
+
+def val_curve(records: list[dict]) -> list[tuple[int, float]]:
+    """(step, validation loss) once per step in step order; a step logged again (a resumed run
+    appends to metrics.jsonl) keeps its last value."""
+    by_step = {r["step"]: r["val_loss"] for r in records if "val_loss" in r}
+    return sorted(by_step.items())
 
 
 def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str:
@@ -77,12 +84,12 @@ def markdown(results: list[dict], args: argparse.Namespace, command: str) -> str
                      f"{' '.join(map(str, r['weight_versions']))} | {r['samples_per_s']:.1f} |")
     best = min(results, key=lambda r: r["final_val_loss"])
     lines += ["", f"Lowest final validation loss: {best['schedule']} ({best['final_val_loss']:.4f})."]
-    steps = [s for s, _ in results[0]["val_curve"]]
+    curves = [dict(r["val_curve"]) for r in results]
     lines += ["", "Validation loss during training:", "",
               "| step | " + " | ".join(r["schedule"] for r in results) + " |",
               "|---|" + "---|" * len(results)]
-    for i, step in enumerate(steps):
-        lines.append(f"| {step} | " + " | ".join(f"{r['val_curve'][i][1]:.4f}" for r in results) + " |")
+    for step in sorted(set().union(*curves)):   # one row a step, whichever schedules evaluated it
+        lines.append(f"| {step} | " + " | ".join(f"{c[step]:.4f}" if step in c else "-" for c in curves) + " |")
     lines += ["", "Samples/s are from a shared 2-core machine and only indicative; the losses are the point.", ""]
     return "\n".join(lines)
 

@@ -23,6 +23,8 @@ class Finished:
     stderr_lines: list[str]     # non-blank
     seconds: float
     commands: list[str]         # every Python process started, the command itself first
+    raw_stdout: str = ""        # as written: carriage returns kept (stdout above has them as newlines)
+    raw_stderr: str = ""
 
     @property
     def launched(self) -> list[str]:
@@ -37,8 +39,10 @@ def run_cli(tool: str, argv: list[str], log_dir: Path, fault: str | None = None,
         env["PROBE_FAULT"] = fault
     started = time.monotonic()
     done = subprocess.run([sys.executable, "-m", MODULES[tool], *argv], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+                          timeout=timeout)
+    raw_stdout, raw_stderr = (b.decode("utf-8", errors="replace") for b in (done.stdout, done.stderr))
+    stdout, stderr = (t.replace("\r\n", "\n").replace("\r", "\n") for t in (raw_stdout, raw_stderr))
     seconds = time.monotonic() - started
     commands = log.read_text().splitlines() if log.exists() else []
-    return Finished(done.returncode, done.stdout, [l for l in done.stderr.splitlines() if l.strip()], seconds,
-                    commands)
+    return Finished(done.returncode, stdout, [l for l in stderr.splitlines() if l.strip()], seconds, commands,
+                    raw_stdout, raw_stderr)

@@ -1,7 +1,9 @@
-"""Throughput formulas, the peak-FLOP/s cache behind MFU, memory peaks and optional TensorBoard."""
+"""Throughput formulas, the logged step line and the progress-bar decision, the peak-FLOP/s cache behind
+MFU, memory peaks and optional TensorBoard."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import math
 
@@ -12,8 +14,9 @@ from omegaconf import OmegaConf
 from models import build_model
 from models.families.formulas import gpt_flops_per_iteration, mlp_flops_per_iteration
 from pipedream.errors import ConfigError
-from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, model_flops_per_iteration,
-                               peak_memory_bytes, warmup_steps)
+from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, format_mfu,
+                                       format_step_line, model_flops_per_iteration, peak_memory_bytes,
+                                       progress_bar_wanted, warmup_steps)
 from pipedream.observe.peak_flops import device_key, measure_matmul_flops, peak_flops
 
 
@@ -42,7 +45,57 @@ def test_throughput_is_consistent() -> None:
     m = t.of(0.5)
     assert m["samples_per_s"] * 0.5 == 32 and m["tokens_per_s"] == 32 * 128 / 0.5
     assert m["tflops_per_device"] == pytest.approx(2.0) and m["mfu"] == pytest.approx(1.0)
-    assert math.isnan(Throughput(1, 1, 1.0, 1, 0.0).of(1.0)["mfu"])   # no known peak: no MFU
+    assert Throughput(1, 1, 1.0, 1, 0.0).of(1.0)["mfu"] is None   # no known peak: no MFU
+
+
+def test_throughput_leaves_unknown_quantities_null() -> None:
+    no_tokens = Throughput(global_batch=8, tokens_per_sample=None, flops_per_iteration=8e12, devices=1,
+                           peak_flops_per_device=1e12).of(2.0)
+    assert no_tokens["samples_per_s"] == 4.0 and no_tokens["tokens_per_s"] is None
+    assert no_tokens["mfu"] == pytest.approx(4.0)
+    no_flops = Throughput(8, 16, 0.0, 1, 1e12).of(2.0)
+    assert no_flops["tokens_per_s"] == 64.0
+    assert no_flops["tflops_per_device"] is None and no_flops["mfu"] is None
+    assert json.loads(json.dumps(no_flops))["mfu"] is None   # null in metrics.jsonl and summary.json
+
+
+def record(**metrics) -> dict:
+    return {"step": 7, "loss": 1.25, "lr": 1e-3, "step_time_s": 0.02, "samples_per_s": 2828.0, **metrics}
+
+
+def test_step_line_shows_tokens_only_for_sequences() -> None:
+    sequence = format_step_line(record(tokens_per_s=45248.0, mfu=0.123), 10)
+    assert sequence == ("step     7/10  loss 1.2500  lr 1.00e-03  step 20 ms  2828.0 samples/s  45248 tokens/s  "
+                        "MFU 12.3%")
+    classifier = format_step_line(record(tokens_per_s=None, mfu=0.05, val_loss=0.5), 10)
+    assert "tokens/s" not in classifier and classifier.endswith("2828.0 samples/s  MFU 5.0%  val_loss 0.5000")
+
+
+def test_step_line_never_shows_an_unknown_mfu_as_zero() -> None:
+    for unknown in (None, float("nan")):
+        assert format_step_line(record(tokens_per_s=None, mfu=unknown), 10).endswith("samples/s  MFU n/a")
+    assert format_mfu(3.1e-5) == "0.0031%" and format_mfu(0.0004) == "0.04%"   # tiny but known: its digits
+    assert format_mfu(0.5) == "50.0%" and format_mfu(None) == "n/a"
+
+
+class Stream(io.StringIO):
+    def __init__(self, terminal: bool):
+        super().__init__()
+        self.terminal = terminal
+
+    def isatty(self) -> bool:
+        return self.terminal
+
+
+def test_progress_bar_only_on_a_terminal_on_rank_0_when_enabled() -> None:
+    assert progress_bar_wanted(True, 0, Stream(terminal=True))
+    assert not progress_bar_wanted(True, 0, Stream(terminal=False))   # a pipe or a log file
+    assert not progress_bar_wanted(True, 1, Stream(terminal=True))
+    assert not progress_bar_wanted(False, 0, Stream(terminal=True))
+    closed = io.StringIO()
+    closed.close()
+    assert not progress_bar_wanted(True, 0, closed)   # isatty raises ValueError
+    assert not progress_bar_wanted(True, 0, None)
 
 
 def test_step_times_skip_warmup() -> None:
