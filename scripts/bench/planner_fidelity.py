@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipedream.schedules import schedule_info
 from scripts import ROOT
 from scripts.bench.load import cpu_busy_jiffies, other_load
 from scripts.bench.runtime_report import machine, replace_section
@@ -73,7 +74,7 @@ class Config:
 
     @property
     def flush(self) -> bool:
-        return self.schedule in ("gpipe", "1f1b", "interleaved")
+        return not schedule_info(self.schedule).asynchronous
 
     def planner_overrides(self) -> list[str]:
         schedules = "[1f1b]" if self.schedule == "2bw" else f"[{self.schedule}]"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipedream.schedules import SCHEDULE_INFOS
+
 PP = 2
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 # zero-bubble schedules: ours (zb_h2, zbv, dualpipev) and torch's (zbv, interleaved zero bubble,
@@ -12,7 +14,8 @@ ZERO_BUBBLE = {"pipedream": ("zb_h2", "zbv", "dualpipev"), "torch": ("zbv", "int
 V_PLACED = ("zbv", "dualpipev")          # rank r holds stages r and 2p-1-r
 TWO_CHUNKS = ("interleaved", "interleaved_zb", *V_PLACED)
 OURS_FOR = {"interleaved_zb": "interleaved"}   # torch only: our config of the same shape
-ASYNC_SCHEDULES = ("2bw", "pipedream")   # ours only: torch.distributed.pipelining has no asynchronous schedule
+# ours only: torch.distributed.pipelining has no asynchronous schedule
+ASYNC_SCHEDULES = tuple(sorted(name for name, info in SCHEDULE_INFOS.items() if info.asynchronous))
 BOTH_CORES = "both cores"
 
 

@@ -8,19 +8,21 @@ from typing import Any, Callable
 
 import torch
 
-from scripts.bench.runtime_cases import ASYNC_SCHEDULES, BOTH_CORES, OURS_FOR, PP, V_PLACED, VARIANTS, Case, Workload
+from pipedream.schedules import schedule_info
+from scripts.bench.runtime_cases import BOTH_CORES, OURS_FOR, PP, V_PLACED, VARIANTS, Case, Workload
 
 
 def compose(workload: Workload, case: Case) -> Any:
     from pipedream.config.loading import compose_config
 
+    ours = OURS_FOR.get(case.schedule, case.schedule) if case.schedule != '-' else '1f1b'
     overrides = list(workload.overrides) + list(VARIANTS.get(case.variant, ())) + [
         f"train.micro_batch_size={workload.micro_batch}", f"train.global_batch_size={workload.global_batch}",
-        f"schedule={OURS_FOR.get(case.schedule, case.schedule) if case.schedule != '-' else '1f1b'}",
+        f"schedule={ours}",
         f"parallel.pp={PP}",
         f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
         # asynchronous schedules build the whole run's action list up front: keep the run short
-        f"train.steps={200 if case.schedule in ASYNC_SCHEDULES else 1000}"]
+        f"train.steps={200 if schedule_info(ours).asynchronous else 1000}"]
     return compose_config(overrides)
 
 
