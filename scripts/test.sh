@@ -1,6 +1,20 @@
 #!/usr/bin/env bash
-# Sets up if needed, then runs the whole test suite. Extra arguments go to pytest.
+# Sets up if needed, then runs the test suite.
+#   scripts/test.sh              both tiers: tests/unit on every core (pytest-xdist), then tests/distributed
+#   scripts/test.sh --unit       the fast one-process tier only, on every core
+#   scripts/test.sh ARGS...      any other arguments go to pytest unchanged
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The unit tier starts no processes of its own, so its tests can share the cores; the distributed
+# tier's tests start 2-8 ranks each and run one at a time so those ranks do not starve each other.
+unit_workers=$(.venv/bin/python -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
+if [ $# -eq 0 ]; then
+    .venv/bin/python -m pytest -n "$unit_workers" tests/unit
+    exec .venv/bin/python -m pytest tests/distributed
+fi
+if [ "$1" = "--unit" ]; then
+    shift
+    exec .venv/bin/python -m pytest -n "$unit_workers" tests/unit "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
