@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import CoreAttention
 from models.errors import ConfigError
 from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
@@ -45,6 +46,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.dropout = dropout
+        self.core = CoreAttention(causal, dropout)
         self.resid_drop = nn.Dropout(dropout)
         nn.init.normal_(self.qkv.weight, std=INIT_STD)
         nn.init.normal_(self.proj.weight, std=proj_std)
@@ -56,8 +58,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(hidden, dim=2)
         shape = (batch, seq, self.num_heads, hidden // self.num_heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = self.core(q, k, v)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, seq, hidden)))
 
 

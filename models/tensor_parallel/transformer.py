@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import CoreAttention
 from models.tensor_parallel.context import TensorParallel, divide
 from models.tensor_parallel.layers import ColumnParallelLinear, RowParallelLinear
 from models.tensor_parallel.params import mark_replicated
@@ -27,6 +28,7 @@ class ParallelSelfAttention(nn.Module):
         self.local_heads = divide(num_heads, tp.size, "model.num_heads", "choose parallel.tp dividing the head count")
         self.head_dim = qkv.in_features // num_heads
         self.dropout, self.causal, self.rng = dropout, causal, rng
+        self.core = CoreAttention(causal, dropout)
 
     @classmethod
     def from_dense(cls, attn: nn.Module, tp: TensorParallel, rng: RNGTracker) -> "ParallelSelfAttention":
@@ -39,12 +41,7 @@ class ParallelSelfAttention(nn.Module):
         batch, seq, _ = x.shape
         shape = (batch, seq, self.local_heads, self.head_dim)
         q, k, v = (t.reshape(shape).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1))
-        dropout = self.dropout if self.training else 0.0
-        if dropout > 0.0 and not x.is_meta:  # this rank's heads: its own dropout stream
-            with self.rng.fork(x.device):
-                y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout)
-        else:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        y = self.core(q, k, v, rng=lambda: self.rng.fork(x.device))  # this rank's heads: its own dropout stream
         y = y.transpose(1, 2).reshape(batch, seq, self.local_heads * self.head_dim)
         return self.resid_drop(self.proj(y))  # replicated after g: the global (shared) dropout stream
 

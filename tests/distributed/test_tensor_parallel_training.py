@@ -1,5 +1,5 @@
 """Tensor parallelism inside the pipeline runtime: (pp, tp, dp) layouts train exactly like the
-dense single-process model, with scatter/gather on and off and with recomputation, and
+dense single-process model, with scatter/gather on and off and with full and selective recomputation, and
 scatter/gather sends 1/t of the bytes between stages."""
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ VARIANTS = {
     "scatter_gather": SGD,
     "plain_sends": SGD + ["comm.scatter_gather=false"],
     "recompute": SGD + ["recompute.granularity=full"],
+    "selective": SGD + ["recompute.granularity=selective"],   # each rank's heads recompute their cores
 }
 
 
