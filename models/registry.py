@@ -32,6 +32,7 @@ VISION_FACTS = dict(data_kind=IMAGES, analytic_spec=VISION_CHAIN_SPEC, sequence=
 FAMILIES = (
     ModelFamily("gpt", builder="models.families.gpt:gpt_from_config", data_kind=TOKEN_WINDOWS,
                 parameter_count=transformer_facts.gpt_parameter_count, layer_kinds=transformer_layer_kinds,
+                sequence_parallel=True,
                 **TRANSFORMER_FACTS),
     # profiled as plain layers: a measured BERT profile has always labelled its layers so
     ModelFamily("bert", builder="models.families.bert:bert_from_config", data_kind=MASKED_LM,

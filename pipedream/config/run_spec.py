@@ -61,6 +61,7 @@ class RunSpec:
     config: dict[str, Any]     # the whole config as plain data, interpolations resolved (the run's record)
     harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
     selective_recompute: bool = False    # recompute.granularity=selective: only the attention cores (models/attention.py)
+    sequence_parallel: bool = False      # parallel.sequence_parallel: 1/t of the sequence between the TP GEMMs
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -137,6 +138,27 @@ def _check_selective_recompute(cfg: Any, plugin_model: Any, info: ScheduleInfo) 
                           "torch.vmap, where it does not apply; use recompute.granularity=none or full")
 
 
+def _check_sequence_parallel(cfg: Any, tp: Any, plugin_model: Any) -> bool:
+    """parallel.sequence_parallel: a family whose tensor-parallel form supports it, tp > 1, and a
+    sequence that splits into t parts."""
+    if not Section(cfg, "parallel").flag("sequence_parallel"):
+        return False
+    if not isinstance(tp, int) or tp < 2:
+        raise ConfigError(f"parallel.sequence_parallel=true shards the sequence over the tensor-parallel group, "
+                          f"but parallel.tp={tp}: set parallel.tp >= 2 or parallel.sequence_parallel=false")
+    family = None if plugin_model is not None else model_family(_get(cfg, "model.name"))
+    if family is None or not family.sequence_parallel:
+        name = _get(cfg, "model.name") if family else f"{plugin_target(cfg.model)} (a plugin)"
+        supported = ", ".join(f.name for f in MODEL_FAMILIES.values() if f.sequence_parallel)
+        raise ConfigError(f"parallel.sequence_parallel=true is not available for model={name}: it is for {supported}; "
+                          f"set parallel.sequence_parallel=false")
+    seq_len = int(_get(cfg, "model.seq_len"))
+    if seq_len % tp:
+        raise ConfigError(f"parallel.sequence_parallel=true splits model.seq_len={seq_len} into parallel.tp={tp} "
+                          f"parts: choose a sequence length divisible by {tp}")
+    return True
+
+
 def _check_data(cfg: Any, plugin_model: Any) -> int | None:
     model_plugin = plugin_target(cfg.model)
     if plugin_target(cfg.data) is not None:
@@ -211,6 +233,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
             raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
                               f"with tp=1, or use parallel.dp for equal replicas")
 
+    sequence_parallel = _check_sequence_parallel(cfg, tp, plugin_model)
     replicas = _get(cfg, "parallel.stage_replicas")
     replicas = tuple(replicas) if replicas else ()
     if replicas and not info.replicated_stages:
@@ -267,10 +290,10 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     return RunSpec(layout=layout, schedule=info, micro_batch=micro, microbatches=microbatches,
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
                    recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
-                   scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
+                   scatter_gather=Section(cfg, "comm").flag("scatter_gather") and not sequence_parallel,
                    device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony,
-                   selective_recompute=granularity == "selective",
+                   selective_recompute=granularity == "selective", sequence_parallel=sequence_parallel,
                    preemption=PreemptionSpec.from_config(cfg), multi_model=multi_model,
                    config=OmegaConf.to_container(cfg, resolve=True))
