@@ -63,6 +63,12 @@ class LayerSpec:
     tp_forward_bytes: float = 0.0  # bytes each device sends in tensor-parallel all-reduces, forward
     tp_backward_bytes: float = 0.0
     recomputable: bool = True
+    # Of activation_bytes: the part sequence parallelism shards t ways (LayerNorm, dropout, residual
+    # regions), and the attention core's (scores, softmax, dropout mask) that selective
+    # recomputation drops, whose forward FLOPs it then spends again in the backward.
+    sequence_shardable_bytes: float = 0.0
+    attention_core_bytes: float = 0.0
+    attention_core_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,11 @@ class TransformerSpec:
         s, h, a, v, t = self.seq_len, self.hidden, self.heads, self.vocab, tp
         e = PRECISION_BYTES[self.precision]
         ar = 2 * (t - 1) / t  # ring all-reduce: bytes sent per byte reduced (Patarasuk & Yuan 2009)
-        # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16
+        # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16;
+        # of it, s h 10 is replicated over t (sharded by sequence parallelism) and 5 a s^2 / t is the attention core
         block_act = s * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+        replicated_act = s * h * 10 * e / 2
+        core_act = 5 * a * s * s / t * e / 2
         block = LayerSpec(
             name="block", kind="block",
             forward_flops=(24 * s * h * h + 4 * s * s * h) / t,  # ch. 4.5.1: 24Bsh^2 + 4Bs^2h per layer
@@ -116,6 +125,8 @@ class TransformerSpec:
             activation_bytes_recompute=s * h * e,  # checkpoint each layer's input (ch. 4.3.5, c = l)
             tp_forward_bytes=2 * ar * s * h * e,  # ch. 4.3.2: 2 all-reduces of bsh forward ...
             tp_backward_bytes=2 * ar * s * h * e,  # ... and 2 backward: 8bsh(t-1)/t per layer
+            sequence_shardable_bytes=replicated_act, attention_core_bytes=core_act,
+            attention_core_flops=4 * s * s * h / t,  # QK^T and softmax . V: the 4Bs^2h of ch. 4.5.1
         )
         embedding = LayerSpec(
             name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
