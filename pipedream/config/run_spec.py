@@ -138,6 +138,23 @@ def _check_selective_recompute(cfg: Any, plugin_model: Any, info: ScheduleInfo) 
                           "torch.vmap, where it does not apply; use recompute.granularity=none or full")
 
 
+def _check_compile(backend: str, info: ScheduleInfo, tp: int, fused: bool) -> None:
+    """train.compile runs each layer through torch.compile; where the runtime reaches into a layer's
+    parameters or autograd graph itself, it is refused."""
+    reason = ("its stages run on stashed weight versions" if info.asynchronous else
+              "its backward is split into input- and weight-gradient parts" if info.split_backward else
+              "it swaps layer packs through host memory" if info.memory_virtualised else None)
+    if reason is not None:
+        raise ConfigError(f"train.compile={backend} with schedule={info.name}: {reason}, which compiled layers do "
+                          f"not support; use a flush schedule (1f1b, gpipe, interleaved) or train.compile=false")
+    if tp > 1:
+        raise ConfigError(f"train.compile={backend} with parallel.tp={tp}: the tensor-parallel layers' collectives "
+                          f"are not compiled; set parallel.tp=1 or train.compile=false")
+    if fused:
+        raise ConfigError(f"train.compile={backend} with train.models: fused models run their layers under "
+                          f"torch.vmap; set train.compile=false")
+
+
 def _check_sequence_parallel(cfg: Any, tp: Any, plugin_model: Any) -> bool:
     """parallel.sequence_parallel: a family whose tensor-parallel form supports it, tp > 1, and a
     sequence that splits into t parts."""
@@ -280,6 +297,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     device = str(Section(cfg, "cluster").raw("device"))
     check_apex(optim.impl, device)
     multi_model = check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl)
+    if train.compile is not None:
+        _check_compile(train.compile, info, layout.tp, multi_model is not None)
     if multi_model is not None:
         from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
         build_fused_model(cfg.model, multi_model)
