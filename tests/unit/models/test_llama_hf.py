@@ -53,3 +53,10 @@ def test_from_hf_inverts_to_hf():
     assert set(back_state) == set(state)
     for name, tensor in state.items():
         assert torch.equal(back_state[name], tensor), name
+
+
+def test_the_registry_names_to_hf_as_the_family_export():
+    from models.family import resolve
+    from models.registry import model_family
+
+    assert resolve(model_family("llama").hf_export) is to_hf
