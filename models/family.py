@@ -79,6 +79,8 @@ class ModelFamily:
     parameter_count: Callable[[Mapping[str, Any]], int]
     flops_per_iteration: Callable[[Mapping[str, Any], int, bool, int | None], float]
     layer_kinds: Callable[[int], tuple[str, ...]] = plain_layer_kinds
+    attention_core: bool = False   # its attention runs through models.attention.CoreAttention (selective recompute)
+    sequence_parallel: bool = False   # its tensor-parallel form honours TensorParallel.sequence_parallel
     check_config: Callable[[Mapping[str, Any], Any], None] = no_further_checks
     tensor_parallel: str | None = None
     normalised_values: Callable[[Mapping[str, Any], int], int] | None = None

@@ -22,7 +22,7 @@ from models.family import (BLOCK_CHAIN_SPEC, IMAGES, LLAMA_SPEC, MASKED_LM, TEAC
 TRANSFORMER_FACTS = dict(analytic_spec=TRANSFORMER_SPEC, sequence=True, required_keys=transformer_facts.REQUIRED_KEYS,
                          layer_count=transformer_facts.transformer_layer_count,
                          flops_per_iteration=transformer_facts.transformer_flops_per_iteration,
-                         check_config=transformer_facts.check_transformer_config,
+                         check_config=transformer_facts.check_transformer_config, attention_core=True,
                          tensor_parallel="models.families.gpt:check_tensor_parallel_config")
 VISION_FACTS = dict(data_kind=IMAGES, analytic_spec=VISION_CHAIN_SPEC, sequence=False,
                     required_keys=vision_facts.REQUIRED_KEYS, layer_count=vision_facts.vision_layer_count,
@@ -33,6 +33,7 @@ VISION_FACTS = dict(data_kind=IMAGES, analytic_spec=VISION_CHAIN_SPEC, sequence=
 FAMILIES = (
     ModelFamily("gpt", builder="models.families.gpt:gpt_from_config", data_kind=TOKEN_WINDOWS,
                 parameter_count=transformer_facts.gpt_parameter_count, layer_kinds=transformer_layer_kinds,
+                sequence_parallel=True,
                 **TRANSFORMER_FACTS),
     # profiled as plain layers: a measured BERT profile has always labelled its layers so
     ModelFamily("bert", builder="models.families.bert:bert_from_config", data_kind=MASKED_LM,

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.attention import selectively_recompute
 from models.spec import LayerModel, PipelineSequential
 
 from pipedream.numerics.apex import use_apex_layer_norm
@@ -64,6 +65,8 @@ class PipelineEngine:
             for module in built.values():
                 use_apex_layer_norm(module)
         chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
+        if spec.selective_recompute:
+            selectively_recompute(chunks)
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
