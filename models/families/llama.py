@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import CoreAttention
 from models.families.gpt import language_model_loss, parallel_language_model_loss
 from models.families.llama_facts import (OPTIONAL_KEYS, check_llama_tensor_parallel, kv_heads_per_rank,
                                          llama_option, rope_scaling)
@@ -83,6 +84,7 @@ class Attention(nn.Module):
         self.k_proj = _linear(hidden, num_kv_heads * self.head_dim)
         self.v_proj = _linear(hidden, num_kv_heads * self.head_dim)
         self.o_proj = _linear(num_heads * self.head_dim, hidden)
+        self.core = CoreAttention(causal=True)   # grouped-query when k and v have fewer heads
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotary(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,7 +102,7 @@ class Attention(nn.Module):
         cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.num_kv_heads != self.num_heads)
+        y = self.core(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(batch, seq, self.num_heads * self.head_dim))
 
 

@@ -17,7 +17,8 @@ TINY_LLAMA = ["model=llama_tiny", "model.num_layers=6", "model.hidden_size=32", 
               "parallel.pp=2"]
 TP2 = ["parallel.tp=2", "model.vocab_size=255"]   # 255: the vocabulary needs padding
 RUNS = {   # world size -> run name -> overrides; every run compared with single-process training
-    2: {"interleaved_tied": ["schedule=interleaved", "parallel.vpp=2", "model.tie_embeddings=true"],
+    2: {"interleaved_tied_selective": ["schedule=interleaved", "parallel.vpp=2", "model.tie_embeddings=true",
+                                       "recompute.granularity=selective"],
         "zb_h2": ["schedule=zb_h2", "recompute.granularity=full"]},
     4: {"1f1b_tp2_kv_split": ["schedule=1f1b", *TP2],
         "zb_h2_tp2_kv_replicated": ["schedule=zb_h2", "model.num_kv_heads=1", *TP2]},

@@ -10,6 +10,7 @@ import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from models import build_model, check_tensor_parallel_config
+from models.attention import selectively_recompute
 from models.errors import ConfigError
 from models.facts import flops_per_iteration, parameter_count
 from models.families.llama import rope_inverse_frequencies
@@ -38,6 +39,7 @@ def test_llama_tiny_counts_its_built_parameters_and_gqa_shrinks_k_and_v():
     assert attn.k_proj.weight.shape == (TINY["num_kv_heads"] * 32, TINY["hidden_size"])
     assert attn.q_proj.weight.shape == (TINY["hidden_size"], TINY["hidden_size"])
     assert not any(name.endswith("bias") for name, _ in network.named_parameters())
+    assert selectively_recompute(network) == TINY["num_layers"]   # one attention core per block
 
 
 def test_the_flop_formula_counts_the_gemms_the_model_runs():
