@@ -27,7 +27,8 @@ DATA_KINDS = (TOKEN_WINDOWS, MASKED_LM, TEACHER_REGRESSION, IMAGES)
 TRANSFORMER_SPEC = "transformer"           # embedding, blocks, head with Megatron's tensor-parallel layout
 BLOCK_CHAIN_SPEC = "block_chain"           # identical residual blocks, tp = 1
 VISION_CHAIN_SPEC = "vision_chain"         # the layers of ``models.families.vision_facts``, tp = 1
-ANALYTIC_SPECS = (TRANSFORMER_SPEC, BLOCK_CHAIN_SPEC, VISION_CHAIN_SPEC)
+LLAMA_SPEC = "llama"                       # as transformer, with grouped-query attention and a SwiGLU MLP
+ANALYTIC_SPECS = (TRANSFORMER_SPEC, BLOCK_CHAIN_SPEC, VISION_CHAIN_SPEC, LLAMA_SPEC)
 
 
 def transformer_layer_kinds(num_layers: int) -> tuple[str, ...]:
@@ -83,6 +84,7 @@ class ModelFamily:
     check_config: Callable[[Mapping[str, Any], Any], None] = no_further_checks
     tensor_parallel: str | None = None
     normalised_values: Callable[[Mapping[str, Any], int], int] | None = None
+    hf_export: str | None = None
 
     def __post_init__(self) -> None:
         if self.data_kind not in DATA_KINDS:

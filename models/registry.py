@@ -10,12 +10,13 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
+import models.families.llama_facts as llama_facts
 import models.families.mlp_facts as mlp_facts
 import models.families.transformer_facts as transformer_facts
 import models.families.vision_facts as vision_facts
 from models.errors import ConfigError
-from models.family import (BLOCK_CHAIN_SPEC, IMAGES, MASKED_LM, TEACHER_REGRESSION, TOKEN_WINDOWS, TRANSFORMER_SPEC,
-                           VISION_CHAIN_SPEC, ModelFamily, block_layer_kinds, plain_layer_kinds,
+from models.family import (BLOCK_CHAIN_SPEC, IMAGES, LLAMA_SPEC, MASKED_LM, TEACHER_REGRESSION, TOKEN_WINDOWS,
+                           TRANSFORMER_SPEC, VISION_CHAIN_SPEC, ModelFamily, block_layer_kinds, plain_layer_kinds,
                            transformer_layer_kinds)
 
 TRANSFORMER_FACTS = dict(analytic_spec=TRANSFORMER_SPEC, sequence=True, required_keys=transformer_facts.REQUIRED_KEYS,
@@ -45,6 +46,13 @@ FAMILIES = (
     ModelFamily("vgg16", builder="models.families.vision:vgg16_from_config", **VISION_FACTS),
     ModelFamily("resnet50", builder="models.families.vision:resnet50_from_config",
                 normalised_values=vision_facts.fewest_normalised_values, **VISION_FACTS),
+    ModelFamily("llama", builder="models.families.llama:llama_from_config", data_kind=TOKEN_WINDOWS,
+                analytic_spec=LLAMA_SPEC, sequence=True, required_keys=llama_facts.REQUIRED_KEYS,
+                layer_count=llama_facts.llama_layer_count, parameter_count=llama_facts.llama_parameter_count,
+                flops_per_iteration=llama_facts.llama_flops_per_iteration, layer_kinds=transformer_layer_kinds,
+                check_config=llama_facts.check_llama_config, attention_core=True,
+                tensor_parallel="models.families.llama_facts:check_llama_tensor_parallel",
+                hf_export="models.families.llama_hf:to_hf"),
 )
 MODEL_FAMILIES = MappingProxyType({family.name: family for family in FAMILIES})
 

@@ -58,7 +58,7 @@ class Inputs:
         return memory_reserve(self.capacity, self.reserve_gib, self.reserve_fraction)
 
     def tp_degrees(self) -> list[int]:
-        """Tensor-parallel degrees: divisors of n that divide the head count and align with nodes
+        """Tensor-parallel degrees: divisors of n that the model splits into (whole heads) and align with nodes
         (t divides the devices per node or is a multiple of it, so no group straddles a node edge)."""
         if self.spec is None or self.spec.max_tp == 1:
             measured = [1, *sorted(self.tp_profiles)]  # a measured profile plans t > 1 only where calibrated
@@ -67,7 +67,7 @@ class Inputs:
         per_node = self.cluster.devices_per_node
         if self.pin_tp is not None:
             return [self.pin_tp] if self.cluster.num_devices % self.pin_tp == 0 else []
-        return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.max_tp % t == 0
+        return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.allows_tp(t)
                 and (per_node % t == 0 or t % per_node == 0)]
 
     def as_in_the_dissertation(self) -> "Inputs":
