@@ -152,7 +152,8 @@ FORMATS = ("torch", "hf")
 def _argument_problem(args: dict[str, str]) -> str | None:
     step, fmt, shard_mb = args.get("step"), args.get("format", "torch"), args.get("shard_mb")
     if step is not None and not step.isdigit():
-        return f"step={step} is not a step number: give the N of a step_0000000N folder, or leave step out for the newest"
+        return (f"step={step} is not a step number: give the N of a step_0000000N folder, or leave step out "
+                f"for the newest")
     if fmt not in FORMATS:
         return f"format={fmt} is unknown: choose torch (one state dict) or hf (a Hugging Face checkpoint folder)"
     if shard_mb is not None:

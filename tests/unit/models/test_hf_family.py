@@ -103,3 +103,41 @@ def test_a_longer_window_than_the_context_is_refused(folders):
                           "parallel.pp=1"])
     with pytest.raises(ConfigError, match=r"model.seq_len=64 must be a positive integer at most the model's context \(32"):
         build_run_spec(cfg, 1)
+
+
+def test_without_transformers_one_line_says_how_to_install(folders, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "transformers", None)   # import transformers now raises ImportError
+    with pytest.raises(ConfigError, match=r"model=hf needs the Hugging Face packages \(transformers is missing\): "
+                                          r"pip install \.\[hf\]"):
+        build_model(model_cfg(folders["llama"]))
+
+
+def test_export_dispatches_through_the_family():
+    from pipedream.export import ExportError, hf_converter, shard_tensors
+    from models.families.gpt_hf import gpt_to_hf
+    from models.families.hf import to_hf
+    assert hf_converter({"name": "hf"}) is to_hf and hf_converter({"name": "gpt"}) is gpt_to_hf
+    with pytest.raises(ExportError, match="model=mlp has no Hugging Face form: .*use format=torch"):
+        hf_converter({"name": "mlp"})
+    with pytest.raises(ExportError, match=r"model=my.Model \(a plugin\) has no Hugging Face form"):
+        hf_converter({"_target_": "my.Model"})
+    state = {name: torch.zeros(250) for name in "abcde"}   # 1000 bytes each
+    assert [list(shard) for shard in shard_tensors(state, 2000)] == [["a", "b"], ["c", "d"], ["e"]]
+    assert [list(shard) for shard in shard_tensors(state, 10)] == [[name] for name in "abcde"]
+
+
+def test_gpt_exports_as_gpt2_with_the_same_logits():
+    import transformers
+    from models.families.gpt_hf import gpt_to_hf
+    for tie in (True, False):
+        cfg = {"name": "gpt", "num_layers": 2, "hidden_size": 32, "num_heads": 4, "seq_len": 16, "vocab_size": 64,
+               "tie_embeddings": tie, "dropout": 0.0}
+        ours = build_model(cfg, seed=3).build_sequential().eval()
+        config, state = gpt_to_hf({k: v.detach() for k, v in ours.state_dict().items()}, cfg)
+        config = transformers.GPT2Config(**{k: v for k, v in config.items() if k not in ("architectures", "model_type")})
+        theirs = transformers.GPT2LMHeadModel(config).eval()
+        theirs.load_state_dict(state, strict=not tie)   # tied: lm_head is the token table
+        tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(theirs(tokens).logits, ours(tokens), rtol=0, atol=1e-5)
