@@ -146,11 +146,12 @@ def _save(state: dict[str, Any], out: Path) -> list[Path]:
 
 USAGE = ("usage: python -m pipedream.export run_dir=RUN_DIR [out=FILE] [step=N] | "
          "run_dir=RUN_DIR format=hf out=DIR [shard_mb=2000] [step=N]")
-FORMATS = ("torch", "hf")
+TORCH_FORMAT, HF_FORMAT = "torch", "hf"   # format=: one state dict, or a Hugging Face checkpoint folder
+FORMATS = (TORCH_FORMAT, HF_FORMAT)
 
 
 def _argument_problem(args: dict[str, str]) -> str | None:
-    step, fmt, shard_mb = args.get("step"), args.get("format", "torch"), args.get("shard_mb")
+    step, fmt, shard_mb = args.get("step"), args.get("format", TORCH_FORMAT), args.get("shard_mb")
     if step is not None and not step.isdigit():
         return (f"step={step} is not a step number: give the N of a step_0000000N folder, or leave step out "
                 f"for the newest")
@@ -161,7 +162,7 @@ def _argument_problem(args: dict[str, str]) -> str | None:
             positive = float(shard_mb) > 0
         except ValueError:
             positive = False
-        if fmt != "hf" or not positive:
+        if fmt != HF_FORMAT or not positive:
             return f"shard_mb={shard_mb}: give a positive size in MiB, with format=hf only"
     return None
 
@@ -179,7 +180,7 @@ def main(argv: list[str]) -> int:
         return 2
     step = None if args.get("step") is None else int(args["step"])
     try:
-        if args.get("format") == "hf":
+        if args.get("format") == HF_FORMAT:
             out = Path(args["out"]) if "out" in args else Path(args["run_dir"]) / "hf"
             written = export_hf(Path(args["run_dir"]), out, step, float(args.get("shard_mb", 2000)))
             print(f"wrote {out}: config.json, {len(written) - 2} safetensors shard(s), model.safetensors.index.json")
