@@ -122,10 +122,11 @@ def check_hf_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 0 < seq_len <= context:
         raise ConfigError(f"model.seq_len={seq_len!r} must be a positive integer at most the model's context "
                           f"({context}, config.json): lower it or leave it out")
+    stated = config_from_files(model_cfg)
     for key in ("vocab_size", "num_layers", "hidden_size", "num_heads"):
-        if model_cfg.get(key) != config_from_files(model_cfg)[key]:
+        if model_cfg.get(key) != stated[key]:
             raise ConfigError(f"model.{key}={model_cfg.get(key)!r} differs from the model's config.json "
-                              f"({config_from_files(model_cfg)[key]}): leave model.{key} out for model=hf")
+                              f"({stated[key]}): leave model.{key} out for model=hf")
 
 
 def weight_files(folder: Path) -> dict[str, str]:

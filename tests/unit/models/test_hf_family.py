@@ -141,3 +141,11 @@ def test_gpt_exports_as_gpt2_with_the_same_logits():
         tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             torch.testing.assert_close(theirs(tokens).logits, ours(tokens), rtol=0, atol=1e-5)
+
+
+def test_sizes_that_contradict_config_json_are_refused(folders):
+    from pipedream.config.run_spec import build_run_spec
+    cfg = compose_config(["model=hf", f"model.path={folders['llama']}", "model.num_layers=5", "data=synthetic",
+                          "parallel.pp=1"])
+    with pytest.raises(ConfigError, match=r"model.num_layers=5 differs from the model's config.json \(3\)"):
+        build_run_spec(cfg, 1)
