@@ -67,6 +67,12 @@ class ModelFamily:
     ``(model_cfg, tp)``, None when the family has no tensor-parallel form. ``normalised_values(
     model_cfg, micro_batch)``: values per channel in the smallest BatchNorm of a forward, None when
     the family has no BatchNorm. ``sequence``: samples are token sequences (``seq_len`` applies).
+    ``config_from_files(model_cfg)``: the model keys the family reads from the model's own files
+    (``model=hf``: config.json), filled in when the config is composed
+    (``pipedream.config.loading.complete_model_config``); None when the config states them all.
+    ``hf_export``: "module:function" ``to_hf(model_state, model_cfg) -> (config_dict, hf_state)``
+    turning a consolidated state (``<layer>.<name>``) into a Hugging Face checkpoint
+    (``python -m pipedream.export format=hf``), None when the family has no such form.
     """
 
     name: str
@@ -81,6 +87,7 @@ class ModelFamily:
     layer_kinds: Callable[[int], tuple[str, ...]] = plain_layer_kinds
     attention_core: bool = False   # its attention runs through models.attention.CoreAttention (selective recompute)
     sequence_parallel: bool = False   # its tensor-parallel form honours TensorParallel.sequence_parallel
+    config_from_files: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     check_config: Callable[[Mapping[str, Any], Any], None] = no_further_checks
     tensor_parallel: str | None = None
     normalised_values: Callable[[Mapping[str, Any], int], int] | None = None

@@ -11,6 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 import models.families.llama_facts as llama_facts
+import models.families.hf_facts as hf_facts
 import models.families.mlp_facts as mlp_facts
 import models.families.transformer_facts as transformer_facts
 import models.families.vision_facts as vision_facts
@@ -34,7 +35,7 @@ FAMILIES = (
     ModelFamily("gpt", builder="models.families.gpt:gpt_from_config", data_kind=TOKEN_WINDOWS,
                 parameter_count=transformer_facts.gpt_parameter_count, layer_kinds=transformer_layer_kinds,
                 sequence_parallel=True,
-                **TRANSFORMER_FACTS),
+                hf_export="models.families.gpt_hf:gpt_to_hf", **TRANSFORMER_FACTS),
     # profiled as plain layers: a measured BERT profile has always labelled its layers so
     ModelFamily("bert", builder="models.families.bert:bert_from_config", data_kind=MASKED_LM,
                 parameter_count=transformer_facts.bert_parameter_count, layer_kinds=plain_layer_kinds,
@@ -53,6 +54,13 @@ FAMILIES = (
                 check_config=llama_facts.check_llama_config, attention_core=True,
                 tensor_parallel="models.families.llama_facts:check_llama_tensor_parallel",
                 hf_export="models.families.llama_hf:to_hf"),
+    # a local transformers decoder folder (model.path); its sizes come from its config.json
+    ModelFamily("hf", builder="models.families.hf:hf_from_config", data_kind=TOKEN_WINDOWS,
+                analytic_spec=TRANSFORMER_SPEC, sequence=True, required_keys=(),
+                layer_count=hf_facts.hf_layer_count, parameter_count=hf_facts.hf_parameter_count,
+                flops_per_iteration=hf_facts.hf_flops_per_iteration, layer_kinds=transformer_layer_kinds,
+                check_config=hf_facts.check_hf_config, config_from_files=hf_facts.config_from_files,
+                hf_export="models.families.hf:to_hf"),
 )
 MODEL_FAMILIES = MappingProxyType({family.name: family for family in FAMILIES})
 

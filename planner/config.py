@@ -26,10 +26,14 @@ def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
     from omegaconf import open_dict
     from omegaconf.errors import OmegaConfBaseException as OmegaConfError
 
+    from models.errors import ConfigError
+
     try:
         cfg = compose_config(overrides, config_name, return_hydra_config=True)
     except (HydraException, OmegaConfError) as err:   # unknown choice or key, bad override syntax
         raise PlannerError(describe_composition_error(err, overrides, config_name)) from None
+    except ConfigError as err:   # a model whose own files cannot be read (model=hf)
+        raise PlannerError(str(err)) from None
     choice = cfg.hydra.runtime.choices.get("model")
     with open_dict(cfg):
         del cfg["hydra"]

@@ -87,6 +87,7 @@ class TransformerSpec:
     precision: str = "bf16"
     tie_embeddings: bool = True
     pre_ln: bool = False  # BERT only: pre-LayerNorm blocks add a final LayerNorm
+    path: str | None = None   # a model read from its own files (model=hf): its totals come from them
 
     @property
     def max_tp(self) -> int:
@@ -101,7 +102,8 @@ class TransformerSpec:
         """The ``conf/model`` keys this spec stands for, as ``models.facts`` reads them."""
         return {"name": self.family, "num_layers": self.num_layers, "hidden_size": self.hidden,
                 "num_heads": self.heads, "seq_len": self.seq_len, "vocab_size": self.vocab,
-                "tie_embeddings": self.tie_embeddings, "pre_ln": self.pre_ln}
+                "tie_embeddings": self.tie_embeddings, "pre_ln": self.pre_ln,
+                **({"path": self.path} if self.path is not None else {})}
 
     def num_parameters(self) -> int:
         """Of the model ``models`` builds for this config (eq. 4.3 plus LayerNorms and BERT's MLM head)."""
@@ -307,7 +309,8 @@ def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
 def transformer_spec(cfg: Mapping[str, Any], label: str, precision: str) -> TransformerSpec:
     return TransformerSpec(label, str(cfg["name"]), int(cfg["num_layers"]), int(cfg["hidden_size"]),
                            int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
-                           bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")))
+                           bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")),
+                           None if cfg.get("path") is None else str(cfg["path"]))
 
 
 def llama_spec(cfg: Mapping[str, Any], label: str, precision: str) -> LlamaSpec:

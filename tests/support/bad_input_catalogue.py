@@ -135,6 +135,13 @@ CATALOGUE = [
          tool="export"),
     case("export-corrupt-checkpoint", "run_dir={tmp}/ckpt_bit_flip_run step=2", "does not match its checksum",
          tool="export"),
+    case("export-format-unknown", "run_dir={tmp}/ckpt_bit_flip format=onnx", "format=onnx is unknown", tool="export"),
+    # model=hf: a local transformers folder
+    case("hf-path-missing", "model=hf model.path={tmp}/no_model data=synthetic", "does not exist or is not a folder"),
+    case("hf-architecture-unsupported", "model=hf model.path={tmp}/bert_model data=synthetic",
+         "describes BertForMaskedLM, which model=hf cannot split into pipeline layers"),
+    case("hf-tensor-parallel", "model=hf model.path={tmp}/llama_header_only data=synthetic parallel.tp=2 parallel.pp=1",
+         "model=hf has no tensor-parallel form but parallel.tp=2"),
     # device and optional packages
     case("device-tpu", "cluster.device=tpu", "cluster.device='tpu' is not supported"),
     case("device-cuda-missing", "cluster.device=cuda", "no usable CUDA device"),
@@ -172,6 +179,14 @@ def make_fixtures(tmp: Path, other_model_checkpoint: bool = True) -> Path:
     (tmp / "short.bin").write_bytes(b"\x01\x00" * 10)
     (tmp / "big_ids.bin").write_bytes(struct.pack("<H", 300) * 20000)
     (tmp / "a_file").write_text("not a folder")
+    (tmp / "bert_model").mkdir()
+    (tmp / "bert_model" / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    llama = tmp / "llama_header_only"   # its config and a weights file with no tensors: enough to be checked
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 32,
+        "num_attention_heads": 4, "max_position_embeddings": 32, "vocab_size": 64, "tie_word_embeddings": False}))
+    (llama / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     (tmp / "used_run").mkdir()
     (tmp / "used_run" / "metrics.jsonl").write_text('{"step": 1}\n')
     files = {".metadata": bytes(range(200)), "shard.distcp": bytes(range(256)) * 40}
