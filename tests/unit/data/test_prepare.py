@@ -19,7 +19,7 @@ DOCUMENTS = {"a.txt": "Pipelines split a model\ninto stages.\r\nEach stage owns 
              "c.txt": "Weights stash per version.\n" * 40}
 
 
-def byte_level_bpe(folder, eos: bool = True):
+def byte_level_bpe(folder, eos: str | None = "<|endoftext|>"):
     """A small byte-level BPE (decodes back to the exact text) trained on the documents, saved as
     folder/tokenizer.json."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -27,7 +27,7 @@ def byte_level_bpe(folder, eos: bool = True):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"] if eos else [],
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=[eos] if eos else [],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(DOCUMENTS.values(), trainer)
     folder.mkdir(parents=True, exist_ok=True)
@@ -72,11 +72,20 @@ def test_tokens_decode_back_to_every_document(tmp_path, monkeypatch, capsys):
 
 
 def test_without_an_eos_documents_are_separated_as_text_files_are(tmp_path):
-    tokenizer = byte_level_bpe(tmp_path / "tok", eos=False)
+    tokenizer = byte_level_bpe(tmp_path / "tok", eos=None)
     texts = write_documents(tmp_path / "text")
     meta = prepare.prepare(str(tmp_path / "tok" / "tokenizer.json"), str(tmp_path / "text"), tmp_path / "out")
     assert meta["eos_id"] is None and meta["document_end"] == "\n\n"
     assert tokenizer.decode(all_tokens(tmp_path / "out").tolist()) == "\n\n".join(texts)
+
+
+def test_the_eos_named_by_tokenizer_config_json_ends_each_document(tmp_path):
+    tokenizer = byte_level_bpe(tmp_path / "tok", eos="[END]")
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "[END]"}}))
+    write_documents(tmp_path / "text")
+    meta = prepare.prepare(str(tmp_path / "tok"), str(tmp_path / "text"), tmp_path / "out")
+    assert meta["eos_id"] == tokenizer.token_to_id("[END]") and meta["document_end"] == "eos"
+    assert int((all_tokens(tmp_path / "out") == meta["eos_id"]).sum()) == len(DOCUMENTS)
 
 
 def test_a_vocabulary_over_65536_is_written_as_uint32(tmp_path):
