@@ -103,6 +103,12 @@ CATALOGUE = [
     case("tokens-too-short", "data=token_bin data.path={tmp}/short.bin", "holds 9 tokens, fewer than one sample"),
     case("tokens-id-too-large", "data=token_bin data.path={tmp}/big_ids.bin",
          "holds token id 300 >= model.vocab_size=256"),
+    case("tokens-vocab-over-model", "data=token_bin data.path={tmp}/tokens_big_vocab",
+         "records a tokenizer vocabulary of 70000 tokens, more than model.vocab_size=256: set model.vocab_size=70000"),
+    case("pydoc-vocab-below-bytes", "data=pydoc model.vocab_size=128",
+         "data=pydoc (byte-level tokens, 0..255) holds token id"),
+    case("text-vocab-below-bytes", "data=text_file data.path={tmp}/short.txt model.vocab_size=100",
+         "holds token id 119 >= model.vocab_size=100: raise model.vocab_size to at least 256"),
     # resume and outputs
     case("resume-missing", "train.resume={tmp}/nonexistent", "does not exist"),
     case("resume-truncated", "train.resume={tmp}/ckpt_truncated/step_00000002", "is missing or truncated"),
@@ -178,6 +184,10 @@ def make_fixtures(tmp: Path, other_model_checkpoint: bool = True) -> Path:
     (tmp / "empty.bin").write_bytes(b"")
     (tmp / "short.bin").write_bytes(b"\x01\x00" * 10)
     (tmp / "big_ids.bin").write_bytes(struct.pack("<H", 300) * 20000)
+    (tmp / "tokens_big_vocab").mkdir()
+    for part in ("train.bin", "val.bin"):
+        (tmp / "tokens_big_vocab" / part).write_bytes(struct.pack("<I", 69999) * 1000)
+    (tmp / "tokens_big_vocab" / "meta.json").write_text(json.dumps({"dtype": "uint32", "vocab_size": 70000}))
     (tmp / "a_file").write_text("not a folder")
     (tmp / "bert_model").mkdir()
     (tmp / "bert_model" / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
