@@ -51,7 +51,7 @@ FAMILIES = (
                 analytic_spec=LLAMA_SPEC, sequence=True, required_keys=llama_facts.REQUIRED_KEYS,
                 layer_count=llama_facts.llama_layer_count, parameter_count=llama_facts.llama_parameter_count,
                 flops_per_iteration=llama_facts.llama_flops_per_iteration, layer_kinds=transformer_layer_kinds,
-                check_config=llama_facts.check_llama_config, attention_core=True,
+                check_config=llama_facts.check_llama_config, attention_core=True, sequence_parallel=True,
                 tensor_parallel="models.families.llama_facts:check_llama_tensor_parallel",
                 hf_export="models.families.llama_hf:to_hf"),
     # a local transformers decoder folder (model.path); its sizes come from its config.json

@@ -26,6 +26,7 @@ from models.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, Sha
                                     VocabParallelEmbedding, mark_replicated, mark_sharded, shard_tensor,
                                     vocab_parallel_logits)
 from models.tensor_parallel.gqa import ReplicatedHeadLinear
+from models.tensor_parallel.sequence import sequence_parallel_weight
 
 INIT_STD = 0.02  # Hugging Face's initializer_range: every matrix drawn N(0, 0.02^2), norms at one
 
@@ -59,7 +60,11 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    """x / sqrt(mean(x^2) + eps) computed in fp32, cast back, then scaled by the weight."""
+    """x / sqrt(mean(x^2) + eps) computed in fp32, cast back, then scaled by the weight.
+    ``sequence_parallel`` (a tensor-parallel group): it normalises this rank's part of the sequence,
+    so the weight's gradient is summed over the group."""
+
+    sequence_parallel: TensorParallel | None = None
 
     def __init__(self, hidden: int, eps: float):
         super().__init__()
@@ -69,7 +74,9 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+        weight = self.weight if self.sequence_parallel is None else \
+            sequence_parallel_weight(self.weight, self.sequence_parallel)
+        return weight * normed.to(x.dtype)
 
 
 class Attention(nn.Module):
@@ -94,8 +101,9 @@ class Attention(nn.Module):
         return angles.cos(), angles.sin()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x)   # the whole sequence (with sequence parallelism x holds this rank's part)
+        batch, seq = q.shape[:2]
+        q = q.view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
         cos, sin = self.rotary(seq, x.device)
@@ -164,6 +172,8 @@ class ParallelHead(nn.Module):
         super().__init__()
         self.tp = tp
         self.norm = head.norm
+        if tp.sequence_parallel:   # on this rank's part of the sequence; the logits gather it
+            self.norm.sequence_parallel = tp
         spec = ShardSpec(dim=0, full_size=head.weight.shape[0])
         self.weight = mark_sharded(nn.Parameter(shard_tensor(head.weight.detach(), spec, tp)), spec)
         mark_replicated(self)
@@ -188,6 +198,8 @@ def parallelize_block(block: Block, tp: TensorParallel) -> Block:
     attn.num_heads, attn.num_kv_heads = attn.num_heads // tp.size, kv_local
     block.mlp.gate_up_proj = ColumnParallelLinear.from_dense(block.mlp.gate_up_proj, tp, stride=2)
     block.mlp.down_proj = RowParallelLinear.from_dense(block.mlp.down_proj, tp)
+    if tp.sequence_parallel:   # the RMSNorms run on this rank's part of the sequence
+        block.input_layernorm.sequence_parallel = block.post_attention_layernorm.sequence_parallel = tp
     return mark_replicated(block)
 
 

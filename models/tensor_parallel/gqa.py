@@ -17,6 +17,7 @@ from models.errors import ConfigError
 from models.tensor_parallel.context import TensorParallel
 from models.tensor_parallel.mappings import copy_to_region
 from models.tensor_parallel.params import mark_replicated
+from models.tensor_parallel.sequence import gather_sequence
 
 
 class ReplicatedHeadLinear(nn.Module):
@@ -35,4 +36,5 @@ class ReplicatedHeadLinear(nn.Module):
         mark_replicated(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(copy_to_region(x, self.tp), copy_to_region(self.weight, self.tp)[self.rows])
+        x = gather_sequence(x, self.tp) if self.tp.sequence_parallel else copy_to_region(x, self.tp)
+        return F.linear(x, copy_to_region(self.weight, self.tp)[self.rows])

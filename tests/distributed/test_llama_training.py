@@ -1,6 +1,6 @@
 """model=llama in the pipeline runtime: 1F1B, interleaved and zb_h2 pipelines, and tensor
 parallelism with grouped-query attention (key/value heads split over t, and one replicated per
-rank when t exceeds them), give the losses and parameters of single-process training (fp32);
+rank when t exceeds them), with and without sequence parallelism, give the losses and parameters of single-process training (fp32);
 a bf16 pipeline trains with finite losses."""
 from __future__ import annotations
 
@@ -16,27 +16,37 @@ TINY_LLAMA = ["model=llama_tiny", "model.num_layers=6", "model.hidden_size=32", 
               *[o for o in TINY_GPT if o.startswith("train.")], "train.steps=3", "optim=sgd", "train.lr=0.05",
               "parallel.pp=2"]
 TP2 = ["parallel.tp=2", "model.vocab_size=255"]   # 255: the vocabulary needs padding
+SP = ["parallel.sequence_parallel=true"]
+PP1 = ["parallel.pp=1"]   # replaces TINY_LLAMA's parallel.pp=2 (``configured``)
 RUNS = {   # world size -> run name -> overrides; every run compared with single-process training
     2: {"interleaved_tied_selective": ["schedule=interleaved", "parallel.vpp=2", "model.tie_embeddings=true",
                                        "recompute.granularity=selective"],
-        "zb_h2": ["schedule=zb_h2", "recompute.granularity=full"]},
+        "zb_h2": ["schedule=zb_h2", "recompute.granularity=full"],
+        "pp1_tp2_sequence_parallel": ["schedule=1f1b", *PP1, *TP2, *SP]},
     4: {"1f1b_tp2_kv_split": ["schedule=1f1b", *TP2],
-        "zb_h2_tp2_kv_replicated": ["schedule=zb_h2", "model.num_kv_heads=1", *TP2]},
+        "zb_h2_tp2_kv_replicated": ["schedule=zb_h2", "model.num_kv_heads=1", *TP2],
+        "1f1b_tp2_sequence_parallel_kv_replicated": ["schedule=1f1b", "model.num_kv_heads=1", *TP2, *SP]},
 }
+
+
+def configured(extra: list[str]) -> list[str]:
+    base = [o for o in TINY_LLAMA if not (o.startswith("parallel.pp=") and any(e.startswith("parallel.pp=")
+                                                                              for e in extra))]
+    return base + extra
 BF16 = ["schedule=1f1b", "precision=bf16"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("world", RUNS)
 def test_llama_pipelines_match_single_process(tmp_path, world):
-    runs = [(TINY_LLAMA + extra, str(tmp_path / name)) for name, extra in RUNS[world].items()]
+    runs = [(configured(extra), str(tmp_path / name)) for name, extra in RUNS[world].items()]
     if world == 2:
         runs.append((TINY_LLAMA + BF16, str(tmp_path / "bf16")))
     per_rank = run_workers(train_rank, world, runs)
     for index, (name, extra) in enumerate(RUNS[world].items()):
         result = merge_params([rank_results[index] for rank_results in per_rank])
         assert_matches_reference({"params": result, "losses": per_rank[0][index]["losses"]},
-                                 reference_training(TINY_LLAMA + extra))
+                                 reference_training(configured(extra)))
     if world == 2:
         bf16_losses = per_rank[0][-1]["losses"]
         assert len(bf16_losses) == 3 and all(math.isfinite(loss) for loss in bf16_losses)
