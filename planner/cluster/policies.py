@@ -207,14 +207,19 @@ def makespan(p: Problem) -> tuple[np.ndarray, int]:
     return lp.X(_use_leftovers(lp, v, c, float(c @ v), _best(p))), 2
 
 
-def finish_time_fairness(p: Problem, rel_tol: float = 1e-3) -> tuple[np.ndarray, int]:
+def finish_time_fairness(p: Problem, rel_tol: float = 1e-7) -> tuple[np.ndarray, int]:
     """Minimise max_m rho_m (Themis, ch. 5.4.2), rho_m = (t_m + steps_m / throughput(m, X)) /
     (t_iso_m + steps_m / throughput(m, X^isolated)). For a fixed rho the constraints are linear
-    (throughput(m, X) >= steps_m / (rho D_m - t_m)), so rho is found by bisection over feasibility LPs."""
+    (throughput(m, X) >= steps_m / (rho D_m - t_m)), so rho is found by bisection over feasibility LPs.
+    Each feasible LP also uses every GPU that still speeds a job up, so the rho its X reaches is often
+    well below the rho asked for: the upper end drops to it, which cuts the bisection short."""
     elapsed = p.elapsed_s if p.elapsed_s is not None else np.zeros(p.shape[0])
     isolated = p.isolated_s if p.isolated_s is not None else np.zeros(p.shape[0])
     iso_thr = np.maximum(effective_throughput(p.T, isolated_share(p)), 1e-300)
     denom = isolated + p.steps / iso_thr
+
+    def reached(X: np.ndarray) -> float:
+        return float(np.max((elapsed + p.steps / np.maximum(effective_throughput(p.T, X), 1e-300)) / denom))
 
     def attempt(rho: float) -> np.ndarray | None:
         room = rho * denom - elapsed
@@ -231,14 +236,17 @@ def finish_time_fairness(p: Problem, rel_tol: float = 1e-3) -> tuple[np.ndarray,
     lo, best, lps = float(np.max(elapsed / denom)), attempt(hi), 1
     if best is None:  # numerical edge: X^isolated itself
         return isolated_share(p), lps
+    hi = min(hi, reached(best))
     while hi - lo > rel_tol * hi:
         mid = 0.5 * (lo + hi)
         X = attempt(mid)
         lps += 1
         if X is None:
             lo = mid
-        else:
-            hi, best = mid, X
+        elif reached(X) < hi:
+            hi, best = reached(X), X
+        else:  # the solver's tolerance: feasible at mid, yet no better than the best so far
+            hi = mid
     return best, lps
 
 
