@@ -23,8 +23,8 @@ import numpy as np
 
 from planner.errors import PlannerError
 
-POLICIES = ("max_min_fairness", "fifo", "makespan", "finish_time_fairness", "min_cost", "min_cost_slo",
-            "max_throughput")
+POLICIES = ("max_min_fairness", "max_min_fairness_water_filling", "fifo", "makespan", "finish_time_fairness",
+            "min_cost", "min_cost_slo", "max_throughput")
 SLO_PENALTY = 1e3  # per unit of missed SLO throughput (relative): meeting SLOs beats any saving
 
 
@@ -176,13 +176,92 @@ def _best(p: Problem) -> np.ndarray:
 def max_min_fairness(p: Problem) -> tuple[np.ndarray, int]:
     """Maximise min_m scale_m / w_m * throughput(m, X) / throughput(m, X^equal) (ch. 5.4.1, LAS)."""
     lp = _LP(p, extras=1)
-    equal = effective_throughput(p.T, equal_share(p))
-    a = p.T * (p.scale / (p.weights * np.maximum(equal, 1e-300)))[:, None]
+    a = _fair_shares(p)
     lp.add(lp.per_job(-a, np.ones((p.shape[0], 1))), np.zeros(p.shape[0]))  # t - a_m . X_m <= 0
     c = np.zeros(lp.size)
     c[-1] = -1.0
     v = lp.solve(c)
     return lp.X(_use_leftovers(lp, v, c, float(c @ v), _best(p))), 2
+
+
+WATER_RISE_REL = 1e-5  # a job whose share can rise by less than this (relative) is bottlenecked
+
+
+def _fair_shares(p: Problem) -> np.ndarray:
+    """a with a_m . X_m = scale_m / w_m throughput(m, X) / throughput(m, X^equal): LAS's normalised share."""
+    equal = effective_throughput(p.T, equal_share(p))
+    return p.T * (p.scale / (p.weights * np.maximum(equal, 1e-300)))[:, None]
+
+
+HOLD_SLACKS = (KEEP_REL_TOL, 1e-6, 1e-5)  # looser only when the solver finds the tighter hold infeasible
+
+
+def _holding(p: Problem, a: np.ndarray, floor: np.ndarray, extra: np.ndarray, slack: float) -> _LP:
+    """Valid X with share_m + extra[m] . extras >= floor_m (within ``slack``, relative) for every job."""
+    lp = _LP(p, extras=extra.shape[1])
+    lp.add(lp.per_job(-a, extra), -floor * (1 - slack))
+    return lp
+
+
+def _solve_holding(p: Problem, a: np.ndarray, floor: np.ndarray, extra: np.ndarray,
+                   objective: Callable[[_LP], np.ndarray], bounds: Sequence | None = None) -> tuple[_LP, np.ndarray]:
+    for slack in HOLD_SLACKS:
+        lp = _holding(p, a, floor, extra, slack)
+        if bounds is not None:
+            lp.bounds[-len(bounds):] = bounds
+        try:
+            return lp, lp.solve(objective(lp))
+        except PlannerError:
+            if slack == HOLD_SLACKS[-1]:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _extras_objective(lp: _LP) -> np.ndarray:
+    c = np.zeros(lp.size)
+    c[lp.n * lp.k:] = -1.0
+    return c
+
+
+def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
+    """Water filling (ch. 5.4.3): raise the lowest normalised share of the jobs not yet frozen as far
+    as it goes (one LP), freeze the jobs that are bottlenecked there, i.e. whose share cannot rise
+    while every other job keeps its level, and repeat until every job is frozen. The result is
+    max-min fair: no share can rise without lowering one that is no larger, so no GPU that could
+    speed a job up stays idle.
+
+    The bottlenecked jobs are found with LPs in place of the dissertation's MILP: maximise the
+    candidates' total rise above the level, each rise capped so that it spreads over every candidate
+    that can rise; drop those that rose and repeat until none does (usually one or two LPs). If none
+    rises, none can: one rising alone would raise the total."""
+    n = p.shape[0]
+    a = _fair_shares(p)
+    floor = np.zeros(n)
+    rising = np.ones(n, dtype=bool)
+    lps = 0
+    while rising.any():
+        # share_m >= t for the rising jobs (t the one extra variable, maximised), >= floor_m for the rest
+        lp, v = _solve_holding(p, a, np.where(rising, 0.0, floor), rising.astype(float).reshape(-1, 1),
+                               _extras_objective)
+        lps += 1
+        level = max(float((a * lp.X(v)).sum(axis=1)[rising].min()), 0.0)  # what X reaches: a floor it meets
+        floor = np.where(rising, level, floor)
+        candidates = rising.copy()
+        cap = 1e-2 * max(level, 1e-3)
+        while candidates.any():
+            lp, v = _solve_holding(p, a, floor, np.eye(n), _extras_objective,
+                                   [(0.0, cap if c else 0.0) for c in candidates])  # share_m - r_m >= floor_m
+            lps += 1
+            rose = v[-n:] > WATER_RISE_REL * max(level, 1e-12)
+            if not rose.any():
+                break
+            candidates &= ~rose
+        if not candidates.any():  # not in exact arithmetic (the level's LP found it tight): freeze the first
+            candidates = rising & (np.arange(n) == np.flatnonzero(rising)[0])
+        rising &= ~candidates
+    # every level held, the spare GPUs used
+    lp, v = _solve_holding(p, a, floor, np.zeros((n, 0)), lambda lp: -lp.objective_x(p.T / _best(p)[:, None]))
+    return lp.X(v), lps + 1
 
 
 def fifo(p: Problem) -> tuple[np.ndarray, int]:
@@ -290,7 +369,8 @@ def max_throughput(p: Problem) -> tuple[np.ndarray, int]:
 
 
 SOLVERS: dict[str, Callable[[Problem], tuple[np.ndarray, int]]] = {
-    "max_min_fairness": max_min_fairness, "fifo": fifo, "makespan": makespan,
+    "max_min_fairness": max_min_fairness, "max_min_fairness_water_filling": max_min_fairness_water_filling,
+    "fifo": fifo, "makespan": makespan,
     "finish_time_fairness": finish_time_fairness, "min_cost": min_cost, "min_cost_slo": min_cost_slo,
     "max_throughput": max_throughput}
 
@@ -300,7 +380,7 @@ def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
     finish-time fairness are negated, cost policies count progress per dollar, SLOs missed are
     charged as in the LP)."""
     thr = effective_throughput(p.T, X)
-    if policy == "max_min_fairness":
+    if policy in ("max_min_fairness", "max_min_fairness_water_filling"):
         equal = np.maximum(effective_throughput(p.T, equal_share(p)), 1e-300)
         return float(np.min(p.scale / p.weights * thr / equal))
     if policy == "fifo":
