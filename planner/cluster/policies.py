@@ -24,7 +24,7 @@ import numpy as np
 from planner.errors import PlannerError
 
 POLICIES = ("max_min_fairness", "max_min_fairness_water_filling", "fifo", "makespan", "finish_time_fairness",
-            "min_cost", "min_cost_slo", "max_throughput")
+            "min_cost", "min_cost_slo", "max_throughput", "sjf")
 SLO_PENALTY = 1e3  # per unit of missed SLO throughput (relative): meeting SLOs beats any saving
 
 
@@ -368,11 +368,44 @@ def max_throughput(p: Problem) -> tuple[np.ndarray, int]:
     return lp.X(lp.solve(-lp.objective_x(p.T / _best(p)[:, None]))), 1
 
 
+def _fill(T_row: np.ndarray, scale: float, free: np.ndarray, spread: bool, counts: np.ndarray) -> np.ndarray:
+    """The most one job can take of the ``free`` GPUs: its fastest types first (a fractional knapsack
+    with unit weights, so this is its best throughput), or, ``spread`` (agnostic), a row over its
+    runnable types in proportion to their GPU counts, as large as the free GPUs allow."""
+    row = np.zeros_like(free)
+    runs = np.flatnonzero(T_row > 0)
+    if spread:
+        share = counts[runs] / counts[runs].sum()
+        alpha = min(1.0, float(np.min(free[runs] / (scale * share))))
+        row[runs] = alpha * share
+        return row
+    for j in runs[np.argsort(-T_row[runs], kind="stable")]:
+        row[j] = min(1.0 - row.sum(), free[j] / scale)
+    return row
+
+
+def shortest_job_first(p: Problem) -> tuple[np.ndarray, int]:
+    """A greedy baseline (shortest remaining time first): jobs in increasing order of the time they
+    would need alone (steps / the best throughput they can get on the whole fleet) each take what
+    they can of the GPUs still free, fastest types first. The first job gets its best allocation, so
+    the shortest job finishes as early as any allocation allows (the objective of ch. 5.4.2's SJF);
+    no LP."""
+    counts = p.counts.astype(float)
+    alone = np.array([effective_throughput(p.T[m:m + 1], _fill(p.T[m], p.scale[m], counts, p.spread, counts)[None])[0]
+                      for m in range(p.shape[0])])
+    order = np.argsort(np.where(alone > 0, p.steps / np.maximum(alone, 1e-300), np.inf), kind="stable")
+    X, free = np.zeros(p.shape), counts.copy()
+    for m in order:
+        X[m] = _fill(p.T[m], p.scale[m], free, p.spread, counts)
+        free = np.maximum(free - X[m] * p.scale[m], 0.0)
+    return X, 0
+
+
 SOLVERS: dict[str, Callable[[Problem], tuple[np.ndarray, int]]] = {
     "max_min_fairness": max_min_fairness, "max_min_fairness_water_filling": max_min_fairness_water_filling,
     "fifo": fifo, "makespan": makespan,
     "finish_time_fairness": finish_time_fairness, "min_cost": min_cost, "min_cost_slo": min_cost_slo,
-    "max_throughput": max_throughput}
+    "max_throughput": max_throughput, "sjf": shortest_job_first}
 
 
 def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
@@ -388,6 +421,8 @@ def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
         return float(np.sum(rank * thr / _best(p)))
     if policy == "makespan":
         return float(-np.max(p.steps / np.maximum(thr, 1e-300)))
+    if policy == "sjf":  # minus the shortest job's time to finish
+        return float(-np.min(p.steps / np.maximum(thr, 1e-300)))
     if policy == "finish_time_fairness":
         elapsed = p.elapsed_s if p.elapsed_s is not None else np.zeros(p.shape[0])
         isolated = p.isolated_s if p.isolated_s is not None else np.zeros(p.shape[0])

@@ -131,6 +131,20 @@ def independent_min_cost_slo(p: Problem) -> float:
     return -res.fun
 
 
+def independent_sjf(p: Problem) -> float:
+    """Minus the shortest time any job needs with the best valid X for it alone (one LP per job)."""
+    n, k = p.T.shape
+    best = np.inf
+    for m in range(n):
+        res = linprog(-p.T[m], A_ub=np.vstack([np.ones((1, k)), np.eye(k) * p.scale[m]]),
+                      b_ub=np.concatenate([[1.0], p.counts]), bounds=[(0, 1 if t > 0 else 0) for t in p.T[m]],
+                      method="highs")
+        assert res.status == 0
+        if -res.fun > 0:
+            best = min(best, p.steps[m] / -res.fun)
+    return -best
+
+
 def independent(policy: str, p: Problem) -> float:
     best = p.T.max(axis=1)
     n = p.T.shape[0]
@@ -142,6 +156,8 @@ def independent(policy: str, p: Problem) -> float:
         return independent_finish_time_fairness(p)
     if policy == "min_cost_slo":
         return independent_min_cost_slo(p)
+    if policy == "sjf":
+        return independent_sjf(p)
     if policy == "fifo":
         return independent_linear(p, p.T * ((n - np.arange(n)) / best)[:, None])
     if policy == "max_throughput":
@@ -158,8 +174,8 @@ def test_makespan_example_reaches_the_optimum():
     assert -independent_makespan(p) == pytest.approx(600_000.0, rel=REL)
 
 
-VERIFIED = ["makespan", "max_min_fairness", "max_min_fairness_water_filling", "fifo", "max_throughput", "min_cost", "finish_time_fairness",
-            "min_cost_slo"]
+VERIFIED = ["makespan", "max_min_fairness", "max_min_fairness_water_filling", "fifo", "max_throughput", "min_cost",
+            "finish_time_fairness", "min_cost_slo", "sjf"]
 
 
 def test_every_policy_is_verified():
@@ -220,3 +236,10 @@ def test_water_filling_on_the_papers_weighted_example():
     assert X[:, 0] == pytest.approx([1, 1, 1, 1], abs=1e-6)
     X = allocate("max_min_fairness_water_filling", _problem([[1.0]] * 4, [2], [1] * 4, [3, 1, 1, 1], [1e4] * 4, [1])).X
     assert X[:, 0] == pytest.approx([1.0, 1 / 3, 1 / 3, 1 / 3], abs=1e-6)
+
+
+def test_sjf_serves_the_shortest_first():
+    """Two GPUs of one type: the two jobs with the least time alone run, the longest waits."""
+    p = _problem([[1.0], [2.0], [1.0]], [2], [1, 1, 1], [1, 1, 1], [300, 100, 50], [1])
+    X = allocate("sjf", p).X
+    assert X[:, 0] == pytest.approx([0, 1, 1])
