@@ -44,12 +44,56 @@ class Problem:
     isolated_s: np.ndarray | None = None
     deadline_s: np.ndarray | None = None
     spread: bool = False  # agnostic: time on the runnable types in proportion to their GPUs
+    # space sharing (ch. 5.3.1): job pairs (P, 2) that may share a GPU, and each member's steps/s
+    # when they do, per type (P, types, 2; 0: not on that type). X then has a row per job, then one
+    # per pair, and a job's throughput sums over the rows it is in.
+    pairs: np.ndarray | None = None
+    pair_T: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.T.shape
 
+    @property
+    def num_pairs(self) -> int:
+        return 0 if self.pairs is None else len(self.pairs)
+
+    def members(self) -> list[tuple[int, ...]]:
+        """The jobs in each row of X: each job alone, then the pairs."""
+        pairs = [tuple(int(m) for m in pair) for pair in self.pairs] if self.num_pairs else []
+        return [(m,) for m in range(self.shape[0])] + pairs
+
+    def row_scale(self) -> np.ndarray:
+        """GPUs each row of X occupies (a pair shares its members' GPUs: they ask for as many)."""
+        return np.concatenate([self.scale, self.scale[self.pairs[:, 0]] if self.num_pairs else []]).astype(float)
+
+    def runnable(self) -> np.ndarray:
+        """(rows, types): where each row of X may have time (a pair only where both members run)."""
+        alone = self.T > 0
+        if not self.num_pairs:
+            return alone
+        return np.vstack([alone, (self.pair_T > 0).all(axis=2)])
+
+    def per_type(self, X: np.ndarray) -> np.ndarray:
+        """(jobs, types): each job's steps/s from its time on each type, alone or paired."""
+        n = self.shape[0]
+        out = self.T * X[:n]
+        if self.num_pairs:
+            paired = X[n:] * self.runnable()[n:]
+            np.add.at(out, self.pairs[:, 0], self.pair_T[:, :, 0] * paired)
+            np.add.at(out, self.pairs[:, 1], self.pair_T[:, :, 1] * paired)
+        return out
+
+    def throughput(self, X: np.ndarray) -> np.ndarray:
+        """throughput(m, X) (ch. 5.3.1, with space sharing: summed over the rows m is in)."""
+        return self.per_type(X).sum(axis=1)
+
+    def pad(self, X: np.ndarray) -> np.ndarray:
+        """X over the jobs alone, with zero rows for the pairs."""
+        return np.vstack([X, np.zeros((self.num_pairs, self.shape[1]))])
+
     def agnostic(self) -> "Problem":
+        """No space sharing: an agnostic scheduler does not know which pairs co-locate well."""
         return Problem(agnostic_T(self.T, self.counts), self.counts, self.scale, self.weights, self.steps,
                        self.prices, self.elapsed_s, self.isolated_s, self.deadline_s, spread=True)
 
@@ -89,21 +133,35 @@ def effective_throughput(T: np.ndarray, X: np.ndarray) -> np.ndarray:
 
 
 class _LP:
-    """min c.v over v = (X flattened, extras) with X's validity constraints built in."""
+    """min c.v over v = (X flattened, extras) with X's validity constraints built in. X has a row per
+    job and per pair (space sharing); C maps it to each job's steps/s per type."""
 
     def __init__(self, p: Problem, extras: int = 0):
         from scipy import sparse
 
-        self.p, self.n, self.k, self.extras = p, *p.shape, extras
+        self.p, (self.n, self.k), self.extras = p, p.shape, extras
         n, k = self.n, self.k
-        self.size = n * k + extras
-        rows = sparse.kron(sparse.eye(n), np.ones((1, k)))  # sum_j X[m, j] <= 1
-        caps = sparse.kron(p.scale.reshape(1, -1).astype(float), sparse.eye(k))  # sum_m s_m X[m, j] <= W_j
+        R = n + p.num_pairs
+        self.R, self.size = R, R * k + extras
+        runnable = p.runnable()
+        member_rows = np.arange(n)
+        member_jobs = np.arange(n)
+        if p.num_pairs:
+            member_rows = np.concatenate([member_rows, n + np.arange(p.num_pairs), n + np.arange(p.num_pairs)])
+            member_jobs = np.concatenate([member_jobs, p.pairs[:, 0], p.pairs[:, 1]])
+        member = sparse.csr_matrix((np.ones(len(member_rows)), (member_jobs, member_rows)), shape=(n, R))
+        rows = sparse.kron(member, np.ones((1, k)))  # sum over m's rows and types <= 1
+        caps = sparse.kron(p.row_scale().reshape(1, -1), sparse.eye(k))  # sum_r s_r X[r, j] <= W_j
         self.blocks = [sparse.hstack([rows, sparse.csr_matrix((n, extras))]),
                        sparse.hstack([caps, sparse.csr_matrix((k, extras))])]
         self.rhs = [np.ones(n), p.counts.astype(float)]
-        upper = (p.T > 0).astype(float).ravel()
-        self.bounds = [(0.0, u) for u in upper] + [(None, None)] * extras
+        self.bounds = [(0.0, float(u)) for u in runnable.ravel()] + [(None, None)] * extras
+        # C[(m, j), (r, j)]: job m's steps/s on type j from row r
+        rate = np.concatenate([p.T.ravel()] + ([(p.pair_T[:, :, 0] * runnable[n:]).ravel(),
+                                                (p.pair_T[:, :, 1] * runnable[n:]).ravel()] if p.num_pairs else []))
+        col = np.arange(R * k) if not p.num_pairs else np.concatenate([np.arange(R * k), np.arange(n * k, R * k)])
+        job = np.repeat(member_jobs, k) if p.num_pairs else np.repeat(np.arange(n), k)
+        self.C = sparse.csr_matrix((rate, (job * k + col % k, col)), shape=(n * k, R * k))
         self.eq = self._spread_rows() if p.spread else None
 
     def _spread_rows(self):
@@ -122,14 +180,16 @@ class _LP:
             return None
         return sparse.csr_matrix((data, (rows, cols)), shape=(len(rows) // 2, self.size))
 
-    def per_job(self, coeff: np.ndarray, extra: np.ndarray | None = None):
-        """Rows a_m . X[m] (+ extra[m] . extras): one constraint row per job, sparse."""
+    def per_job(self, weight: np.ndarray, extra: np.ndarray | None = None):
+        """Rows sum_j weight[m, j] x (m's steps/s on type j) (+ extra[m] . extras), one per job;
+        ``weight`` (jobs,) weighs every type alike."""
         from scipy import sparse
 
         n, k = self.n, self.k
-        left = sparse.csr_matrix((coeff.ravel(), (np.repeat(np.arange(n), k), np.arange(n * k))), shape=(n, n * k))
+        w = np.broadcast_to(np.asarray(weight, dtype=float).reshape(n, -1), (n, k))
+        pick = sparse.csr_matrix((w.ravel(), (np.repeat(np.arange(n), k), np.arange(n * k))), shape=(n, n * k))
         right = sparse.csr_matrix(extra if extra is not None else np.zeros((n, self.extras)))
-        return sparse.hstack([left, right])
+        return sparse.hstack([pick @ self.C, right])
 
     def add(self, rows, rhs: np.ndarray) -> None:
         self.blocks.append(rows)
@@ -147,10 +207,12 @@ class _LP:
         return res.x
 
     def X(self, v: np.ndarray) -> np.ndarray:
-        return np.clip(v[: self.n * self.k].reshape(self.n, self.k), 0.0, 1.0) + 0.0  # no -0.0 in reports
+        return np.clip(v[: self.R * self.k].reshape(self.R, self.k), 0.0, 1.0) + 0.0  # no -0.0 in reports
 
-    def objective_x(self, coeff: np.ndarray) -> np.ndarray:
-        return np.concatenate([coeff.ravel(), np.zeros(self.extras)])
+    def objective_x(self, weight: np.ndarray) -> np.ndarray:
+        """sum_m sum_j weight[m, j] x (m's steps/s on type j) as a cost vector over v."""
+        w = np.broadcast_to(np.asarray(weight, dtype=float).reshape(self.n, -1), (self.n, self.k))
+        return np.concatenate([self.C.T @ w.ravel(), np.zeros(self.extras)])
 
 
 KEEP_REL_TOL = 1e-7  # how far the second LP may let the first one's optimum slip, relative to it
@@ -166,7 +228,7 @@ def _use_leftovers(lp: _LP, v: np.ndarray, keep: np.ndarray, keep_at: float, nor
     if scale == 0.0:  # an optimum of 0: nothing to be relative to, hold it at 0 (up to the tolerance)
         scale = 1.0
     lp.add(sparse.csr_matrix(keep.reshape(1, -1) / scale), [keep_at / scale + KEEP_REL_TOL])
-    return lp.solve(-lp.objective_x(lp.p.T / norm[:, None]))
+    return lp.solve(-lp.objective_x(1.0 / norm))
 
 
 def _best(p: Problem) -> np.ndarray:
@@ -188,9 +250,9 @@ WATER_RISE_REL = 1e-5  # a job whose share can rise by less than this (relative)
 
 
 def _fair_shares(p: Problem) -> np.ndarray:
-    """a with a_m . X_m = scale_m / w_m throughput(m, X) / throughput(m, X^equal): LAS's normalised share."""
+    """a with a_m throughput(m, X) = scale_m / w_m throughput(m, X) / throughput(m, X^equal): LAS's share."""
     equal = effective_throughput(p.T, equal_share(p))
-    return p.T * (p.scale / (p.weights * np.maximum(equal, 1e-300)))[:, None]
+    return p.scale / (p.weights * np.maximum(equal, 1e-300))
 
 
 HOLD_SLACKS = (KEEP_REL_TOL, 1e-6, 1e-5)  # looser only when the solver finds the tighter hold infeasible
@@ -219,7 +281,7 @@ def _solve_holding(p: Problem, a: np.ndarray, floor: np.ndarray, extra: np.ndarr
 
 def _extras_objective(lp: _LP) -> np.ndarray:
     c = np.zeros(lp.size)
-    c[lp.n * lp.k:] = -1.0
+    c[lp.R * lp.k:] = -1.0
     return c
 
 
@@ -244,7 +306,7 @@ def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
         lp, v = _solve_holding(p, a, np.where(rising, 0.0, floor), rising.astype(float).reshape(-1, 1),
                                _extras_objective)
         lps += 1
-        level = max(float((a * lp.X(v)).sum(axis=1)[rising].min()), 0.0)  # what X reaches: a floor it meets
+        level = max(float((a * p.throughput(lp.X(v)))[rising].min()), 0.0)  # what X reaches: a floor it meets
         floor = np.where(rising, level, floor)
         candidates = rising.copy()
         cap = 1e-2 * max(level, 1e-3)
@@ -260,7 +322,7 @@ def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
             candidates = rising & (np.arange(n) == np.flatnonzero(rising)[0])
         rising &= ~candidates
     # every level held, the spare GPUs used
-    lp, v = _solve_holding(p, a, floor, np.zeros((n, 0)), lambda lp: -lp.objective_x(p.T / _best(p)[:, None]))
+    lp, v = _solve_holding(p, a, floor, np.zeros((n, 0)), lambda lp: -lp.objective_x(1.0 / _best(p)))
     return lp.X(v), lps + 1
 
 
@@ -268,7 +330,7 @@ def fifo(p: Problem) -> tuple[np.ndarray, int]:
     """Maximise sum_m (M - m) throughput(m, X) / throughput(m, X^fastest), jobs in arrival order."""
     lp = _LP(p)
     rank = p.shape[0] - np.arange(p.shape[0])
-    return lp.X(lp.solve(-lp.objective_x(p.T * (rank / _best(p))[:, None]))), 1
+    return lp.X(lp.solve(-lp.objective_x(rank / _best(p)))), 1
 
 
 def makespan(p: Problem) -> tuple[np.ndarray, int]:
@@ -278,7 +340,7 @@ def makespan(p: Problem) -> tuple[np.ndarray, int]:
     lp = _LP(p, extras=1)
     best = _best(p)
     alone = p.steps / best
-    lp.add(lp.per_job(-p.T / best[:, None], (alone / max(float(alone.max()), 1e-300)).reshape(-1, 1)),
+    lp.add(lp.per_job(-1.0 / best, (alone / max(float(alone.max()), 1e-300)).reshape(-1, 1)),
            np.zeros(p.shape[0]))
     c = np.zeros(lp.size)
     c[-1] = -1.0
@@ -298,23 +360,23 @@ def finish_time_fairness(p: Problem, rel_tol: float = 1e-7) -> tuple[np.ndarray,
     denom = isolated + p.steps / iso_thr
 
     def reached(X: np.ndarray) -> float:
-        return float(np.max((elapsed + p.steps / np.maximum(effective_throughput(p.T, X), 1e-300)) / denom))
+        return float(np.max((elapsed + p.steps / np.maximum(p.throughput(X), 1e-300)) / denom))
 
     def attempt(rho: float) -> np.ndarray | None:
         room = rho * denom - elapsed
         if np.any(room <= 0):
             return None
         lp = _LP(p)
-        lp.add(lp.per_job(-p.T), -p.steps / room)
+        lp.add(lp.per_job(-np.ones(p.shape[0])), -p.steps / room)
         try:  # feasible at rho, using every GPU that still speeds a job up
-            return lp.X(lp.solve(-lp.objective_x(p.T / _best(p)[:, None])))
+            return lp.X(lp.solve(-lp.objective_x(1.0 / _best(p))))
         except PlannerError:
             return None
 
     hi = float(np.max((elapsed + p.steps / iso_thr) / denom)) * (1 + 1e-6)  # X^isolated is feasible
     lo, best, lps = float(np.max(elapsed / denom)), attempt(hi), 1
     if best is None:  # numerical edge: X^isolated itself
-        return isolated_share(p), lps
+        return p.pad(isolated_share(p)), lps
     hi = min(hi, reached(best))
     while hi - lo > rel_tol * hi:
         mid = 0.5 * (lo + hi)
@@ -329,15 +391,16 @@ def finish_time_fairness(p: Problem, rel_tol: float = 1e-7) -> tuple[np.ndarray,
     return best, lps
 
 
-def _cost_coeff(p: Problem) -> np.ndarray:
-    """Each job's normalised throughput per dollar on each type (ch. 6.4.2, Gavel's linear form)."""
-    return p.T / _best(p)[:, None] / np.maximum(p.prices[None, :] * p.scale[:, None], 1e-9)
+def _cost_weight(p: Problem) -> np.ndarray:
+    """Weights on each job's steps/s per type giving its normalised throughput per dollar (ch. 6.4.2,
+    Gavel's linear form). A pair's GPU is paid once and both members progress on it."""
+    return 1.0 / _best(p)[:, None] / np.maximum(p.prices[None, :] * p.scale[:, None], 1e-9)
 
 
 def min_cost(p: Problem) -> tuple[np.ndarray, int]:
     """Maximise sum_m sum_j X[m, j] T[m, j] / (T_m^fastest price_j scale_m): progress per dollar."""
     lp = _LP(p)
-    return lp.X(lp.solve(-lp.objective_x(_cost_coeff(p)))), 1
+    return lp.X(lp.solve(-lp.objective_x(_cost_weight(p)))), 1
 
 
 def min_cost_slo(p: Problem) -> tuple[np.ndarray, int]:
@@ -346,9 +409,9 @@ def min_cost_slo(p: Problem) -> tuple[np.ndarray, int]:
     rather than dropping every SLO as Gavel does when the LP is infeasible."""
     need, penalty = _slo_terms(p)
     lp = _LP(p, extras=p.shape[0])
-    lp.add(lp.per_job(-p.T, -np.eye(p.shape[0])), -need)  # T_m . X_m + u_m >= need_m
+    lp.add(lp.per_job(-np.ones(p.shape[0]), -np.eye(p.shape[0])), -need)  # T_m . X_m + u_m >= need_m
     lp.bounds[-p.shape[0]:] = [(0.0, None)] * p.shape[0]
-    c = -lp.objective_x(_cost_coeff(p))
+    c = -lp.objective_x(_cost_weight(p))
     c[-p.shape[0]:] = penalty
     return lp.X(lp.solve(c)), 1
 
@@ -359,13 +422,13 @@ def _slo_terms(p: Problem) -> tuple[np.ndarray, np.ndarray]:
     deadline = p.deadline_s if p.deadline_s is not None else np.full(p.shape[0], np.inf)
     has = np.isfinite(deadline)
     need = np.where(has, np.minimum(p.steps / np.maximum(deadline, 1e-9), p.T.max(axis=1)), 0.0)
-    return need, SLO_PENALTY * _cost_coeff(p).max() * has / np.maximum(need, 1e-300)
+    return need, SLO_PENALTY * (p.T * _cost_weight(p)).max() * has / np.maximum(need, 1e-300)
 
 
 def max_throughput(p: Problem) -> tuple[np.ndarray, int]:
     """Maximise the total normalised effective throughput (ch. 6.4.1): the cost policies' baseline."""
     lp = _LP(p)
-    return lp.X(lp.solve(-lp.objective_x(p.T / _best(p)[:, None]))), 1
+    return lp.X(lp.solve(-lp.objective_x(1.0 / _best(p)))), 1
 
 
 def _fill(T_row: np.ndarray, scale: float, free: np.ndarray, spread: bool, counts: np.ndarray) -> np.ndarray:
@@ -398,7 +461,7 @@ def shortest_job_first(p: Problem) -> tuple[np.ndarray, int]:
     for m in order:
         X[m] = _fill(p.T[m], p.scale[m], free, p.spread, counts)
         free = np.maximum(free - X[m] * p.scale[m], 0.0)
-    return X, 0
+    return p.pad(X), 0
 
 
 SOLVERS: dict[str, Callable[[Problem], tuple[np.ndarray, int]]] = {
@@ -412,7 +475,7 @@ def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
     """The policy's objective for X under p's T (higher is better for every policy: makespan and
     finish-time fairness are negated, cost policies count progress per dollar, SLOs missed are
     charged as in the LP)."""
-    thr = effective_throughput(p.T, X)
+    thr = p.throughput(X)
     if policy in ("max_min_fairness", "max_min_fairness_water_filling"):
         equal = np.maximum(effective_throughput(p.T, equal_share(p)), 1e-300)
         return float(np.min(p.scale / p.weights * thr / equal))
@@ -429,10 +492,10 @@ def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
         iso = np.maximum(effective_throughput(p.T, isolated_share(p)), 1e-300)
         return float(-np.max((elapsed + p.steps / np.maximum(thr, 1e-300)) / (isolated + p.steps / iso)))
     if policy == "min_cost":
-        return float(np.sum(_cost_coeff(p) * X))
+        return float(np.sum(_cost_weight(p) * p.per_type(X)))
     if policy == "min_cost_slo":  # the LP's objective: progress per dollar less the missed SLO throughput
         need, penalty = _slo_terms(p)
-        return float(np.sum(_cost_coeff(p) * X) - penalty @ np.maximum(need - thr, 0.0))
+        return float(np.sum(_cost_weight(p) * p.per_type(X)) - penalty @ np.maximum(need - thr, 0.0))
     return float(np.sum(thr / _best(p)))
 
 
@@ -446,24 +509,31 @@ def allocate(policy: str, p: Problem, heterogeneity: str = "aware") -> Allocatio
 
     start = time.perf_counter()
     if p.shape[0] == 0:
-        X, lps = np.zeros(p.shape), 0
+        X, lps = np.zeros((p.num_pairs, p.shape[1])), 0
     else:
         seen = p if heterogeneity == "aware" else p.agnostic()
         X, lps = SOLVERS[policy](seen)
+        X = X if len(X) == p.shape[0] + p.num_pairs else p.pad(X)  # agnostic: no pairs
     return Allocation(X, policy, heterogeneity, objective_value(policy, p, X) if p.shape[0] else 0.0,
                       time.perf_counter() - start, lps)
 
 
 def validity_errors(X: np.ndarray, p: Problem, tol: float = 1e-6) -> Sequence[str]:
-    """What makes X invalid (eqs. 5.1-5.3 and the cannot-run mask), empty when it is valid."""
+    """What makes X invalid (eqs. 5.1-5.3 and the cannot-run mask; with space sharing a job's time
+    sums over every row it is in), empty when it is valid."""
     errors = []
+    if X.shape != (p.shape[0] + p.num_pairs, p.shape[1]):
+        return [f"shape {X.shape}, expected {(p.shape[0] + p.num_pairs, p.shape[1])}"]
     if np.any(X < -tol) or np.any(X > 1 + tol):
         errors.append("entries outside [0, 1]")
-    if np.any(X.sum(axis=1) > 1 + tol):
-        errors.append(f"rows over 1: {np.flatnonzero(X.sum(axis=1) > 1 + tol).tolist()}")
-    used = (X * p.scale[:, None]).sum(axis=0)
+    time_per_job = np.zeros(p.shape[0])
+    for r, members in enumerate(p.members()):
+        time_per_job[list(members)] += X[r].sum()
+    if np.any(time_per_job > 1 + tol):
+        errors.append(f"jobs over all their time: {np.flatnonzero(time_per_job > 1 + tol).tolist()}")
+    used = (X * p.row_scale()[:, None]).sum(axis=0)
     if np.any(used > p.counts + tol * max(1, p.counts.max())):
         errors.append(f"types over capacity: used {used.round(4).tolist()} of {p.counts.tolist()}")
-    if np.any(X[p.T <= 0] > tol):
-        errors.append("time on a type the job cannot run on")
+    if np.any(X[~p.runnable()] > tol):
+        errors.append("time on a type the job (or a member of the pair) cannot run on")
     return errors
