@@ -146,6 +146,7 @@ def markdown(experiments: list[dict]) -> str:
 TABLE_6_1 = [("Transformer", 3.3, 3.3), ("A3C", 1.2, 2.2), ("CycleGAN", 4.5, 9.3), ("ResNet-18", 4.0, 6.8),
              ("ResNet-50", 3.7, 9.6)]
 EXAMPLE = ["jobs=docs/cluster_jobs.yaml", "fleet=gavel_physical", "policy=max_min_fairness"]
+WATER_EXAMPLE = ["jobs=docs/cluster_jobs.yaml", "fleet=gavel_physical", "policy=max_min_fairness_water_filling"]
 
 
 def throughput_section() -> str:
@@ -164,12 +165,16 @@ def throughput_section() -> str:
     return "\n".join(lines)
 
 
-def example_section() -> str:
+def example_section(args: list[str] = EXAMPLE) -> str:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
-        code = cluster_main(EXAMPLE)
+        code = cluster_main(args)
     assert code == 0
-    return f"```\n$ python -m planner.cluster {' '.join(EXAMPLE)}\n{buf.getvalue().rstrip()}\n```"
+    return f"```\n$ python -m planner.cluster {' '.join(args)}\n{buf.getvalue().rstrip()}\n```"
+
+
+def examples(text: str) -> str:
+    return fill(fill(text, "example", example_section()), "example_water", example_section(WATER_EXAMPLE))
 
 
 def fill(text: str, marker: str, body: str) -> str:
@@ -187,7 +192,7 @@ def main() -> int:
     if args.sections_only:
         text = fill(DOC.read_text(encoding="utf-8"), "sim", markdown(json.loads(SIM_JSON.read_text(encoding="utf-8"))))
         text = fill(text, "throughput", throughput_section())
-        DOC.write_text(fill(text, "example", example_section()), encoding="utf-8")
+        DOC.write_text(examples(text), encoding="utf-8")
         return 0
     start = time.time()
     done = []
@@ -213,7 +218,7 @@ def main() -> int:
     SIM_JSON.write_text(json.dumps(done, indent=1), encoding="utf-8")
     section = markdown(done)
     text = fill(DOC.read_text(encoding="utf-8"), "sim", section)
-    DOC.write_text(fill(fill(text, "throughput", throughput_section()), "example", example_section()), encoding="utf-8")
+    DOC.write_text(examples(fill(text, "throughput", throughput_section())), encoding="utf-8")
     print(section)
     return 0
 
