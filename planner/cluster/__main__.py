@@ -48,12 +48,29 @@ def load_setup(cfg: Any):
     return fleet, table, jobs
 
 
-def problem_for(jobs, T: np.ndarray, fleet):
+def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet):
+    """Space sharing's pairs (planner/cluster/colocation.py) when ``space_sharing`` is on, in
+    conf/gavel.yaml or the jobs file; None when it is off."""
+    from planner.cluster.colocation import colocation_from, read_jobs_file_colocation
+
+    in_file, table = read_jobs_file_colocation(str(cfg.jobs)) if cfg.get("jobs") else (False, [])
+    if not (bool(cfg.get("space_sharing")) or in_file):
+        return None
+    factor = cfg.get("colocation_factor")
+    if not table and factor is None:
+        raise PlannerError("space_sharing=true needs co-located throughputs: a colocated: table in the jobs file "
+                           "(docs/cluster.md, Space sharing) or colocation_factor=0.6 (an estimate)")
+    return colocation_from(table, factor, jobs, T, fleet)
+
+
+def problem_for(jobs, T: np.ndarray, fleet, colocation=None):
     from planner.cluster.policies import Problem
 
+    pairs, pair_T = colocation.among(np.arange(len(jobs))) if colocation is not None else (None, None)
     return Problem(T, np.array(fleet.counts), np.array([j.scale_factor for j in jobs]),
                    np.array([j.weight for j in jobs]), np.array([j.steps for j in jobs]), np.array(fleet.prices),
-                   deadline_s=np.array([j.slo_hours * 3600 if j.slo_hours else np.inf for j in jobs]))
+                   deadline_s=np.array([j.slo_hours * 3600 if j.slo_hours else np.inf for j in jobs]),
+                   pairs=pairs, pair_T=pair_T)
 
 
 def run_allocate(cfg: Any) -> int:
@@ -62,18 +79,18 @@ def run_allocate(cfg: Any) -> int:
 
     fleet, table, jobs = load_setup(cfg)
     T = table.matrix(jobs)
-    problem = problem_for(jobs, T, fleet)
+    problem = problem_for(jobs, T, fleet, colocation_for(cfg, jobs, T, fleet))
     alloc = allocate(str(cfg.policy), problem, str(cfg.heterogeneity))
     other = allocate(str(cfg.policy), problem, "agnostic" if alloc.heterogeneity == "aware" else "aware")
     print(f"{alloc.policy} ({alloc.heterogeneity}) on {fleet.name}: "
           + ", ".join(f"{c} x {n}" for n, c in zip(fleet.type_names, fleet.counts))
           + f"; {len(jobs)} jobs, T from {table.plans_made} planner runs (steps/s)")
-    print(allocation_table(jobs, fleet, T, alloc))
+    print(allocation_table(jobs, fleet, problem, alloc))
     print(f"objective ({alloc.policy}, higher is better): {alloc.objective:.6g} {alloc.heterogeneity}, "
           f"{other.objective:.6g} {other.heterogeneity}; solved in {alloc.solve_s * 1e3:.1f} ms ({alloc.lps} LPs, HiGHS)")
     if cfg.get("out"):
         agnostic = other.objective if alloc.heterogeneity == "aware" else alloc.objective
-        data = allocation_json(jobs, fleet, T, alloc, problem, agnostic, [table.summaries(j) for j in jobs])
+        data = allocation_json(jobs, fleet, alloc, problem, agnostic, [table.summaries(j) for j in jobs])
         Path(str(cfg.out)).write_text(json.dumps(data, indent=1), encoding="utf-8")
         print(f"wrote {cfg.out}")
     return 0
@@ -89,8 +106,9 @@ def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list
     mechanism = str(cfg.mechanism)
     if mechanism not in ("rounds", "ideal"):
         raise PlannerError(f"mechanism={mechanism!r} is unknown: choose rounds (Gavel's) or ideal (exactly X)")
+    colocation = colocation_for(cfg, jobs, T, fleet)
     results = [simulate(jobs, T, fleet, policy, h, float(cfg.round_minutes) * 60, float(cfg.resolve_minutes) * 60,
-                        mechanism, float(cfg.max_hours)) for h in ("aware", "agnostic")]
+                        mechanism, float(cfg.max_hours), colocation) for h in ("aware", "agnostic")]
     return results, [r.metrics(jobs, window) for r in results], window
 
 

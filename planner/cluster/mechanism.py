@@ -33,21 +33,24 @@ class RoundMechanism:
             pri = np.where(fraction > 0, self.X / fraction, np.inf)
         return np.where(self.X > 1e-9, pri, 0.0)
 
-    def schedule(self, scale: Sequence[int]) -> list[tuple[int, int]]:
-        """(job row, type) pairs to run this round (Algorithm 2: greedy by priority)."""
+    def schedule(self, scale: Sequence[int], members: Sequence[Sequence[int]] | None = None) -> list[tuple[int, int]]:
+        """(row, type) pairs to run this round (Algorithm 2: greedy by priority). A row is a job, or
+        with space sharing a pair of jobs (``members``: the jobs in each row; ``scale``: each row's
+        GPUs); a job runs in at most one row per round."""
+        members = members if members is not None else [(r,) for r in range(self.X.shape[0])]
         pri = self.priorities()
-        jobs, types = np.nonzero(pri > 0)
-        order = np.lexsort((-self.X[jobs, types], -pri[jobs, types]))  # last key is the primary one
+        rows, types = np.nonzero(pri > 0)
+        order = np.lexsort((-self.X[rows, types], -pri[rows, types]))  # last key is the primary one
         free = self.counts.copy()
-        placed = np.zeros(self.X.shape[0], dtype=bool)
+        placed: set[int] = set()
         chosen = []
         for i in order:
-            m, j = int(jobs[i]), int(types[i])
-            if placed[m] or scale[m] > free[j]:
+            r, j = int(rows[i]), int(types[i])
+            if placed.intersection(members[r]) or scale[r] > free[j]:
                 continue
-            chosen.append((m, j))
-            placed[m] = True
-            free[j] -= scale[m]
+            chosen.append((r, j))
+            placed.update(members[r])
+            free[j] -= scale[r]
             if not free.any():
                 break
         return chosen

@@ -6,13 +6,14 @@ from typing import Sequence
 import numpy as np
 
 from planner.cluster.fleet import Fleet, Job, jobs_to_json
-from planner.cluster.policies import Allocation, Problem, effective_throughput
+from planner.cluster.policies import Allocation, Problem
 from planner.cluster.simulator import SimResult
 
 
-def allocation_table(jobs: Sequence[Job], fleet: Fleet, T: np.ndarray, alloc: Allocation) -> str:
+def allocation_table(jobs: Sequence[Job], fleet: Fleet, problem: Problem, alloc: Allocation) -> str:
     names = fleet.type_names
-    thr = effective_throughput(T, alloc.X)
+    T = problem.T
+    thr = problem.throughput(alloc.X)
     head = (f"{'job':<12} {'model':<12} {'batch':>5} {'GPUs':>4}  "
             + "  ".join(f"{'T ' + n:>9}" for n in names) + "  " + "  ".join(f"{'X ' + n:>7}" for n in names)
             + f"  {'steps/s':>9} {'done in h':>9}")
@@ -22,14 +23,22 @@ def allocation_table(jobs: Sequence[Job], fleet: Fleet, T: np.ndarray, alloc: Al
         lines.append(f"{job.name[:12]:<12} {job.model[:12]:<12} {job.batch:>5} {job.scale_factor:>4}  "
                      + "  ".join(f"{v:>9.4g}" for v in T[m]) + "  " + "  ".join(f"{v:>7.3f}" for v in alloc.X[m])
                      + f"  {thr[m]:>9.4g} {hours:>9.3g}")
-    used = (alloc.X * np.array([j.scale_factor for j in jobs])[:, None]).sum(axis=0)
+    n = len(jobs)
+    for q in np.flatnonzero(alloc.X[n:].sum(axis=1) > 1e-6):  # pairs sharing a GPU (space sharing)
+        a, b = problem.pairs[q]
+        rates = "  ".join(f"{f'{x:.3g}/{y:.3g}':>9}" for x, y in problem.pair_T[q])
+        lines.append(f"{'+ pair':<12} {(jobs[a].name[:6] + '+' + jobs[b].name[:5]):<12} {'':>5} {jobs[a].scale_factor:>4}  "
+                     + rates + "  " + "  ".join(f"{v:>7.3f}" for v in alloc.X[n + q]))
+    used = (alloc.X * problem.row_scale()[:, None]).sum(axis=0)
     lines.append("GPUs busy on average: " + ", ".join(f"{n} {u:.2f} of {c}" for n, u, c in zip(names, used, fleet.counts)))
     return "\n".join(lines)
 
 
-def allocation_json(jobs: Sequence[Job], fleet: Fleet, T: np.ndarray, alloc: Allocation, problem: Problem,
+def allocation_json(jobs: Sequence[Job], fleet: Fleet, alloc: Allocation, problem: Problem,
                     agnostic_objective: float, plans: Sequence[dict]) -> dict:
-    thr = effective_throughput(T, alloc.X)
+    T = problem.T
+    thr = problem.throughput(alloc.X)
+    n = len(jobs)
     return {"fleet": {"name": fleet.name, "types": fleet.type_names, "counts": fleet.counts, "prices": fleet.prices},
             "policy": alloc.policy, "heterogeneity": alloc.heterogeneity, "objective": alloc.objective,
             "objective_agnostic": agnostic_objective, "solve_s": alloc.solve_s, "lps": alloc.lps,
@@ -38,6 +47,9 @@ def allocation_json(jobs: Sequence[Job], fleet: Fleet, T: np.ndarray, alloc: All
                       "completion_h": float(row["steps"] / thr[m] / 3600) if thr[m] > 0 else None,
                       "plans": plans[m]}
                      for m, row in enumerate(jobs_to_json(jobs))],
+            "pairs": [{"jobs": [jobs[int(a)].name, jobs[int(b)].name], "throughput_steps_per_s": problem.pair_T[q].tolist(),
+                       "allocation": alloc.X[n + q].tolist()} for q, (a, b) in enumerate(problem.pairs)]
+            if problem.num_pairs else [],
             "scale_factors": problem.scale.tolist()}
 
 

@@ -20,6 +20,7 @@ import numpy as np
 from planner.cluster.fleet import Fleet, Job
 from planner.cluster.mechanism import RoundMechanism
 from planner.cluster.policies import Problem, allocate, effective_throughput, isolated_share
+from planner.cluster.colocation import Colocation
 
 HOUR = 3600.0
 
@@ -61,8 +62,9 @@ class SimResult:
 
 def simulate(jobs: Sequence[Job], T: np.ndarray, fleet: Fleet, policy: str, heterogeneity: str = "aware",
              round_s: float = 360.0, resolve_s: float = 3600.0, mechanism: str = "rounds",
-             max_hours: float = 24 * 365.0) -> SimResult:
-    """Run the trace ``jobs`` (rows of T in the same order) to completion or ``max_hours``."""
+             max_hours: float = 24 * 365.0, colocation: Colocation | None = None) -> SimResult:
+    """Run the trace ``jobs`` (rows of T in the same order) to completion or ``max_hours``;
+    ``colocation``: the pairs that may share a GPU and their throughputs (space sharing)."""
     start = time.perf_counter()
     n, k = T.shape
     counts, prices = np.array(fleet.counts), np.array(fleet.prices)
@@ -93,29 +95,33 @@ def simulate(jobs: Sequence[Job], T: np.ndarray, fleet: Fleet, policy: str, hete
             continue
         rows = np.array(active)
         if changed or t - last_solve >= resolve_s:
+            pairs, pair_T = colocation.among(rows) if colocation is not None else (None, None)
             problem = Problem(T[rows], counts, scale[rows], weights[rows], remaining[rows], prices,
                               elapsed_s=t - arrival[rows], isolated_s=isolated[rows],
-                              deadline_s=deadline[rows] - t - round_s)  # whole rounds: aim one round early
+                              deadline_s=deadline[rows] - t - round_s,  # whole rounds: aim one round early
+                              pairs=pairs, pair_T=pair_T)
             alloc = allocate(policy, problem, heterogeneity)
             X, solves, lps, solve_s = alloc.X, solves + 1, lps + alloc.lps, solve_s + alloc.solve_s
             iso_thr = np.maximum(effective_throughput(problem.T, isolated_share(problem)), 1e-300)
             mech.reset(X)
             last_solve, changed = t, False
+        members, row_scale = problem.members(), problem.row_scale()
         if mechanism == "ideal":
-            rate = effective_throughput(T[rows], X)
-            gpu_time = X * scale[rows, None] * round_s  # GPU-seconds per (job, type) if it runs the whole round
+            rate = problem.throughput(X)
+            gpu_time = X * row_scale[:, None] * round_s  # GPU-seconds per (row, type) if it runs the whole round
         else:
-            chosen = mech.schedule(scale[rows])
+            chosen = mech.schedule(row_scale, members)
             mech.record(chosen)
-            rate = np.zeros(len(rows))
-            gpu_time = np.zeros((len(rows), k))
-            for m, j in chosen:
-                rate[m] = T[rows[m], j]
-                gpu_time[m, j] = scale[rows[m]] * round_s
+            ran = np.zeros_like(X)
+            for r, j in chosen:
+                ran[r, j] = 1.0
+            rate = problem.throughput(ran)
+            gpu_time = ran * row_scale[:, None] * round_s
         done = rate * round_s >= remaining[rows] - 1e-9
         used = np.where(done, np.divide(remaining[rows], rate, out=np.zeros(len(rows)), where=rate > 0) / round_s, 1.0)
         progress = np.minimum(rate * round_s, remaining[rows])
-        busy_time = gpu_time * used[:, None]
+        row_used = np.array([max(used[m] for m in ms) for ms in members])  # a pair's GPUs run until both stop
+        busy_time = gpu_time * row_used[:, None]
         busy += busy_time.sum(axis=0) / HOUR
         cost += float((busy_time * prices).sum() / HOUR)
         remaining[rows] -= progress

@@ -20,12 +20,13 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def test_allocation_for_a_jobs_file(tmp_path):
     jobs = tmp_path / "jobs.yaml"
-    jobs.write_text(yaml.safe_dump([
+    jobs.write_text(yaml.safe_dump({"jobs": [
         {"name": "bert", "model": "bert_large", "batch": 16, "steps": 20000, "scale_factor": 2},
         {"name": "resnet", "model": "resnet50", "batch": 64, "steps": 50000},
         {"name": "gpt", "model": "gpt_small", "batch": 16, "steps": 30000, "weight": 2},
         {"name": "measured", "model": "gpt_tiny", "batch": 32, "steps": 1000,
-         "throughput": {"v100": 40.0, "p100": 30.0, "k80": 20.0}}]))
+         "throughput": {"v100": 40.0, "p100": 30.0, "k80": 20.0}}],
+        "space_sharing": True, "colocated": [{"jobs": ["resnet", "measured"], "throughput": {"v100": [3.0, 30.0]}}]}))
     out = tmp_path / "alloc.json"
     done = cli(f"jobs={jobs}", "fleet=gavel_physical", "policy=max_min_fairness", f"out={out}")
     assert done.returncode == 0, done.stderr
@@ -33,8 +34,10 @@ def test_allocation_for_a_jobs_file(tmp_path):
     data = json.loads(out.read_text())
     X = np.array([j["allocation"] for j in data["jobs"]])
     scale = np.array(data["scale_factors"])
-    assert np.all(X.sum(axis=1) <= 1 + 1e-6)
-    assert np.all((X * scale[:, None]).sum(axis=0) <= np.array(data["fleet"]["counts"]) + 1e-6)
+    pair = data["pairs"][0]
+    assert pair["jobs"] == ["resnet", "measured"] and pair["throughput_steps_per_s"][0] == [3.0, 30.0]
+    assert np.all(X.sum(axis=1) + np.array([0, 1, 0, 1]) * sum(pair["allocation"]) <= 1 + 1e-6)
+    assert np.all((X * scale[:, None]).sum(axis=0) + pair["allocation"] <= np.array(data["fleet"]["counts"]) + 1e-6)
     assert data["objective"] >= data["objective_agnostic"] - 1e-9
     assert data["jobs"][3]["throughput_steps_per_s"] == [40.0, 30.0, 20.0]
     assert "samples/s" in data["jobs"][0]["plans"]["v100"]
@@ -58,7 +61,8 @@ def test_bad_input_is_one_line(tmp_path):
                           (["fleet=nope"], "fleet=nope is unknown: choose one of gavel_physical"),
                           ([f"jobs={bad_jobs}"], "jobs[0].batch = -1 must be a positive integer"),
                           (["mode=simulate", "mechanism=magic"], "mechanism='magic' is unknown"),
-                          (["trace.reference_type=tpu"], "trace.reference_type=tpu is not a type")]:
+                          (["trace.reference_type=tpu"], "trace.reference_type=tpu is not a type"),
+                          (["trace.jobs=2", "space_sharing=true"], "space_sharing=true needs co-located throughputs")]:
         done = cli(*args)
         assert done.returncode == 2, (args, done.stdout, done.stderr)
         assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr

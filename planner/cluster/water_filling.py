@@ -1,0 +1,81 @@
+"""Max-min fairness by water filling (dissertation ch. 5.4.3), ``policy=max_min_fairness_water_filling``."""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+
+from planner.cluster.lp import KEEP_REL_TOL, AllocationLP
+from planner.cluster.problem import Problem, best_throughput, fair_share_weights
+from planner.errors import PlannerError
+
+WATER_RISE_REL = 1e-5  # a job whose share can rise by less than this (relative) is bottlenecked
+HOLD_SLACKS = (KEEP_REL_TOL, 1e-6, 1e-5)  # looser only when the solver finds the tighter hold infeasible
+
+
+def _holding(p: Problem, a: np.ndarray, floor: np.ndarray, extra: np.ndarray, slack: float) -> AllocationLP:
+    """Valid X with share_m + extra[m] . extras >= floor_m (within ``slack``, relative) for every job."""
+    lp = AllocationLP(p, extras=extra.shape[1])
+    lp.add(lp.per_job(-a, extra), -floor * (1 - slack))
+    return lp
+
+
+def _solve_holding(p: Problem, a: np.ndarray, floor: np.ndarray, extra: np.ndarray,
+                   objective: Callable[[AllocationLP], np.ndarray], bounds: Sequence | None = None) -> tuple[AllocationLP, np.ndarray]:
+    for slack in HOLD_SLACKS:
+        lp = _holding(p, a, floor, extra, slack)
+        if bounds is not None:
+            lp.bounds[-len(bounds):] = bounds
+        try:
+            return lp, lp.solve(objective(lp))
+        except PlannerError:
+            if slack == HOLD_SLACKS[-1]:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _extras_objective(lp: AllocationLP) -> np.ndarray:
+    c = np.zeros(lp.size)
+    c[lp.R * lp.k:] = -1.0
+    return c
+
+
+def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
+    """Water filling (ch. 5.4.3): raise the lowest normalised share of the jobs not yet frozen as far
+    as it goes (one LP), freeze the jobs that are bottlenecked there, i.e. whose share cannot rise
+    while every other job keeps its level, and repeat until every job is frozen. The result is
+    max-min fair: no share can rise without lowering one that is no larger, so no GPU that could
+    speed a job up stays idle.
+
+    The bottlenecked jobs are found with LPs in place of the dissertation's MILP: maximise the
+    candidates' total rise above the level, each rise capped so that it spreads over every candidate
+    that can rise; drop those that rose and repeat until none does (usually one or two LPs). If none
+    rises, none can: one rising alone would raise the total."""
+    n = p.shape[0]
+    a = fair_share_weights(p)
+    floor = np.zeros(n)
+    rising = np.ones(n, dtype=bool)
+    lps = 0
+    while rising.any():
+        # share_m >= t for the rising jobs (t the one extra variable, maximised), >= floor_m for the rest
+        lp, v = _solve_holding(p, a, np.where(rising, 0.0, floor), rising.astype(float).reshape(-1, 1),
+                               _extras_objective)
+        lps += 1
+        level = max(float((a * p.throughput(lp.X(v)))[rising].min()), 0.0)  # what X reaches: a floor it meets
+        floor = np.where(rising, level, floor)
+        candidates = rising.copy()
+        cap = 1e-2 * max(level, 1e-3)
+        while candidates.any():
+            lp, v = _solve_holding(p, a, floor, np.eye(n), _extras_objective,
+                                   [(0.0, cap if c else 0.0) for c in candidates])  # share_m - r_m >= floor_m
+            lps += 1
+            rose = v[-n:] > WATER_RISE_REL * max(level, 1e-12)
+            if not rose.any():
+                break
+            candidates &= ~rose
+        if not candidates.any():  # not in exact arithmetic (the level's LP found it tight): freeze the first
+            candidates = rising & (np.arange(n) == np.flatnonzero(rising)[0])
+        rising &= ~candidates
+    # every level held, the spare GPUs used
+    lp, v = _solve_holding(p, a, floor, np.zeros((n, 0)), lambda lp: -lp.objective_x(1.0 / best_throughput(p)))
+    return lp.X(v), lps + 1
