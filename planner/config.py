@@ -116,7 +116,7 @@ def _memory_savers(p: Any, spec: Any) -> dict[str, Any]:
     for key, value in flags.items():
         if not isinstance(value, bool):
             raise PlannerError(f"planner.{key} = {value!r} must be true or false")
-    family = known_family(getattr(spec, "family", None))
+    family = known_family(spec.model_cfg.get("name")) if hasattr(spec, "model_cfg") else None
     bucket_mb = p.get("grad_bucket_mb", 25)
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or bucket_mb <= 0:
         raise PlannerError(f"planner.grad_bucket_mb = {bucket_mb!r} must be a positive number of MiB")

@@ -220,6 +220,9 @@ class LlamaSpec:
             activation_bytes_recompute=s * h * e,
             tp_forward_bytes=2 * ar * s * h * e,   # g after O and after down
             tp_backward_bytes=2 * ar * s * h * e,  # f before QKV and before [gate; up]
+            sequence_shardable_bytes=s * 8 * h * e / 2,   # the replicated RMSNorm and GEMM inputs
+            attention_core_bytes=4 * a * s / t * e / 2,   # the log-sum-exp (the kernel's own saved state)
+            attention_core_flops=4 * s * s * h / t,
         )
         embedding = LayerSpec(
             name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
