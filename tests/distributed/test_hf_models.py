@@ -1,6 +1,6 @@
-"""Hugging Face models in and out: a tiny Llama and GPT-2 (model=hf) and the gpt family trained on a
-two-stage pipeline equal single-process training, and their checkpoints exported with format=hf load
-in transformers with the same logits."""
+"""Hugging Face models in and out: a tiny Llama and GPT-2 (model=hf) and the gpt and llama families
+trained on a two-stage pipeline equal single-process training, and their checkpoints exported with
+format=hf load in transformers (LlamaForCausalLM, GPT2LMHeadModel) with the same logits."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,7 +41,11 @@ def test_hf_models_train_on_a_pipeline_and_export_back(tmp_path):
     runs = {"llama": ["model=hf", f"model.path={llama}", "train.lr=0.05", *HF_RUN, *PIPELINE],
             "gpt2": ["model=hf", f"model.path={gpt2}", "train.lr=0.05", *HF_RUN, *PIPELINE],
             "llama-lr0": ["model=hf", f"model.path={llama}", "train.lr=1e-12", *HF_RUN, *PIPELINE],
-            "gpt": [*TINY_GPT, "model.num_layers=2", "model.tie_embeddings=false", "train.lr=0.05", *PIPELINE]}
+            "gpt": [*TINY_GPT, "model.num_layers=2", "model.tie_embeddings=false", "train.lr=0.05", *PIPELINE],
+            "llama-family": ["model=llama_tiny", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=4",
+                             "model.num_kv_heads=2", "model.ffn_hidden_size=64", "model.seq_len=16",
+                             "model.tie_embeddings=true", *[o for o in TINY_GPT if o.startswith("train.")],
+                             "train.lr=0.05", *PIPELINE]}
     per_rank = run_workers(train_rank, 2, [(config, str(tmp_path / name)) for name, config in runs.items()])
     tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
     for index, (name, config) in enumerate(runs.items()):
