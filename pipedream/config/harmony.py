@@ -55,7 +55,8 @@ def _refusals(cfg: Any, layout: ParallelLayout, precision: str) -> None:
                                                        "wrap-around pipeline)"),
         (layout.vpp > 1, f"parallel.vpp = {layout.vpp}", "set parallel.vpp=1 (packs replace chunks)"),
         (bool(layout.stage_replicas), "parallel.stage_replicas", "leave it null"),
-        (precision != "fp32", f"precision={precision}", "use precision=fp32"),
+        (precision == "fp16", "precision=fp16", "use precision=bf16 (no loss scaling needed) or fp32 (packs are "
+                                                 "updated before an overflow anywhere else could skip the step)"),
         ((get("train.grad_clip") or 0) > 0, f"train.grad_clip = {get('train.grad_clip')}",
          "set train.grad_clip=0 (each pack is updated right after its backward, before a global norm exists)"),
         (bool(get("model.tie_embeddings")), "model.tie_embeddings=true",

@@ -28,6 +28,7 @@ from pipedream.harmony.runner import HarmonyExecutor, HarmonyRunner
 from pipedream.harmony.state import PackState
 from pipedream.offload import DeviceTier, HostTier
 from pipedream.numerics.optim import build_optimizer, build_scheduler
+from pipedream.numerics.precision import MixedPrecision
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.runner import StepResult
 from pipedream.schedules.actions import Action, Kind
@@ -73,6 +74,8 @@ class HarmonyEngine:
             if any(True for _ in module.buffers()):
                 raise ConfigError(f"layer {i} of {model.name} has buffers (e.g. BatchNorm statistics), which "
                                   f"schedule=harmony_pp does not keep on the host tier: use a model without them")
+        precision = MixedPrecision(spec.precision.name, device.type)
+        precision.apply(list(modules.values()))   # bf16: each layer's output leaves in bf16
         self.host_dir = shared_host_dir(rank)
         if rank == 0:
             weakref.finalize(self, shutil.rmtree, self.host_dir, True)
@@ -90,7 +93,8 @@ class HarmonyEngine:
         self.eval_actions = evaluation_actions(self.actions, config)
         # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL)
         executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes,
-                                   build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter))
+                                   build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter),
+                                   precision)
         executor.connect(schedules)
         self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
                                     self._global_sums)
@@ -113,7 +117,7 @@ class HarmonyEngine:
 
     @property
     def loss_scaler(self) -> None:
-        """harmony_pp runs in fp32 only: no loss scale."""
+        """fp32 or bf16 only (fp16 is refused): no loss scale."""
         return None
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from pipedream.runtime.groups import DirectedGroups
 from pipedream.harmony.state import PackState
 from pipedream.offload import DeviceTier, SwapCounters, TensorClass
 from pipedream.numerics.optim import NonFiniteError
+from pipedream.numerics.precision import MixedPrecision
 from pipedream.runtime.runner import StepResult
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
@@ -50,8 +52,14 @@ class _Iteration:
 
 class HarmonyExecutor:
     def __init__(self, config: HarmonyConfig, rank: int, state: PackState, loss_fn: Callable, layer_shapes: BoundaryShapes,
-                 p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter):
-        self.config, self.rank, self.state, self.loss_fn, self.p2p = config, rank, state, loss_fn, p2p
+                 p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter,
+                 precision: MixedPrecision | None = None):
+        """``precision``: bf16 runs every pack's layers under autocast (weights cast on use, so the
+        host's fp32 weights and the gradients stay fp32), their outputs, stashes and messages in bf16,
+        and the loss on fp32 logits, as ``numerics.precision`` does for the other schedules."""
+        self.config, self.rank, self.state, self.p2p = config, rank, state, p2p
+        self.precision = precision or MixedPrecision("fp32", state.device.device.type)
+        self.loss_fn = self.precision.fp32_loss(loss_fn)
         self.tier: DeviceTier = state.device
         self.layer_shapes = layer_shapes   # bounds: one layer each, so stage_input(shape, l) is layer l's input
         self.placement = config.placement()
@@ -61,7 +69,7 @@ class HarmonyExecutor:
 
     # --- shapes and keys ---------------------------------------------------------------------
     def _spec(self, microbatch: int, layer: int) -> tuple[torch.Size, torch.dtype]:
-        spec = self.layer_shapes.stage_input(self.shapes[microbatch], layer)
+        spec = self.precision.on_wire(self.layer_shapes.stage_input(self.shapes[microbatch], layer))
         if isinstance(spec, boundary.TupleSpec):
             raise InvariantError(f"layer {layer} takes a tuple of tensors; schedule=harmony_pp passes one tensor")
         return spec
@@ -239,10 +247,11 @@ class HarmonyExecutor:
     # --- compute -----------------------------------------------------------------------------
     def _run_layers(self, layers: range, x: torch.Tensor, stash_at: dict[int, int] | None = None,
                     microbatch: int = -1) -> torch.Tensor:
-        for layer in layers:
-            if stash_at and layer in stash_at:
-                self.tier.adopt(("s", stash_at[layer], microbatch), x.detach(), TensorClass.ACTIVATIONS)
-            x = boundary.call_layer(self.state.modules[layer], x)
+        with self.precision.autocast() if self.precision.enabled else nullcontext():
+            for layer in layers:
+                if stash_at and layer in stash_at:
+                    self.tier.adopt(("s", stash_at[layer], microbatch), x.detach(), TensorClass.ACTIVATIONS)
+                x = boundary.call_layer(self.state.modules[layer], x)
         return x
 
     def _forward(self, a: Action, role: str, it: _Iteration) -> float:

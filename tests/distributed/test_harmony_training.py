@@ -112,6 +112,39 @@ def test_vgg16_matches_single_process(tmp_path, devices):
 
 
 @pytest.mark.slow
+def test_bf16_matches_the_single_process_bf16_scheme(tmp_path):
+    """bf16: fp32 host weights, gradients and optimizer state, packs computed under autocast with
+    bf16 outputs, stashes and messages; the tolerance of test_mixed_precision's pipelines (the same
+    operations on the same tensors), which fp32 training is far outside of."""
+    import torch
+
+    from tests.distributed.test_mixed_precision import TOLERANCE
+
+    overrides = GPT + ["parallel.pp=2", "precision=bf16", "schedule.forward_group=2"]
+    per_rank = run_workers(harmony_train_rank, 2, [(overrides, str(tmp_path / "bf16")),
+                                                   (overrides + ["precision=fp32"], str(tmp_path / "fp32"))])
+    reference = reference_training(overrides)
+    torch.testing.assert_close(torch.tensor(per_rank[0][0]["losses"]), torch.tensor(reference["losses"]),
+                               rtol=TOLERANCE["loss_rtol"], atol=0)
+    params = merge_params([rank[0] for rank in per_rank])
+    assert set(params) == set(reference["params"])
+    for name, expected in reference["params"].items():
+        assert params[name].dtype == torch.float32   # the host's master weights
+        torch.testing.assert_close(params[name], expected, rtol=TOLERANCE["rtol"], atol=TOLERANCE["atol"], msg=name)
+    fp32 = merge_params([rank[1] for rank in per_rank])
+    assert max((fp32[name] - value).abs().max().item() for name, value in reference["params"].items()) \
+        > 10 * TOLERANCE["atol"]
+    # stashes travel in bf16 (half of fp32's bytes) but layer 0's (int64 token ids); weights and gradients stay fp32
+    def step_bytes(index: int, cls: str, direction: str) -> int:
+        return sum(r["memory"]["swap_bytes_last_step"][cls][direction] for r in per_rank[0][index]["summary"]["ranks"])
+
+    tokens = MICROBATCHES * 2 * 16 * 8   # micro-batch 2, sequence 16
+    assert 2 * (step_bytes(0, "activations", D2H) - tokens) == step_bytes(1, "activations", D2H) - tokens > 0
+    for cls, direction in (("weights", H2D), ("gradients", D2H), ("gradients", H2D)):
+        assert step_bytes(0, cls, direction) == step_bytes(1, cls, direction)
+
+
+@pytest.mark.slow
 def test_trace_records_swaps_and_updates(tmp_path):
     import json
 

@@ -33,6 +33,10 @@ def test_packs_groups_and_budget_are_read():
     assert harmony.device_budget_bytes == 400000
 
 
+def test_bf16_is_accepted():
+    assert spec(["precision=bf16"]).precision.name == "bf16"
+
+
 def test_other_schedules_have_no_harmony_section():
     assert build_run_spec(compose_config(TINY_GPT + ["parallel.pp=2"]), 2).harmony is None
 
@@ -43,7 +47,7 @@ def test_other_schedules_have_no_harmony_section():
     (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported"),
     (["parallel.pp=1", "parallel.tp=2"], "parallel.tp = 2 is not supported"),
     (["parallel.vpp=2"], "needs schedule=interleaved"),
-    (["precision=bf16"], "precision=bf16 is not supported"),
+    (["precision=fp16"], "precision=fp16 is not supported with schedule=harmony_pp: use precision=bf16"),
     (["model.dropout=0.1"], "model.dropout = 0.1 is not supported"),
     (["checkpoint.every=5"], "checkpoints is not supported"),
     (["schedule.forward_packs=[4,3]"], "forward_packs = [4, 3] sum to 7 layers but the model has 8"),
