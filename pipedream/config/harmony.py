@@ -65,8 +65,6 @@ def _refusals(cfg: Any, layout: ParallelLayout, precision: str) -> None:
          "set model.dropout=0 (a backward pack recomputes on another device than its forward ran on)"),
         (family is not None and family.batch_norm, f"model={get('model.name')}",
          "use model=vgg16 or a GPT (BatchNorm statistics would be updated again by the recompute)"),
-        ((get("checkpoint.every") or 0) > 0 or get("train.resume") is not None, "checkpoints",
-         "set checkpoint.every=0 and train.resume=null (the host-tier state is not checkpointed yet)"),
         (get("model._target_") is not None, "model._target_", "use a built-in model"),
     ]
     for refused, what, fix in checks:
@@ -90,10 +88,24 @@ def harmony_spec(cfg: Any, layout: ParallelLayout, num_layers: int, microbatches
     except ScheduleError as error:
         raise ConfigError(f"schedule=harmony_pp: {error} (schedule.forward_packs, schedule.backward_packs, "
                           f"schedule.forward_group, schedule.backward_group)") from None
+    _check_checkpoints(cfg, config)
     budget = _budget(cfg)
     if budget is not None:
         _check_packs_fit(cfg, config, budget)
     return HarmonySpec(config, budget)
+
+
+def _check_checkpoints(cfg: Any, config: HarmonyConfig) -> None:
+    """A checkpoint holds each layer's state from its owner (the device of its backward): the
+    owning tasks are the last len(P_B) of P_FB, consecutive round the devices, so every device owns
+    a layer iff there are at least as many backward packs as devices."""
+    wanted = (OmegaConf.select(cfg, "checkpoint.every", default=0) or 0) > 0 or \
+        OmegaConf.select(cfg, "train.resume", default=None) is not None
+    if wanted and len(config.backward_packs) < config.devices:
+        raise ConfigError(f"checkpoints with schedule=harmony_pp need at least parallel.pp = {config.devices} backward "
+                          f"packs, so every device owns a layer; schedule.backward_packs has "
+                          f"{len(config.backward_packs)}: split it further or set checkpoint.every=0 and "
+                          f"train.resume=null")
 
 
 def _check_packs_fit(cfg: Any, config: HarmonyConfig, budget: int) -> None:

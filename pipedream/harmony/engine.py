@@ -99,6 +99,7 @@ class HarmonyEngine:
         self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
                                     self._global_sums)
         self.layer_modules = list(modules.values())
+        self._owned_modules = self.state.owned_modules()
         self.tp = None   # harmony_pp does not split layers over tensor-parallel ranks
         self._stash_stats = StashStats()   # empty: the device tier counts the stashes (memory_report)
 
@@ -146,12 +147,13 @@ class HarmonyEngine:
         return None
 
     def resume_at(self, step: int) -> None:
+        dist.barrier()   # every owner has loaded its layers into the shared host tier before anyone swaps one in
         self.runner.resume_at(step)
 
     def global_layers(self) -> dict[int, nn.Module]:
-        """None to save: the weights live on the host tier, which checkpoints do not hold yet (the
-        configuration refuses checkpoints with harmony_pp)."""
-        return {}
+        """What a checkpoint saves of this rank: the layers it owns, over the host master weights
+        that its optimizer steps (so the optimizer state is saved by the same names)."""
+        return self._owned_modules
 
     def comm_bytes(self) -> tuple[int, int]:
         return 0, 0   # the executor's messages are not counted

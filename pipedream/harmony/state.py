@@ -11,6 +11,7 @@ device (``swap_in`` points them at the device copies).
 """
 from __future__ import annotations
 
+import copy
 from typing import Callable, Iterable
 
 import torch
@@ -52,7 +53,8 @@ class PackState:
                 if layer in owned:
                     host.unlink(weight_key(layer, name))   # mapped everywhere: the file can go
                 param.data = _EMPTY
-        self.host_params = {(layer, name): nn.Parameter(host.get(weight_key(layer, name)), requires_grad=False)
+        # trainable (requires_grad) as the model's own: checkpoints save optimizer state only for those
+        self.host_params = {(layer, name): nn.Parameter(host.get(weight_key(layer, name)))
                             for layer in sorted(owned) for name, _ in self.params[layer]}
 
     def weight_bytes(self, layers: Iterable[int]) -> int:
@@ -109,6 +111,19 @@ class PackState:
         optimizer.step()
         for host_param in stepped:
             host_param.grad = None
+
+    def owned_modules(self) -> dict[int, nn.Module]:
+        """The layers this rank owns, as modules whose parameters are the host master weights the
+        optimizer steps (checkpoints save and load through them: a load writes the shared host
+        tier in place, so every rank that maps a layer sees it)."""
+        mirrors = {}
+        for layer in sorted(self.owned):
+            mirror = copy.deepcopy(self.modules[layer])   # the structure and names; its own weights are empty
+            for name, _ in self.params[layer]:
+                owner, _, leaf = name.rpartition(".")
+                mirror.get_submodule(owner)._parameters[leaf] = self.host_params[(layer, name)]
+            mirrors[layer] = mirror
+        return mirrors
 
     def parameters_by_name(self) -> dict[str, torch.Tensor]:
         """``{"<layer>.<name>": tensor}`` of the layers this rank owns (host copies)."""

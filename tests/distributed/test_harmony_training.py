@@ -9,7 +9,7 @@ import math
 import pytest
 
 from pipedream.offload import Direction, TensorClass
-from tests.support.harmony_harness import harmony_train_rank
+from tests.support.harmony_harness import harmony_resume_rank, harmony_train_rank
 from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
 from tests.support.workers import run_workers
 
@@ -142,6 +142,28 @@ def test_bf16_matches_the_single_process_bf16_scheme(tmp_path):
     assert 2 * (step_bytes(0, "activations", D2H) - tokens) == step_bytes(1, "activations", D2H) - tokens > 0
     for cls, direction in (("weights", H2D), ("gradients", D2H), ("gradients", H2D)):
         assert step_bytes(0, cls, direction) == step_bytes(1, cls, direction)
+
+
+@pytest.mark.slow
+def test_kill_and_resume_equals_the_uninterrupted_run(tmp_path):
+    """Host master weights and AdamW's state (on each layer's owner) are checkpointed; a run stopped
+    right after its step-2 checkpoint and resumed gives the same losses and weights, bit for bit."""
+    import json
+
+    import torch
+
+    overrides = GPT + ["parallel.pp=2", "optim=adamw", "train.lr=3e-3", "train.steps=4", "checkpoint.every=2",
+                       "schedule.backward_packs=[2,1,1,1,1,2]", "schedule.forward_packs=[4,2,2]"]
+    per_rank = run_workers(harmony_resume_rank, 2, overrides, str(tmp_path), 2)
+
+    def losses(name: str) -> list[float]:
+        return [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+    assert len(losses("full")) == 4 and losses("resumed") == losses("full")   # steps 1-2, then 3-4 after the resume
+    full, resumed = (merge_params([{"params": r[run]} for r in per_rank]) for run in ("full", "resumed"))
+    assert set(full) == set(resumed) and len(full) > 0
+    for name, value in full.items():
+        assert torch.equal(resumed[name], value), name
 
 
 @pytest.mark.slow

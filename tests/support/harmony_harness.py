@@ -30,3 +30,44 @@ def harmony_train_rank(rank: int, world_size: int, runs: list[tuple[list[str], s
     finally:
         shutdown()
     return results
+
+
+def harmony_resume_rank(rank: int, world_size: int, overrides: list[str], root: str, stop_after: int
+                        ) -> dict[str, Any]:
+    """In one process group: an uninterrupted run (``root``/full), a run that stops right after its
+    checkpoint of step ``stop_after`` (as if killed), and that run resumed with ``train.resume=auto``."""
+    from pipedream.checkpoint.store import RunCheckpoints
+    from pipedream.runtime.distributed import init_distributed, shutdown
+    from pipedream.config.run_spec import build_run_spec
+    from pipedream.trainer import train
+
+    class Interrupted(Exception):
+        pass
+
+    def run(extra: list[str], run_dir: str) -> dict[str, Any]:
+        cfg = compose_config(overrides + extra + [f"train.run_dir={run_dir}"])
+        outcome = train(build_run_spec(cfg, world_size), init_distributed("cpu", 60))
+        return {k: v.clone() for k, v in outcome.engine.host_parameters().items()}
+
+    original = RunCheckpoints.after_step
+
+    def after_step(self, steps_done: int) -> None:
+        original(self, steps_done)
+        if steps_done == stop_after:
+            raise Interrupted
+
+    init_distributed("cpu", 60)
+    try:
+        full = run([], f"{root}/full")
+        RunCheckpoints.after_step = after_step
+        try:
+            run([], f"{root}/resumed")
+            raise AssertionError("the interrupted run was not interrupted")
+        except Interrupted:
+            pass
+        finally:
+            RunCheckpoints.after_step = original
+        resumed = run(["train.resume=auto"], f"{root}/resumed")
+    finally:
+        shutdown()
+    return {"full": full, "resumed": resumed}

@@ -33,8 +33,9 @@ def test_packs_groups_and_budget_are_read():
     assert harmony.device_budget_bytes == 400000
 
 
-def test_bf16_is_accepted():
+def test_bf16_and_checkpoints_are_accepted():
     assert spec(["precision=bf16"]).precision.name == "bf16"
+    assert spec(["checkpoint.every=2", "train.resume=auto"]).checkpoint.every == 2
 
 
 def test_other_schedules_have_no_harmony_section():
@@ -49,7 +50,8 @@ def test_other_schedules_have_no_harmony_section():
     (["parallel.vpp=2"], "needs schedule=interleaved"),
     (["precision=fp16"], "precision=fp16 is not supported with schedule=harmony_pp: use precision=bf16"),
     (["model.dropout=0.1"], "model.dropout = 0.1 is not supported"),
-    (["checkpoint.every=5"], "checkpoints is not supported"),
+    (["checkpoint.every=5", "schedule.forward_packs=[8]", "schedule.backward_packs=[8]"],
+     "checkpoints with schedule=harmony_pp need at least parallel.pp = 2 backward packs"),
     (["schedule.forward_packs=[4,3]"], "forward_packs = [4, 3] sum to 7 layers but the model has 8"),
     (["schedule.forward_packs=[4,4]", "schedule.backward_packs=[4,2,2]"], "must be the same layers"),
     (["schedule.forward_packs=4"], "must be a list of layers per pack"),
