@@ -24,6 +24,7 @@ GROUP_KEYS = ("forward_group", "backward_group")
 class HarmonySpec:
     config: HarmonyConfig
     device_budget_bytes: int | None   # None: the device's capacity
+    delay_updates: bool = False       # schedule.clip_delays_updates: every update waits for the global norm
 
 
 def _sizes(section: Section, key: str) -> list[int] | None:
@@ -57,8 +58,10 @@ def _refusals(cfg: Any, layout: ParallelLayout, precision: str) -> None:
         (bool(layout.stage_replicas), "parallel.stage_replicas", "leave it null"),
         (precision == "fp16", "precision=fp16", "use precision=bf16 (no loss scaling needed) or fp32 (packs are "
                                                  "updated before an overflow anywhere else could skip the step)"),
-        ((get("train.grad_clip") or 0) > 0, f"train.grad_clip = {get('train.grad_clip')}",
-         "set train.grad_clip=0 (each pack is updated right after its backward, before a global norm exists)"),
+        ((get("train.grad_clip") or 0) > 0 and get("schedule.clip_delays_updates") is not True,
+         f"train.grad_clip = {get('train.grad_clip')} without schedule.clip_delays_updates=true",
+         "set schedule.clip_delays_updates=true (every pack's update waits for the global gradient norm, at the end "
+         "of the iteration) or train.grad_clip=0 (each pack is updated right after its backward)"),
         (bool(get("model.tie_embeddings")), "model.tie_embeddings=true",
          "set model.tie_embeddings=false (the tied head is updated before the embedding's gradient exists)"),
         ((get("model.dropout") or 0) > 0, f"model.dropout = {get('model.dropout')}",
@@ -92,7 +95,10 @@ def harmony_spec(cfg: Any, layout: ParallelLayout, num_layers: int, microbatches
     budget = _budget(cfg)
     if budget is not None:
         _check_packs_fit(cfg, config, budget)
-    return HarmonySpec(config, budget)
+    delay = section.raw("clip_delays_updates")
+    if delay is not None and not isinstance(delay, bool):
+        raise ConfigError(f"schedule.clip_delays_updates = {delay!r} must be true or false")
+    return HarmonySpec(config, budget, bool(delay))
 
 
 def _check_checkpoints(cfg: Any, config: HarmonyConfig) -> None:

@@ -94,10 +94,10 @@ class HarmonyEngine:
         # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL)
         executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes,
                                    build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter),
-                                   precision)
+                                   precision, spec.harmony.delay_updates)
         executor.connect(schedules)
         self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
-                                    self._global_sums)
+                                    self._global_sums, float(train.grad_clip))
         self.layer_modules = list(modules.values())
         self._owned_modules = self.state.owned_modules()
         self.tp = None   # harmony_pp does not split layers over tensor-parallel ranks

@@ -48,15 +48,19 @@ class _Iteration:
     incoming: dict[tuple[int, int, int], tuple[Any, torch.Tensor]] = field(default_factory=dict)
     sends: list[tuple[Any, torch.Tensor]] = field(default_factory=list)
     graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # jit: mb -> (input, loss)
+    held: list[int] = field(default_factory=list)   # layers whose update waits for the global gradient norm
 
 
 class HarmonyExecutor:
     def __init__(self, config: HarmonyConfig, rank: int, state: PackState, loss_fn: Callable, layer_shapes: BoundaryShapes,
                  p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter,
-                 precision: MixedPrecision | None = None):
+                 precision: MixedPrecision | None = None, delay_updates: bool = False):
         """``precision``: bf16 runs every pack's layers under autocast (weights cast on use, so the
         host's fp32 weights and the gradients stay fp32), their outputs, stashes and messages in bf16,
-        and the loss on fp32 logits, as ``numerics.precision`` does for the other schedules."""
+        and the loss on fp32 logits, as ``numerics.precision`` does for the other schedules.
+        ``delay_updates``: a ``U`` only holds its layers back (their gradients stay on the host tier);
+        the runner updates them all once the global gradient norm is known (clipping)."""
+        self.delay_updates = delay_updates
         self.config, self.rank, self.state, self.p2p = config, rank, state, p2p
         self.precision = precision or MixedPrecision("fp32", state.device.device.type)
         self.loss_fn = self.precision.fp32_loss(loss_fn)
@@ -148,7 +152,9 @@ class HarmonyExecutor:
         elif a.kind is Kind.BWD:
             return self._backward(a, role, it)
         elif a.kind is Kind.UPDATE:
-            if it.train:
+            if it.train and self.delay_updates:
+                it.held.extend(self._layers(a.chunk))
+            elif it.train:
                 self.state.update(self._layers(a.chunk), optimizer)
         elif a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
             self._send(a, it)
@@ -302,7 +308,7 @@ class HarmonyExecutor:
 class HarmonyRunner:
     """The engine's runner for harmony_pp: the same interface as ``runner.FlushRunner``."""
 
-    global_grad_norm = False   # packs update as their backward ends: there is no global norm to clip by
+    global_grad_norm = False   # not the pipeline engine's norm group: the runner clips by its own sums
     weight_versions = 1
 
     @staticmethod
@@ -310,7 +316,9 @@ class HarmonyRunner:
         return 1
 
     def __init__(self, executor: HarmonyExecutor, actions: list[Action], optimizer: torch.optim.Optimizer,
-                 scheduler: Any, microbatches: int, global_sums: Callable[..., list[float]]):
+                 scheduler: Any, microbatches: int, global_sums: Callable[..., list[float]], grad_clip: float = 0.0):
+        """``grad_clip`` > 0 needs the executor's ``delay_updates``: the norm covers every pack."""
+        self.grad_clip = grad_clip
         self.executor, self.actions = executor, actions
         self.optimizer, self.scheduler, self.microbatches = optimizer, scheduler, microbatches
         self.global_sums = global_sums
@@ -322,6 +330,7 @@ class HarmonyRunner:
         lr = self.optimizer.param_groups[0]["lr"]
         before = self.executor.tier.counters.snapshot()
         it = self.executor.run(self.actions, batches, 1.0 / self.microbatches, optimizer=self.optimizer)
+        norm = self._held_updates(it.held) if self.executor.delay_updates else math.nan
         # the sum meets every rank after all its updates: no rank reads a pack's host weights for the
         # next forward before the update that owns them wrote them
         loss_sum, count = self.global_sums(it.loss_sum, float(it.loss_count))
@@ -331,7 +340,21 @@ class HarmonyRunner:
         loss = loss_sum / count
         if not math.isfinite(loss):
             raise NonFiniteError(f"training loss is {loss}: stopped; lower train.lr or check the data")
-        return StepResult(loss=loss, grad_norm=math.nan, lr=lr)
+        return StepResult(loss=loss, grad_norm=norm, lr=lr)
+
+    def _held_updates(self, layers: list[int]) -> float:
+        """Delayed updates: the global norm from every rank's owned gradients (each layer has one
+        owner), the gradients scaled as ``clip_grad_norm_`` would, then one step of them all."""
+        (squares,) = self.global_sums(self.executor.state.gradient_squares(layers))
+        norm = math.sqrt(squares)
+        if not math.isfinite(norm):
+            raise NonFiniteError(f"gradient norm is {norm}: training stopped; lower train.lr and check the data")
+        coef = self.grad_clip / (norm + 1e-6)
+        if self.grad_clip > 0 and coef < 1.0:
+            self.executor.state.scale_gradients(layers, coef)
+        if layers:
+            self.executor.state.update(layers, self.optimizer)
+        return norm
 
     def evaluate(self, actions: list[Action], batches: dict[int, Any]) -> float:
         it = self.executor.run(actions, batches, 1.0, train=False)

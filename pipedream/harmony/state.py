@@ -112,6 +112,16 @@ class PackState:
         for host_param in stepped:
             host_param.grad = None
 
+    def gradient_squares(self, layers: Iterable[int]) -> float:
+        """Sum of the squared per-tensor L2 norms of ``layers``' host gradients (fp64)."""
+        return sum(float(torch.linalg.vector_norm(self.host.get(grad_key(layer, name))).double()) ** 2
+                   for layer in layers for name, _ in self.params[layer])
+
+    def scale_gradients(self, layers: Iterable[int], factor: float) -> None:
+        for layer in layers:
+            for name, _ in self.params[layer]:
+                self.host.get(grad_key(layer, name)).mul_(factor)
+
     def owned_modules(self) -> dict[int, nn.Module]:
         """The layers this rank owns, as modules whose parameters are the host master weights the
         optimizer steps (checkpoints save and load through them: a load writes the shared host

@@ -112,17 +112,27 @@ def test_vgg16_matches_single_process(tmp_path, devices):
 
 
 @pytest.mark.slow
-def test_bf16_matches_the_single_process_bf16_scheme(tmp_path):
+def test_bf16_and_clipping_match_their_single_process_references(tmp_path):
     """bf16: fp32 host weights, gradients and optimizer state, packs computed under autocast with
     bf16 outputs, stashes and messages; the tolerance of test_mixed_precision's pipelines (the same
-    operations on the same tensors), which fp32 training is far outside of."""
+    operations on the same tensors), which fp32 training is far outside of. Clipping: every update
+    waits for the global norm, and the run equals single-process training with clip_grad_norm_."""
     import torch
 
     from tests.distributed.test_mixed_precision import TOLERANCE
 
     overrides = GPT + ["parallel.pp=2", "precision=bf16", "schedule.forward_group=2"]
+    clipped = GPT + ["parallel.pp=2", "train.grad_clip=0.5",
+                     "schedule.clip_delays_updates=true", "schedule.backward_group=2"]
     per_rank = run_workers(harmony_train_rank, 2, [(overrides, str(tmp_path / "bf16")),
-                                                   (overrides + ["precision=fp32"], str(tmp_path / "fp32"))])
+                                                   (overrides + ["precision=fp32"], str(tmp_path / "fp32")),
+                                                   (clipped, str(tmp_path / "clipped"))])
+    reference = reference_training(clipped)
+    assert_matches_reference({"params": merge_params([rank[2] for rank in per_rank]),
+                              "losses": per_rank[0][2]["losses"]}, reference)
+    unclipped = reference_training(clipped[:-1] + ["train.grad_clip=0"])   # the norm is above 0.5: clipping shows
+    assert unclipped["losses"][1] != pytest.approx(reference["losses"][1], rel=1e-3)
+
     reference = reference_training(overrides)
     torch.testing.assert_close(torch.tensor(per_rank[0][0]["losses"]), torch.tensor(reference["losses"]),
                                rtol=TOLERANCE["loss_rtol"], atol=0)

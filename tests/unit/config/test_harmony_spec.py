@@ -36,6 +36,8 @@ def test_packs_groups_and_budget_are_read():
 def test_bf16_and_checkpoints_are_accepted():
     assert spec(["precision=bf16"]).precision.name == "bf16"
     assert spec(["checkpoint.every=2", "train.resume=auto"]).checkpoint.every == 2
+    assert spec(["train.grad_clip=1.0", "schedule.clip_delays_updates=true"]).harmony.delay_updates
+    assert not spec([]).harmony.delay_updates
 
 
 def test_other_schedules_have_no_harmony_section():
@@ -43,7 +45,9 @@ def test_other_schedules_have_no_harmony_section():
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["train.grad_clip=1.0"], "train.grad_clip = 1.0 is not supported with schedule=harmony_pp: set train.grad_clip=0"),
+    (["train.grad_clip=1.0"], "train.grad_clip = 1.0 without schedule.clip_delays_updates=true is not supported with "
+                              "schedule=harmony_pp: set schedule.clip_delays_updates=true"),
+    (["schedule.clip_delays_updates=yes"], "schedule.clip_delays_updates = 'yes' must be true or false"),
     (["model.tie_embeddings=true"], "model.tie_embeddings=true is not supported"),
     (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported"),
     (["parallel.pp=1", "parallel.tp=2"], "parallel.tp = 2 is not supported"),
