@@ -25,7 +25,7 @@ from models.boundary import dtypes, to_device
 from pipedream.errors import ConfigError
 from pipedream.runtime.groups import build_p2p_groups
 from pipedream.harmony.runner import HarmonyExecutor, HarmonyRunner
-from pipedream.harmony.state import PackState
+from pipedream.harmony.state import PackState, Replicas
 from pipedream.offload import DeviceTier, HostTier
 from pipedream.numerics.optim import build_optimizer, build_scheduler
 from pipedream.numerics.precision import MixedPrecision
@@ -66,14 +66,20 @@ class HarmonyEngine:
         config = spec.harmony.config
         self.config = config
         self.coords = spec.layout.coords(rank)
-        mine = [t for t in config.tasks if t.device == rank]
+        count = spec.harmony.replicas
+        # harmony_dp: this rank runs the one-device list (device 0 of the config) on its micro-batches
+        # and owns (updates) the layers l with l mod replicas == its index
+        replicas = Replicas(count, rank) if count > 1 else None
+        device_index = 0 if replicas else rank
+        mine = [t for t in config.tasks if t.device == device_index]
         layers = sorted({layer for t in mine for layer in range(*t.layers)})
-        owned = {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)}
+        owned = ({layer for layer in layers if layer % count == rank} if replicas else
+                 {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)})
         modules = model.build(layers)   # on the host: parameters reach the device only by swaps
         for i, module in modules.items():
             if any(True for _ in module.buffers()):
                 raise ConfigError(f"layer {i} of {model.name} has buffers (e.g. BatchNorm statistics), which "
-                                  f"schedule=harmony_pp does not keep on the host tier: use a model without them")
+                                  f"schedule={spec.schedule.name} does not keep on the host tier: use a model without them")
         precision = MixedPrecision(spec.precision.name, device.type)
         precision.apply(list(modules.values()))   # bf16: each layer's output leaves in bf16
         self.host_dir = shared_host_dir(rank)
@@ -81,7 +87,7 @@ class HarmonyEngine:
             weakref.finalize(self, shutil.rmtree, self.host_dir, True)
         host = HostTier(self.host_dir, pin=device.type == "cuda")   # async swaps need page-locked memory
         self.tier = DeviceTier(host, device, spec.harmony.device_budget_bytes)
-        self.state = PackState(modules, owned, host, self.tier, dist.barrier)
+        self.state = PackState(modules, owned, host, self.tier, dist.barrier, replicas)
         # a rank that owns no layer still keeps the learning-rate schedule (an empty placeholder)
         params = list(self.state.host_params.values()) or [nn.Parameter(torch.zeros(0))]
         self.optimizer = build_optimizer(optim, params, float(train.lr))
@@ -89,14 +95,17 @@ class HarmonyEngine:
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
         layer_shapes = BoundaryShapes(model, [(i, i + 1) for i in range(model.num_layers)], input_dtype)
         schedules = harmony_pp(config)
-        self.actions = schedules[rank]
+        self.actions = schedules[device_index]
         self.eval_actions = evaluation_actions(self.actions, config)
-        # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL)
-        executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes,
-                                   build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter),
-                                   precision, spec.harmony.delay_updates)
+        # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL);
+        # harmony_dp sends nothing between devices
+        executor = HarmonyExecutor(config, device_index, self.state, model.loss_fn, layer_shapes,
+                                   None if replicas else build_p2p_groups(spec.layout), recorder,
+                                   getattr(recorder, "clock", time.perf_counter), precision,
+                                   spec.harmony.delay_updates, (f"r{rank}",) if replicas else ())
         executor.connect(schedules)
-        self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
+        # every replica's loss is scaled by one over the micro-batches of all of them: their sum is the mean
+        self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches * count,
                                     self._global_sums, float(train.grad_clip))
         self.layer_modules = list(modules.values())
         self._owned_modules = self.state.owned_modules()

@@ -54,13 +54,14 @@ class _Iteration:
 class HarmonyExecutor:
     def __init__(self, config: HarmonyConfig, rank: int, state: PackState, loss_fn: Callable, layer_shapes: BoundaryShapes,
                  p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter,
-                 precision: MixedPrecision | None = None, delay_updates: bool = False):
+                 precision: MixedPrecision | None = None, delay_updates: bool = False, stash_tag: tuple = ()):
         """``precision``: bf16 runs every pack's layers under autocast (weights cast on use, so the
         host's fp32 weights and the gradients stay fp32), their outputs, stashes and messages in bf16,
         and the loss on fp32 logits, as ``numerics.precision`` does for the other schedules.
         ``delay_updates``: a ``U`` only holds its layers back (their gradients stay on the host tier);
-        the runner updates them all once the global gradient norm is known (clipping)."""
-        self.delay_updates = delay_updates
+        the runner updates them all once the global gradient norm is known (clipping, harmony_dp).
+        ``stash_tag``: added to the stash files' names (harmony_dp: replicas share the host folder)."""
+        self.delay_updates, self.stash_tag = delay_updates, stash_tag
         self.config, self.rank, self.state, self.p2p = config, rank, state, p2p
         self.precision = precision or MixedPrecision("fp32", state.device.device.type)
         self.loss_fn = self.precision.fp32_loss(loss_fn)
@@ -183,7 +184,7 @@ class HarmonyExecutor:
 
     def _stash_key(self, microbatch: int, task: int) -> tuple:
         shape, dtype = self._spec(microbatch, self.config.tasks[task].layers[0])
-        return ("s", task, microbatch, *shape, str(dtype).rpartition(".")[2])
+        return ("s", task, microbatch, *shape, str(dtype).rpartition(".")[2], *self.stash_tag)
 
     def _stash_out(self, a: Action) -> None:
         """The stash the forward just adopted goes to the shared host tier. Its file is created once
@@ -343,17 +344,20 @@ class HarmonyRunner:
         return StepResult(loss=loss, grad_norm=norm, lr=lr)
 
     def _held_updates(self, layers: list[int]) -> float:
-        """Delayed updates: the global norm from every rank's owned gradients (each layer has one
-        owner), the gradients scaled as ``clip_grad_norm_`` would, then one step of them all."""
-        (squares,) = self.global_sums(self.executor.state.gradient_squares(layers))
+        """Delayed updates: the global norm from every rank's owned final gradients (each layer has
+        one owner; harmony_dp sums the replicas' first), the gradients scaled as ``clip_grad_norm_``
+        would, then one step of them all."""
+        state = self.executor.state
+        owned = [layer for layer in dict.fromkeys(layers) if layer in state.owned]
+        grads = state.final_gradients(owned)
+        (squares,) = self.global_sums(state.gradient_squares(grads))
         norm = math.sqrt(squares)
         if not math.isfinite(norm):
             raise NonFiniteError(f"gradient norm is {norm}: training stopped; lower train.lr and check the data")
         coef = self.grad_clip / (norm + 1e-6)
         if self.grad_clip > 0 and coef < 1.0:
-            self.executor.state.scale_gradients(layers, coef)
-        if layers:
-            self.executor.state.update(layers, self.optimizer)
+            state.scale_gradients(grads, coef)
+        state.update(owned, self.optimizer, grads)
         return norm
 
     def evaluate(self, actions: list[Action], batches: dict[int, Any]) -> float:

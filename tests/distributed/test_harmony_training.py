@@ -177,6 +177,29 @@ def test_kill_and_resume_equals_the_uninterrupted_run(tmp_path):
 
 
 @pytest.mark.slow
+def test_harmony_dp_on_two_devices_matches_single_process(tmp_path):
+    """harmony_dp: each device runs every pack over its half of the micro-batches; the layers'
+    gradients meet on the host (summed by each layer's owner) and one update follows. With
+    AdamW (state on the owners) and with clipping (the norm over the summed gradients)."""
+    budget = budget_for(GPT, 0.75)
+    dp = [o for o in GPT if o != "schedule=harmony_pp"] + [
+        "schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2", f"memory.device_budget_bytes={budget}",
+        "schedule.forward_packs=[2,2,2,2]", "schedule.backward_packs=[1,1,2,2,2]"]
+    adamw = dp + ["optim=adamw", "train.lr=3e-3", "schedule.backward_group=1"]
+    clipped = dp + ["train.grad_clip=0.5"]
+    per_rank = run_workers(harmony_train_rank, 2, [(adamw, str(tmp_path / "adamw")),
+                                                   (clipped, str(tmp_path / "clipped"))])
+    for index, overrides in enumerate((adamw, clipped)):
+        merged = merge_params([rank_results[index] for rank_results in per_rank])
+        assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]},
+                                 reference_training(overrides), atol=1e-5)
+        for memory in (r["memory"] for r in per_rank[0][index]["summary"]["ranks"]):
+            assert 0 < memory["peak_resident_bytes"] <= budget
+            # each device swaps the whole model in for its forward and its backward tasks
+            assert memory["swap_bytes_last_step"]["weights"][H2D] > 0
+
+
+@pytest.mark.slow
 def test_trace_records_swaps_and_updates(tmp_path):
     import json
 

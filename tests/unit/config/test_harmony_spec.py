@@ -40,6 +40,27 @@ def test_bf16_and_checkpoints_are_accepted():
     assert not spec([]).harmony.delay_updates
 
 
+def test_harmony_dp_runs_the_one_device_configuration_on_each_replica():
+    cfg = compose_config([o for o in HARMONY if o != "schedule=harmony_pp"] +
+                         ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2", "train.grad_clip=1.0"])
+    harmony = build_run_spec(cfg, 2).harmony
+    assert (harmony.replicas, harmony.config.devices, harmony.config.microbatches) == (2, 1, 2)
+    assert harmony.delay_updates   # every update waits for both replicas' gradients: clipping needs nothing more
+    assert {t.device for t in harmony.config.tasks} == {0}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["parallel.pp=2"], "parallel.pp = 2 is not supported with schedule=harmony_dp: set parallel.pp=1"),
+    (["parallel.pp=1", "parallel.dp=2", "precision=fp16"], "precision=fp16 is not supported with schedule=harmony_dp"),
+])
+def test_harmony_dp_refusals(extra, message):
+    cfg = compose_config([o for o in HARMONY if o not in ("schedule=harmony_pp", "parallel.pp=2")] +
+                         ["schedule=harmony_dp"] + extra)
+    with pytest.raises(ConfigError) as info:
+        build_run_spec(cfg, 2)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
 def test_other_schedules_have_no_harmony_section():
     assert build_run_spec(compose_config(TINY_GPT + ["parallel.pp=2"]), 2).harmony is None
 
@@ -49,7 +70,8 @@ def test_other_schedules_have_no_harmony_section():
                               "schedule=harmony_pp: set schedule.clip_delays_updates=true"),
     (["schedule.clip_delays_updates=yes"], "schedule.clip_delays_updates = 'yes' must be true or false"),
     (["model.tie_embeddings=true"], "model.tie_embeddings=true is not supported"),
-    (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported"),
+    (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported with schedule=harmony_pp: set parallel.dp=1 "
+                                         "(every device takes part in one wrap-around pipeline) or use schedule=harmony_dp"),
     (["parallel.pp=1", "parallel.tp=2"], "parallel.tp = 2 is not supported"),
     (["parallel.vpp=2"], "needs schedule=interleaved"),
     (["precision=fp16"], "precision=fp16 is not supported with schedule=harmony_pp: use precision=bf16"),
