@@ -37,6 +37,14 @@ from pipedream.runtime.shapes import BoundaryShapes
 from pipedream.config.specs import OptimSpec, TrainSpec
 from pipedream.runtime.stage import StashStats
 
+def draws_dropout(modules) -> bool:
+    """Whether any layer draws random masks in training (``nn.Dropout`` or an attention core's
+    dropout probability)."""
+    return any((isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or
+               (isinstance(getattr(m, "dropout", None), float) and m.dropout > 0)
+               for module in modules for m in module.modules())
+
+
 _EVAL_KINDS = frozenset({Kind.SWAP_IN, Kind.SWAP_OUT, Kind.PREFETCH, Kind.FWD, Kind.SEND_ACT, Kind.RECV_ACT})
 
 
@@ -102,7 +110,9 @@ class HarmonyEngine:
         executor = HarmonyExecutor(config, device_index, self.state, model.loss_fn, layer_shapes,
                                    None if replicas else build_p2p_groups(spec.layout), recorder,
                                    getattr(recorder, "clock", time.perf_counter), precision,
-                                   spec.harmony.delay_updates, (f"r{rank}",) if replicas else ())
+                                   spec.harmony.delay_updates, (f"r{rank}",) if replicas else (),
+                                   (int(train.seed), rank * spec.microbatches if replicas else 0)
+                                   if draws_dropout(modules.values()) else None)
         executor.connect(schedules)
         # every replica's loss is scaled by one over the micro-batches of all of them: their sum is the mean
         self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches * count,

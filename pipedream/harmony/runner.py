@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import time
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -33,6 +33,17 @@ from pipedream.schedules.issue_order import receives_at_group_start
 from pipedream.runtime.shapes import BoundaryShapes, input_shapes
 
 _ACT, _GRAD = 0, 1
+_MIX = 0x9E3779B97F4A7C15   # odd 64-bit constant: consecutive indices give unrelated seeds
+
+
+def dropout_seed(seed: int, step: int, microbatch: int, layer: int) -> int:
+    """The RNG seed of one layer's forward on one micro-batch of one step (0-based step and
+    global micro-batch index): a forward task and the backward task that recomputes the layer,
+    on whichever ranks, draw the same dropout masks, whatever the packs and devices."""
+    value = seed
+    for part in (step, microbatch, layer):
+        value = ((value * _MIX) ^ (part + 1)) % (1 << 63)
+    return value
 
 
 @dataclass
@@ -49,19 +60,24 @@ class _Iteration:
     sends: list[tuple[Any, torch.Tensor]] = field(default_factory=list)
     graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # jit: mb -> (input, loss)
     held: list[int] = field(default_factory=list)   # layers whose update waits for the global gradient norm
+    step: int = 0                                    # 0-based training step (dropout seeds)
 
 
 class HarmonyExecutor:
     def __init__(self, config: HarmonyConfig, rank: int, state: PackState, loss_fn: Callable, layer_shapes: BoundaryShapes,
                  p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter,
-                 precision: MixedPrecision | None = None, delay_updates: bool = False, stash_tag: tuple = ()):
+                 precision: MixedPrecision | None = None, delay_updates: bool = False, stash_tag: tuple = (),
+                 dropout: tuple[int, int] | None = None):
         """``precision``: bf16 runs every pack's layers under autocast (weights cast on use, so the
         host's fp32 weights and the gradients stay fp32), their outputs, stashes and messages in bf16,
         and the loss on fp32 logits, as ``numerics.precision`` does for the other schedules.
         ``delay_updates``: a ``U`` only holds its layers back (their gradients stay on the host tier);
         the runner updates them all once the global gradient norm is known (clipping, harmony_dp).
-        ``stash_tag``: added to the stash files' names (harmony_dp: replicas share the host folder)."""
-        self.delay_updates, self.stash_tag = delay_updates, stash_tag
+        ``stash_tag``: added to the stash files' names (harmony_dp: replicas share the host folder).
+        ``dropout``: (seed, this rank's first global micro-batch) when the layers draw dropout masks:
+        each layer's training forward then runs on the RNG seeded by ``dropout_seed``.
+        """
+        self.delay_updates, self.stash_tag, self.dropout = delay_updates, stash_tag, dropout
         self.config, self.rank, self.state, self.p2p = config, rank, state, p2p
         self.precision = precision or MixedPrecision("fp32", state.device.device.type)
         self.loss_fn = self.precision.fp32_loss(loss_fn)
@@ -103,9 +119,9 @@ class HarmonyExecutor:
 
     # --- the walk ----------------------------------------------------------------------------
     def run(self, actions: list[Action], batches: dict[int, Any], loss_scale: float, train: bool = True,
-            optimizer: torch.optim.Optimizer | None = None) -> _Iteration:
+            optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> _Iteration:
         self.shapes = input_shapes(batches)
-        it = _Iteration(batches, loss_scale, train)
+        it = _Iteration(batches, loss_scale, train, step=step)
         actions = self._issue_order(actions)
         for index, action in enumerate(actions):
             start = self.clock()
@@ -252,14 +268,24 @@ class HarmonyExecutor:
             it.local[(kind, microbatch, task + 1)] = tensor
 
     # --- compute -----------------------------------------------------------------------------
-    def _run_layers(self, layers: range, x: torch.Tensor, stash_at: dict[int, int] | None = None,
-                    microbatch: int = -1) -> torch.Tensor:
+    def _run_layers(self, layers: range, x: torch.Tensor, it: _Iteration, microbatch: int,
+                    stash_at: dict[int, int] | None = None) -> torch.Tensor:
         with self.precision.autocast() if self.precision.enabled else nullcontext():
             for layer in layers:
                 if stash_at and layer in stash_at:
                     self.tier.adopt(("s", stash_at[layer], microbatch), x.detach(), TensorClass.ACTIVATIONS)
-                x = boundary.call_layer(self.state.modules[layer], x)
+                with ExitStack() as rng:
+                    if self.dropout is not None and it.train:
+                        self._seed(rng, it.step, microbatch, layer)
+                    x = boundary.call_layer(self.state.modules[layer], x)
         return x
+
+    def _seed(self, stack: ExitStack, step: int, microbatch: int, layer: int) -> None:
+        """The layer's masks from its own seed; the run's RNG stream is left as it was."""
+        device = self.tier.device
+        stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
+        seed, first = self.dropout
+        torch.manual_seed(dropout_seed(seed, step, first + microbatch, layer))
 
     def _forward(self, a: Action, role: str, it: _Iteration) -> float:
         mb, task = a.microbatch, a.chunk
@@ -269,15 +295,15 @@ class HarmonyExecutor:
         if role == FORWARD:
             stash_at = {t.layers[0]: t.index for t in self.config.stashes(self.config.tasks[task])} if it.train else None
             with torch.no_grad():
-                out = self._run_layers(layers, x, stash_at, mb)
+                out = self._run_layers(layers, x, it, mb, stash_at)
             self._hand_on(_ACT, mb, task, out, it)
             return wait
         if not it.train:
             with torch.no_grad():
-                loss = self.loss_fn(self._run_layers(layers, x), targets)
+                loss = self.loss_fn(self._run_layers(layers, x, it, mb), targets)
         else:
             x = x.detach().requires_grad_(x.is_floating_point() and task > 0)
-            loss = self.loss_fn(self._run_layers(layers, x), targets)
+            loss = self.loss_fn(self._run_layers(layers, x, it, mb), targets)
             it.graphs[mb] = (x, loss)
         it.loss_sum += float(loss.detach())
         it.loss_count += 1
@@ -295,7 +321,7 @@ class HarmonyExecutor:
             stashed = self.tier.get(key)
             x = stashed.detach().requires_grad_(stashed.is_floating_point() and first > 0)
             with torch.enable_grad():
-                out = self._run_layers(self._layers(task), x)   # the recompute
+                out = self._run_layers(self._layers(task), x, it, mb)   # the recompute: the forward's masks
             grad_out, wait = self._take(_GRAD, mb, task, it)
             torch.autograd.backward(out, grad_out)
             self.tier.release(key)
@@ -330,7 +356,8 @@ class HarmonyRunner:
     def run_step(self, batches: dict[int, Any], grad_norm: bool) -> StepResult:
         lr = self.optimizer.param_groups[0]["lr"]
         before = self.executor.tier.counters.snapshot()
-        it = self.executor.run(self.actions, batches, 1.0 / self.microbatches, optimizer=self.optimizer)
+        it = self.executor.run(self.actions, batches, 1.0 / self.microbatches, optimizer=self.optimizer,
+                               step=self.steps)
         norm = self._held_updates(it.held) if self.executor.delay_updates else math.nan
         # the sum meets every rank after all its updates: no rank reads a pack's host weights for the
         # next forward before the update that owns them wrote them
@@ -369,4 +396,5 @@ class HarmonyRunner:
         return None
 
     def resume_at(self, step: int) -> None:
-        """Nothing to do: a flush leaves nothing in flight."""
+        """Nothing is in flight after a step; the step count seeds the dropout masks."""
+        self.steps = step

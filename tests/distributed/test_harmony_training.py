@@ -9,7 +9,7 @@ import math
 import pytest
 
 from pipedream.offload import Direction, TensorClass
-from tests.support.harmony_harness import harmony_resume_rank, harmony_train_rank
+from tests.support.harmony_harness import harmony_resume_rank, harmony_train_rank, seeded_dropout_reference
 from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
 from tests.support.workers import run_workers
 
@@ -197,6 +197,23 @@ def test_harmony_dp_on_two_devices_matches_single_process(tmp_path):
             assert 0 < memory["peak_resident_bytes"] <= budget
             # each device swaps the whole model in for its forward and its backward tasks
             assert memory["swap_bytes_last_step"]["weights"][H2D] > 0
+
+
+@pytest.mark.slow
+def test_dropout_masks_are_replayed_by_the_recompute(tmp_path):
+    """Dropout 0.2: every layer forward draws from a seed of (step, micro-batch, layer), so the
+    backward task's recompute, on another rank, replays the forward task's masks; harmony_pp on 2
+    devices and harmony_dp on 2 equal single-process training under the same seeds, which plain
+    single-process training (one RNG stream) is far from."""
+    dropout = GPT + ["model.dropout=0.2", "schedule.forward_packs=[3,3,2]", "schedule.backward_packs=[1,2,3,2]"]
+    pp = dropout + ["parallel.pp=2"]
+    dp = [o for o in dropout if o != "schedule=harmony_pp"] + ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2"]
+    per_rank = run_workers(harmony_train_rank, 2, [(pp, str(tmp_path / "pp")), (dp, str(tmp_path / "dp"))])
+    reference = seeded_dropout_reference(pp)
+    for index in range(2):
+        merged = merge_params([rank_results[index] for rank_results in per_rank])
+        assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]}, reference)
+    assert reference_training(pp)["losses"][0] != pytest.approx(reference["losses"][0], rel=1e-3)
 
 
 @pytest.mark.slow

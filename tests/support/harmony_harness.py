@@ -71,3 +71,45 @@ def harmony_resume_rank(rank: int, world_size: int, overrides: list[str], root: 
     finally:
         shutdown()
     return {"full": full, "resumed": resumed}
+
+
+def seeded_dropout_reference(overrides: list[str]) -> dict[str, Any]:
+    """Single-process training (fp32, no clipping) whose every layer forward draws its dropout
+    masks from ``dropout_seed(seed, step, micro-batch, layer)``, as harmony runs do; no recompute."""
+    import torch
+
+    from models import build_model
+    from pipedream.config.run_spec import OPTIMIZERS
+    from pipedream.config.specs import OptimSpec, TrainSpec
+    from pipedream.data.batching import GlobalBatchOrder, microbatches
+    from pipedream.data.datasets import build_datasets
+    from pipedream.harmony.runner import dropout_seed
+    from pipedream.numerics.optim import build_optimizer, build_scheduler
+
+    cfg = compose_config(overrides)
+    seed = int(cfg.train.seed)
+    model = build_model(cfg.model, seed=seed)
+    network = model.build_sequential().train()
+    train_set, _ = build_datasets(cfg.model, cfg.data, seed)
+    order = GlobalBatchOrder(len(train_set), int(cfg.train.global_batch_size), seed)
+    train = TrainSpec.from_config(cfg)
+    optimizer = build_optimizer(OptimSpec.from_config(cfg, OPTIMIZERS), list(network.parameters()), train.lr)
+    scheduler = build_scheduler(optimizer, train)
+    losses = []
+    for step in range(int(cfg.train.steps)):
+        optimizer.zero_grad(set_to_none=True)
+        parts = microbatches(train_set, order.indices(step), int(cfg.train.micro_batch_size))
+        total = 0.0
+        for index, (x, targets) in enumerate(parts):
+            for layer, module in enumerate(network):
+                with torch.random.fork_rng(devices=[]):
+                    torch.manual_seed(dropout_seed(seed, step, index, layer))
+                    x = module(x)
+            loss = model.loss_fn(x, targets)
+            (loss / len(parts)).backward()
+            total += float(loss.detach())
+        optimizer.step()
+        scheduler.step()
+        losses.append(total / len(parts))
+    params = {name: p.detach().clone() for name, p in network.named_parameters(remove_duplicate=False)}
+    return {"params": params, "losses": losses}

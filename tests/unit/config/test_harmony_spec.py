@@ -75,7 +75,6 @@ def test_other_schedules_have_no_harmony_section():
     (["parallel.pp=1", "parallel.tp=2"], "parallel.tp = 2 is not supported"),
     (["parallel.vpp=2"], "needs schedule=interleaved"),
     (["precision=fp16"], "precision=fp16 is not supported with schedule=harmony_pp: use precision=bf16"),
-    (["model.dropout=0.1"], "model.dropout = 0.1 is not supported"),
     (["checkpoint.every=5", "schedule.forward_packs=[8]", "schedule.backward_packs=[8]"],
      "checkpoints with schedule=harmony_pp need at least parallel.pp = 2 backward packs"),
     (["schedule.forward_packs=[4,3]"], "forward_packs = [4, 3] sum to 7 layers but the model has 8"),
