@@ -67,8 +67,6 @@ def _refusals(cfg: Any, layout: ParallelLayout, precision: str, info: ScheduleIn
          f"train.grad_clip = {get('train.grad_clip')} without schedule.clip_delays_updates=true",
          "set schedule.clip_delays_updates=true (every pack's update waits for the global gradient norm, at the end "
          "of the iteration) or train.grad_clip=0 (each pack is updated right after its backward)"),
-        (bool(get("model.tie_embeddings")), "model.tie_embeddings=true",
-         "set model.tie_embeddings=false (the tied head is updated before the embedding's gradient exists)"),
         (family is not None and family.batch_norm, f"model={get('model.name')}",
          "use model=vgg16 or a GPT (BatchNorm statistics would be updated again by the recompute)"),
         (get("model._target_") is not None, "model._target_", "use a built-in model"),

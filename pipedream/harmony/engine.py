@@ -83,7 +83,8 @@ class HarmonyEngine:
         layers = sorted({layer for t in mine for layer in range(*t.layers)})
         owned = ({layer for layer in layers if layer % count == rank} if replicas else
                  {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)})
-        modules = model.build(layers)   # on the host: parameters reach the device only by swaps
+        # untied, one module each: a tied member swaps in its group's first member's host weights (PackState)
+        modules = {i: model.build_layer(i) for i in layers}   # on the host: parameters reach the device by swaps
         for i, module in modules.items():
             if any(True for _ in module.buffers()):
                 raise ConfigError(f"layer {i} of {model.name} has buffers (e.g. BatchNorm statistics), which "
@@ -95,7 +96,7 @@ class HarmonyEngine:
             weakref.finalize(self, shutil.rmtree, self.host_dir, True)
         host = HostTier(self.host_dir, pin=device.type == "cuda")   # async swaps need page-locked memory
         self.tier = DeviceTier(host, device, spec.harmony.device_budget_bytes)
-        self.state = PackState(modules, owned, host, self.tier, dist.barrier, replicas)
+        self.state = PackState(modules, owned, host, self.tier, dist.barrier, replicas, model.tied)
         # a rank that owns no layer still keeps the learning-rate schedule (an empty placeholder)
         params = list(self.state.host_params.values()) or [nn.Parameter(torch.zeros(0))]
         self.optimizer = build_optimizer(optim, params, float(train.lr))
@@ -110,7 +111,8 @@ class HarmonyEngine:
         executor = HarmonyExecutor(config, device_index, self.state, model.loss_fn, layer_shapes,
                                    None if replicas else build_p2p_groups(spec.layout), recorder,
                                    getattr(recorder, "clock", time.perf_counter), precision,
-                                   spec.harmony.delay_updates, (f"r{rank}",) if replicas else (),
+                                   spec.harmony.delay_updates or self.state.collective,
+                                   (f"r{rank}",) if replicas else (),
                                    (int(train.seed), rank * spec.microbatches if replicas else 0)
                                    if draws_dropout(modules.values()) else None)
         executor.connect(schedules)

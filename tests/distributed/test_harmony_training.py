@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from pipedream.offload import Direction, TensorClass
 from tests.support.harmony_harness import harmony_resume_rank, harmony_train_rank, seeded_dropout_reference
@@ -214,6 +215,24 @@ def test_dropout_masks_are_replayed_by_the_recompute(tmp_path):
         merged = merge_params([rank_results[index] for rank_results in per_rank])
         assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]}, reference)
     assert reference_training(pp)["losses"][0] != pytest.approx(reference["losses"][0], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_tied_embeddings_match_single_process(tmp_path):
+    """The tie spans the first and the last pack (on different ranks in harmony_pp): both swap in
+    one host master copy, whose owner steps it with the sum of both gradients once the iteration's
+    backward is over. harmony_pp with AdamW, harmony_dp with clipping."""
+    tied = [o for o in GPT if o != "model.tie_embeddings=false"] + ["model.tie_embeddings=true"]
+    pp = tied + ["parallel.pp=2", "optim=adamw", "train.lr=3e-3"]
+    dp = [o for o in tied if o != "schedule=harmony_pp"] + ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2",
+                                                            "train.grad_clip=0.5"]
+    per_rank = run_workers(harmony_train_rank, 2, [(pp, str(tmp_path / "pp")), (dp, str(tmp_path / "dp"))])
+    for index, overrides in enumerate((pp, dp)):
+        merged = merge_params([rank_results[index] for rank_results in per_rank])
+        reference = reference_training(overrides)
+        assert "7.weight" in reference["params"] and "0.wte.weight" in reference["params"]
+        assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]}, reference, atol=1e-5)
+        assert torch.equal(merged["7.weight"], merged["0.wte.weight"])
 
 
 @pytest.mark.slow

@@ -69,7 +69,6 @@ def test_other_schedules_have_no_harmony_section():
     (["train.grad_clip=1.0"], "train.grad_clip = 1.0 without schedule.clip_delays_updates=true is not supported with "
                               "schedule=harmony_pp: set schedule.clip_delays_updates=true"),
     (["schedule.clip_delays_updates=yes"], "schedule.clip_delays_updates = 'yes' must be true or false"),
-    (["model.tie_embeddings=true"], "model.tie_embeddings=true is not supported"),
     (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported with schedule=harmony_pp: set parallel.dp=1 "
                                          "(every device takes part in one wrap-around pipeline) or use schedule=harmony_dp"),
     (["parallel.pp=1", "parallel.tp=2"], "parallel.tp = 2 is not supported"),
