@@ -7,10 +7,9 @@ from __future__ import annotations
 import math
 
 import pytest
-import torch
 
 from pipedream.offload import Direction, TensorClass
-from tests.support.harmony_harness import harmony_resume_rank, harmony_train_rank, seeded_dropout_reference
+from tests.support.harmony_harness import harmony_train_rank
 from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training
 from tests.support.workers import run_workers
 
@@ -110,129 +109,6 @@ def test_vgg16_matches_single_process(tmp_path, devices):
     overrides = VGG + [f"parallel.pp={devices}", f"memory.device_budget_bytes={budget}"]
     per_rank = run_workers(harmony_train_rank, devices, [(overrides, str(tmp_path / "run"))], timeout=400)
     check_run(per_rank, 0, overrides, budget, range(15, 16))
-
-
-@pytest.mark.slow
-def test_bf16_and_clipping_match_their_single_process_references(tmp_path):
-    """bf16: fp32 host weights, gradients and optimizer state, packs computed under autocast with
-    bf16 outputs, stashes and messages; the tolerance of test_mixed_precision's pipelines (the same
-    operations on the same tensors), which fp32 training is far outside of. Clipping: every update
-    waits for the global norm, and the run equals single-process training with clip_grad_norm_."""
-    import torch
-
-    from tests.distributed.test_mixed_precision import TOLERANCE
-
-    overrides = GPT + ["parallel.pp=2", "precision=bf16", "schedule.forward_group=2"]
-    clipped = GPT + ["parallel.pp=2", "train.grad_clip=0.5",
-                     "schedule.clip_delays_updates=true", "schedule.backward_group=2"]
-    per_rank = run_workers(harmony_train_rank, 2, [(overrides, str(tmp_path / "bf16")),
-                                                   (overrides + ["precision=fp32"], str(tmp_path / "fp32")),
-                                                   (clipped, str(tmp_path / "clipped"))])
-    reference = reference_training(clipped)
-    assert_matches_reference({"params": merge_params([rank[2] for rank in per_rank]),
-                              "losses": per_rank[0][2]["losses"]}, reference)
-    unclipped = reference_training(clipped[:-1] + ["train.grad_clip=0"])   # the norm is above 0.5: clipping shows
-    assert unclipped["losses"][1] != pytest.approx(reference["losses"][1], rel=1e-3)
-
-    reference = reference_training(overrides)
-    torch.testing.assert_close(torch.tensor(per_rank[0][0]["losses"]), torch.tensor(reference["losses"]),
-                               rtol=TOLERANCE["loss_rtol"], atol=0)
-    params = merge_params([rank[0] for rank in per_rank])
-    assert set(params) == set(reference["params"])
-    for name, expected in reference["params"].items():
-        assert params[name].dtype == torch.float32   # the host's master weights
-        torch.testing.assert_close(params[name], expected, rtol=TOLERANCE["rtol"], atol=TOLERANCE["atol"], msg=name)
-    fp32 = merge_params([rank[1] for rank in per_rank])
-    assert max((fp32[name] - value).abs().max().item() for name, value in reference["params"].items()) \
-        > 10 * TOLERANCE["atol"]
-    # stashes travel in bf16 (half of fp32's bytes) but layer 0's (int64 token ids); weights and gradients stay fp32
-    def step_bytes(index: int, cls: str, direction: str) -> int:
-        return sum(r["memory"]["swap_bytes_last_step"][cls][direction] for r in per_rank[0][index]["summary"]["ranks"])
-
-    tokens = MICROBATCHES * 2 * 16 * 8   # micro-batch 2, sequence 16
-    assert 2 * (step_bytes(0, "activations", D2H) - tokens) == step_bytes(1, "activations", D2H) - tokens > 0
-    for cls, direction in (("weights", H2D), ("gradients", D2H), ("gradients", H2D)):
-        assert step_bytes(0, cls, direction) == step_bytes(1, cls, direction)
-
-
-@pytest.mark.slow
-def test_kill_and_resume_equals_the_uninterrupted_run(tmp_path):
-    """Host master weights and AdamW's state (on each layer's owner) are checkpointed; a run stopped
-    right after its step-2 checkpoint and resumed gives the same losses and weights, bit for bit."""
-    import json
-
-    import torch
-
-    overrides = GPT + ["parallel.pp=2", "optim=adamw", "train.lr=3e-3", "train.steps=4", "checkpoint.every=2",
-                       "schedule.backward_packs=[2,1,1,1,1,2]", "schedule.forward_packs=[4,2,2]"]
-    per_rank = run_workers(harmony_resume_rank, 2, overrides, str(tmp_path), 2)
-
-    def losses(name: str) -> list[float]:
-        return [json.loads(line)["loss"] for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-
-    assert len(losses("full")) == 4 and losses("resumed") == losses("full")   # steps 1-2, then 3-4 after the resume
-    full, resumed = (merge_params([{"params": r[run]} for r in per_rank]) for run in ("full", "resumed"))
-    assert set(full) == set(resumed) and len(full) > 0
-    for name, value in full.items():
-        assert torch.equal(resumed[name], value), name
-
-
-@pytest.mark.slow
-def test_harmony_dp_on_two_devices_matches_single_process(tmp_path):
-    """harmony_dp: each device runs every pack over its half of the micro-batches; the layers'
-    gradients meet on the host (summed by each layer's owner) and one update follows. With
-    AdamW (state on the owners) and with clipping (the norm over the summed gradients)."""
-    budget = budget_for(GPT, 0.75)
-    dp = [o for o in GPT if o != "schedule=harmony_pp"] + [
-        "schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2", f"memory.device_budget_bytes={budget}",
-        "schedule.forward_packs=[2,2,2,2]", "schedule.backward_packs=[1,1,2,2,2]"]
-    adamw = dp + ["optim=adamw", "train.lr=3e-3", "schedule.backward_group=1"]
-    clipped = dp + ["train.grad_clip=0.5"]
-    per_rank = run_workers(harmony_train_rank, 2, [(adamw, str(tmp_path / "adamw")),
-                                                   (clipped, str(tmp_path / "clipped"))])
-    for index, overrides in enumerate((adamw, clipped)):
-        merged = merge_params([rank_results[index] for rank_results in per_rank])
-        assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]},
-                                 reference_training(overrides), atol=1e-5)
-        for memory in (r["memory"] for r in per_rank[0][index]["summary"]["ranks"]):
-            assert 0 < memory["peak_resident_bytes"] <= budget
-            # each device swaps the whole model in for its forward and its backward tasks
-            assert memory["swap_bytes_last_step"]["weights"][H2D] > 0
-
-
-@pytest.mark.slow
-def test_dropout_masks_are_replayed_by_the_recompute(tmp_path):
-    """Dropout 0.2: every layer forward draws from a seed of (step, micro-batch, layer), so the
-    backward task's recompute, on another rank, replays the forward task's masks; harmony_pp on 2
-    devices and harmony_dp on 2 equal single-process training under the same seeds, which plain
-    single-process training (one RNG stream) is far from."""
-    dropout = GPT + ["model.dropout=0.2", "schedule.forward_packs=[3,3,2]", "schedule.backward_packs=[1,2,3,2]"]
-    pp = dropout + ["parallel.pp=2"]
-    dp = [o for o in dropout if o != "schedule=harmony_pp"] + ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2"]
-    per_rank = run_workers(harmony_train_rank, 2, [(pp, str(tmp_path / "pp")), (dp, str(tmp_path / "dp"))])
-    reference = seeded_dropout_reference(pp)
-    for index in range(2):
-        merged = merge_params([rank_results[index] for rank_results in per_rank])
-        assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]}, reference)
-    assert reference_training(pp)["losses"][0] != pytest.approx(reference["losses"][0], rel=1e-3)
-
-
-@pytest.mark.slow
-def test_tied_embeddings_match_single_process(tmp_path):
-    """The tie spans the first and the last pack (on different ranks in harmony_pp): both swap in
-    one host master copy, whose owner steps it with the sum of both gradients once the iteration's
-    backward is over. harmony_pp with AdamW, harmony_dp with clipping."""
-    tied = [o for o in GPT if o != "model.tie_embeddings=false"] + ["model.tie_embeddings=true"]
-    pp = tied + ["parallel.pp=2", "optim=adamw", "train.lr=3e-3"]
-    dp = [o for o in tied if o != "schedule=harmony_pp"] + ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2",
-                                                            "train.grad_clip=0.5"]
-    per_rank = run_workers(harmony_train_rank, 2, [(pp, str(tmp_path / "pp")), (dp, str(tmp_path / "dp"))])
-    for index, overrides in enumerate((pp, dp)):
-        merged = merge_params([rank_results[index] for rank_results in per_rank])
-        reference = reference_training(overrides)
-        assert "7.weight" in reference["params"] and "0.wte.weight" in reference["params"]
-        assert_matches_reference({"params": merged, "losses": per_rank[0][index]["losses"]}, reference, atol=1e-5)
-        assert torch.equal(merged["7.weight"], merged["0.wte.weight"])
 
 
 @pytest.mark.slow

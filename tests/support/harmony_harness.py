@@ -1,5 +1,6 @@
-"""Runs harmony_pp training on a rank and collects what the tests compare: the losses (rank 0),
-the host copies of the layers the rank owns, and its summary record."""
+"""Runs harmony_pp / harmony_dp training on a rank and collects what the tests compare: the losses
+(rank 0), the host copies of the layers the rank owns, and its summary record; a killed and
+resumed run; and the single-process reference with per-layer dropout seeds."""
 from __future__ import annotations
 
 import json
@@ -9,45 +10,44 @@ from typing import Any
 from pipedream.config.loading import compose_config
 
 
-def harmony_train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]]) -> list[dict[str, Any]]:
-    """Like ``training_harness.train_rank``: every (overrides, run_dir) in one process group."""
-    from pipedream.runtime.distributed import init_distributed, shutdown
+def _train(world_size: int, overrides: list[str], run_dir: str) -> dict[str, Any]:
+    from pipedream.runtime.distributed import init_distributed
     from pipedream.config.run_spec import build_run_spec
     from pipedream.trainer import train
 
+    cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
+    outcome = train(build_run_spec(cfg, world_size), init_distributed("cpu", 60))
+    losses = []
+    if outcome.engine.rank == 0:
+        losses = [json.loads(line)["loss"] for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+    return {"params": {k: v.clone() for k, v in outcome.engine.host_parameters().items()},
+            "losses": losses, "summary": outcome.summary if outcome.engine.rank == 0 else None}
+
+
+def harmony_train_rank(rank: int, world_size: int, runs: list[tuple[list[str], str]],
+                       resume: tuple[list[str], str, int] | None = None) -> list[dict[str, Any]]:
+    """Like ``training_harness.train_rank``: every (overrides, run_dir) in one process group. With
+    ``resume`` = (overrides, root, stop_after) the last result is ``resumed_runs``'s."""
+    from pipedream.runtime.distributed import init_distributed, shutdown
+
     init_distributed("cpu", 60)
-    results = []
     try:
-        for overrides, run_dir in runs:
-            cfg = compose_config(overrides + [f"train.run_dir={run_dir}"])
-            outcome = train(build_run_spec(cfg, world_size), init_distributed("cpu", 60))
-            losses = []
-            if rank == 0:
-                lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
-                losses = [json.loads(line)["loss"] for line in lines]
-            results.append({"params": {k: v.clone() for k, v in outcome.engine.host_parameters().items()},
-                            "losses": losses, "summary": outcome.summary if rank == 0 else None})
+        results = [_train(world_size, overrides, run_dir) for overrides, run_dir in runs]
+        if resume is not None:
+            results.append(resumed_runs(world_size, *resume))
     finally:
         shutdown()
     return results
 
 
-def harmony_resume_rank(rank: int, world_size: int, overrides: list[str], root: str, stop_after: int
-                        ) -> dict[str, Any]:
-    """In one process group: an uninterrupted run (``root``/full), a run that stops right after its
-    checkpoint of step ``stop_after`` (as if killed), and that run resumed with ``train.resume=auto``."""
+def resumed_runs(world_size: int, overrides: list[str], root: str, stop_after: int) -> dict[str, Any]:
+    """In the current process group: an uninterrupted run (``root``/full), a run that stops right
+    after its checkpoint of step ``stop_after`` (as if killed), and that run resumed with
+    ``train.resume=auto`` (``root``/resumed)."""
     from pipedream.checkpoint.store import RunCheckpoints
-    from pipedream.runtime.distributed import init_distributed, shutdown
-    from pipedream.config.run_spec import build_run_spec
-    from pipedream.trainer import train
 
     class Interrupted(Exception):
         pass
-
-    def run(extra: list[str], run_dir: str) -> dict[str, Any]:
-        cfg = compose_config(overrides + extra + [f"train.run_dir={run_dir}"])
-        outcome = train(build_run_spec(cfg, world_size), init_distributed("cpu", 60))
-        return {k: v.clone() for k, v in outcome.engine.host_parameters().items()}
 
     original = RunCheckpoints.after_step
 
@@ -56,21 +56,17 @@ def harmony_resume_rank(rank: int, world_size: int, overrides: list[str], root: 
         if steps_done == stop_after:
             raise Interrupted
 
-    init_distributed("cpu", 60)
+    full = _train(world_size, overrides, f"{root}/full")
+    RunCheckpoints.after_step = after_step
     try:
-        full = run([], f"{root}/full")
-        RunCheckpoints.after_step = after_step
-        try:
-            run([], f"{root}/resumed")
-            raise AssertionError("the interrupted run was not interrupted")
-        except Interrupted:
-            pass
-        finally:
-            RunCheckpoints.after_step = original
-        resumed = run(["train.resume=auto"], f"{root}/resumed")
+        _train(world_size, overrides, f"{root}/resumed")
+        raise AssertionError("the interrupted run was not interrupted")
+    except Interrupted:
+        pass
     finally:
-        shutdown()
-    return {"full": full, "resumed": resumed}
+        RunCheckpoints.after_step = original
+    resumed = _train(world_size, overrides + ["train.resume=auto"], f"{root}/resumed")
+    return {"full": full["params"], "resumed": resumed["params"]}
 
 
 def seeded_dropout_reference(overrides: list[str]) -> dict[str, Any]:
