@@ -1,5 +1,7 @@
 """Builds the model contract (``LayerModel``) from modules a user already has: an ``nn.Sequential``
-or a list of modules, a loss and one example batch (docs/models.md)."""
+or a list of modules, a loss and one example batch (docs/models.md). The modules keep
+``nn.Sequential``'s calling convention: what one returns, a tuple included, is the next one's one
+argument (``SequentialCall``)."""
 from __future__ import annotations
 
 import copy
@@ -11,17 +13,41 @@ from torch import nn
 from models.spec import LayerModel, PipelineSequential
 
 
-def pipeline_layers(modules: nn.Module | Iterable[nn.Module]) -> list[nn.Module]:
+CONTAINERS = (nn.Sequential, PipelineSequential)
+
+
+def pipeline_layers(modules: nn.Module | Iterable[nn.Module], unpacks: bool = False) -> list[nn.Module]:
     """The pipeline layers of ``modules``: nested plain ``nn.Sequential`` containers are flattened,
-    any other module (a subclass with its own ``forward`` included) is one layer."""
-    if isinstance(modules, nn.Module) and type(modules) not in (nn.Sequential, PipelineSequential):
-        return [modules]
+    any other module (a subclass with its own ``forward`` included) is one layer, called as its
+    container calls it: wrapped in ``SequentialCall``, unless the container is a
+    ``PipelineSequential`` (``unpacks``), which unpacks tuples as the runtime does."""
+    if isinstance(modules, nn.Module) and type(modules) not in CONTAINERS:
+        return [modules if unpacks else SequentialCall(modules)]
     layers: list[nn.Module] = []
     for module in modules:
         if not isinstance(module, nn.Module):
             raise TypeError(f"{type(module).__name__} is not a torch.nn.Module: a pipeline layer is a module")
-        layers.extend(pipeline_layers(module) if type(module) in (nn.Sequential, PipelineSequential) else [module])
+        layers.extend(pipeline_layers(module, type(modules) is PipelineSequential))
     return layers
+
+
+class SequentialCall(nn.Module):
+    """One module of a model given to ``from_modules``, called as ``nn.Sequential`` calls it. The
+    runtime unpacks a tuple into a layer's arguments (``LayerModel``'s convention, for layers written
+    as ``forward(self, hidden, mask)``); this packs them back, so the module receives the tuple as
+    its one argument, as in plain PyTorch. Its parameters are named ``module.<name>``."""
+
+    def __init__(self, module: nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs: Any) -> Any:
+        return self.module(inputs[0] if len(inputs) == 1 else inputs)
+
+
+def layer_type_name(layer: nn.Module) -> str:
+    """The class name of the user's module, through ``SequentialCall``."""
+    return type(layer.module if isinstance(layer, SequentialCall) else layer).__name__
 
 
 def shared_parameters(layers: list[nn.Module]) -> tuple[tuple[tuple[int, str], ...], ...]:
@@ -76,7 +102,8 @@ def from_modules(modules: nn.Module | Iterable[nn.Module], loss_fn: Callable[[An
     ``modules`` deterministically (the trainer seeds torch's RNG with ``train.seed`` around a
     plugin's build). A Parameter shared by several layers becomes a tied group. ``example_batch``
     is one (input, target) pair of batched tensors (or tuples of them): random batches for shape
-    inference and profiling follow its shapes, dtypes and integer ranges.
+    inference and profiling follow its shapes, dtypes and integer ranges. Each module is called as
+    ``modules`` would call it (``SequentialCall``): a tuple passed on is one argument.
     """
     layers = pipeline_layers(modules)
     if not layers:

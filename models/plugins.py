@@ -14,6 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from models import boundary
+from models.contract import layer_type_name
 from models.spec import LayerModel
 from models.errors import ConfigError
 from models.plugin_config import TARGET, plugin_target
@@ -109,11 +110,11 @@ def meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | N
             try:
                 value = boundary.call_layer(layer, value)
             except Exception as error:  # noqa: BLE001
-                raise ConfigError(f"{label}: {problem}: layer {index} ({type(layer).__name__}) fails on "
+                raise ConfigError(f"{label}: {problem}: layer {index} ({layer_type_name(layer)}) fails on "
                                   f"{describe(value)} ({_first_line(error)}): make layer {index} accept what "
                                   f"{'the batch input' if index == 0 else f'layer {index - 1}'} gives") from None
             if not is_boundary(value):
-                raise ConfigError(f"{label}: layer {index} ({type(layer).__name__}) returned {describe(value)}: a "
+                raise ConfigError(f"{label}: layer {index} ({layer_type_name(layer)}) returned {describe(value)}: a "
                                   f"layer returns a tensor or a tuple of tensors")
         try:
             loss = model.loss_fn(value, target)

@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 from pipedream.runtime.distributed import init_distributed, shutdown, world_size_from_env
 from pipedream.errors import FINAL_EXIT, REFUSED_EXIT, ConfigError, stderr_line
+from pipedream.config.loading import complete_model_config
 from pipedream.config.plan_config import apply_plan, check_plan_world_size
 from pipedream.observe.run_outputs import claim_run_dir
 from pipedream.config.run_spec import build_run_spec
@@ -31,6 +32,7 @@ def first_attempt_rank0() -> bool:
 def run(cfg: Any) -> int:
     """Validates, trains, and returns an exit code; errors become one line on stderr."""
     try:
+        cfg = complete_model_config(cfg)   # as compose_config does: @hydra.main composed this one
         check_plan_world_size(cfg, world_size_from_env())
         cfg = apply_plan(cfg)
         spec = build_run_spec(cfg, world_size_from_env())   # the last read of cfg: below, the spec only
@@ -43,8 +45,9 @@ def run(cfg: Any) -> int:
         stderr_line(f"error: {error}")
         return REFUSED_EXIT
     torch.set_num_threads(spec.train.threads)
-    from pipedream.lifecycle.failures import USER_ERRORS, debug_requested, failure_report, wait_for_peer_report  # late: fast errors
-    from pipedream.numerics.optim import NonFiniteError
+    # imported late: a refused configuration fails fast
+    from pipedream.lifecycle.failures import (AGREED_ERRORS, USER_ERRORS, debug_requested, failure_report,
+                                              wait_for_peer_report)
     from pipedream.trainer import train
     try:
         ctx = init_distributed(spec.device, spec.train.timeout_s)
@@ -52,7 +55,7 @@ def run(cfg: Any) -> int:
     except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
         rank = int(os.environ.get("RANK", "0"))
         wait_for_peer_report(error)
-        if rank == 0 or not isinstance(error, NonFiniteError):   # every rank sees a NaN: one line says it
+        if rank == 0 or not isinstance(error, AGREED_ERRORS):   # every rank sees a NaN, a failed save: one line
             stderr_line(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)))
         return FINAL_EXIT if isinstance(error, USER_ERRORS) else 1   # the launcher does not restart FINAL_EXIT
     finally:

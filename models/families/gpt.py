@@ -16,6 +16,9 @@ from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, Vocab
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
 
+from models.tensor_parallel.sequence import SequenceParallelLayerNorm, sequence_parallel_weight, sequence_range
+from models.tensor_parallel.transformer import sequence_region_dropout
+
 from models.families.transformer_facts import OPTIONAL_KEYS, option, transformer_pipeline_layers
 from models.spec import LayerModel, seeded
 
@@ -34,6 +37,23 @@ class Embedding(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         return self.drop(self.wte(tokens) + self.wpe(positions))
+
+
+class SequenceParallelEmbedding(nn.Module):
+    """The tensor-parallel embedding with sequence parallelism: the vocabulary-parallel lookup is
+    reduce-scattered so each rank holds its part of the sequence, which gets its own positions."""
+
+    def __init__(self, embedding: Embedding, tp: TensorParallel, rng: RNGTracker):
+        super().__init__()
+        self.tp, self.rng = tp, rng
+        self.wte = VocabParallelEmbedding.from_dense_weight(embedding.wte.weight.detach(), tp)
+        self.wpe, self.drop = embedding.wpe, embedding.drop
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        start, end = sequence_range(tokens.shape[1], self.tp)
+        positions = torch.arange(start, end, device=tokens.device)
+        x = self.wte(tokens) + F.embedding(positions, sequence_parallel_weight(self.wpe.weight, self.tp))
+        return sequence_region_dropout(self.drop, x, self.rng, self.tp)
 
 
 class CausalSelfAttention(nn.Module):
@@ -111,7 +131,7 @@ class ParallelHead(nn.Module):
     def __init__(self, head: Head, tp: TensorParallel):
         super().__init__()
         self.tp = tp
-        self.ln_f = head.ln_f
+        self.ln_f = SequenceParallelLayerNorm(head.ln_f, tp) if tp.sequence_parallel else head.ln_f
         spec = ShardSpec(dim=0, full_size=head.weight.shape[0])
         self.weight = mark_sharded(nn.Parameter(shard_tensor(head.weight.detach(), spec, tp)), spec)
         mark_replicated(self)
@@ -149,6 +169,8 @@ def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
 def parallelize_gpt_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker) -> nn.Module:
     """The tensor-parallel form of a dense GPT layer: exactly its slice on this rank. (A model too big
     for one device would initialise the shards directly under ``rng.fork`` instead of slicing.)"""
+    if isinstance(layer, Embedding) and tp.sequence_parallel:
+        return mark_replicated(SequenceParallelEmbedding(layer, tp, rng))
     if isinstance(layer, Embedding):
         layer.wte = VocabParallelEmbedding.from_dense_weight(layer.wte.weight.detach(), tp)
         return mark_replicated(layer)

@@ -11,10 +11,13 @@ Atomicity: a checkpoint is written into ``step_XXXXXXXX.partial/``; after every 
 file's size and CRC-32. A folder without the marker, or whose files differ from it (truncated, bit
 flips, zero-filled) or cannot be read, is skipped at load, with a warning, in favour of the previous
 complete one. Pruning removes the marker first, so a checkpoint half deleted by a kill is incomplete
-and goes at the next prune.
+and goes at the next prune. A write that fails (a full disk) fails the save on every rank at once:
+the half-written folder is removed and one CheckpointError names it, the cause and the newest
+complete checkpoint.
 """
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import warnings
@@ -84,7 +87,7 @@ def _agreed(rank: int, decide: Any) -> Any:
 
 
 def _first_error(error: BaseException | None) -> list[str | None]:
-    """Every rank's load error (one line each), so all ranks fall back together."""
+    """Every rank's error (one line each, None where none), so all ranks act together."""
     line = None
     if error is not None:  # DCP's CheckpointException carries each rank's traceback: its last line says what
         line = (str(error).strip().splitlines() or [type(error).__name__])[-1].strip()[:300]
@@ -181,30 +184,68 @@ def _dense_state(state: dict[str, Any], module: nn.Module, tp: Any) -> dict[str,
 
 def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.optim.Optimizer,
                     layout_key: str, extra: dict[str, Any], rank: int, keep: int, tp: Any = None) -> Path:
-    """Collective: every rank calls it. Returns the committed folder."""
+    """Collective: every rank calls it. Returns the committed folder. A write that fails on any rank
+    (a full disk, a file-size limit) raises CheckpointError on every rank, after the folder is removed:
+    the checkpoints committed before stay as they were."""
     final = step_dir(root, step)
     partial = final.with_name(final.name + ".partial")
+
+    def start() -> None:
+        if rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
+            partial.mkdir(parents=True, exist_ok=True)
+
+    def write_shards() -> None:
+        state = {"model": get_model_state_dict(module, options=OPTIONS),
+                 "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
+        if tp is not None and tp.size > 1:
+            state = _dense_state(state, module, tp)
+        state["optim"] = _with_tied_aliases(state["optim"], module)
+        dcp.save(state, checkpoint_id=str(partial))
+        # RNG streams are per rank and only meaningful for the same layout: kept beside DCP's files.
+        # Serialised in memory first: a failed write is then Python's OSError, not torch's opaque one
+        buffer = io.BytesIO()
+        torch.save({"layout": layout_key, "rng": rng_state()}, buffer)
+        (partial / f"rank{rank}.pt").write_bytes(buffer.getvalue())
+
+    def commit() -> None:
+        if rank == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            partial.rename(final)
+            (final / "extra.json").write_text(json.dumps(extra, indent=1, default=str))
+            (final / MARKER).write_text(json.dumps({"step": step, **manifest(final, MARKER)}))  # last: now it counts
+
+    # each phase ends when every rank knows every rank's outcome (a barrier); a failed one leaves nothing
+    for phase, written in ((start, (partial,)), (write_shards, (partial,)), (commit, (partial, final))):
+        _written_everywhere(phase, root, written, rank)
     if rank == 0:
-        shutil.rmtree(partial, ignore_errors=True)
-        partial.mkdir(parents=True, exist_ok=True)
-    dist.barrier()
-    state = {"model": get_model_state_dict(module, options=OPTIONS),
-             "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
-    if tp is not None and tp.size > 1:
-        state = _dense_state(state, module, tp)
-    state["optim"] = _with_tied_aliases(state["optim"], module)
-    dcp.save(state, checkpoint_id=str(partial))
-    # RNG streams are per rank and only meaningful for the same layout: kept beside DCP's files
-    torch.save({"layout": layout_key, "rng": rng_state()}, partial / f"rank{rank}.pt")
-    dist.barrier()
-    if rank == 0:
-        shutil.rmtree(final, ignore_errors=True)
-        partial.rename(final)
-        (final / "extra.json").write_text(json.dumps(extra, indent=1, default=str))
-        (final / MARKER).write_text(json.dumps({"step": step, **manifest(final, MARKER)}))  # last: now it counts
         prune(root, final, keep)
     dist.barrier()
     return final
+
+
+def _written_everywhere(phase: Any, root: Path, folders: tuple[Path, ...], rank: int) -> None:
+    """Collective. Runs ``phase``; if its writes failed on any rank, rank 0 removes the half-written
+    ``folders`` and every rank raises one CheckpointError naming the folder and the cause."""
+    failure = None
+    try:
+        phase()
+    except (OSError, CheckpointException) as error:   # ENOSPC, EFBIG; DCP gathers its ranks' into one
+        failure = error
+    lines = _first_error(failure)
+    failed = next(((index, line) for index, line in enumerate(lines) if line), None)
+    if failed is None:
+        return
+    if rank == 0:
+        for folder in folders:
+            shutil.rmtree(folder, ignore_errors=True)
+    newest = [path for path in sorted(root.iterdir()) if path.name.startswith("step_")
+              and completeness_problem(path) is None] if root.is_dir() else []
+    kept = f"{newest[-1]} is the newest complete checkpoint" if newest else "no complete checkpoint was written before"
+    target = root / folders[0].name.removesuffix(".partial")
+    raise CheckpointError(f"checkpoint {target} could not be written (rank {failed[0]}: {failed[1]}): free space "
+                          f"on that disk, or set checkpoint.dir to one with room; {kept} (train.resume=auto "
+                          f"continues from it)")
 
 
 def _with_tied_aliases(optim_state: dict[str, Any], module: nn.Module) -> dict[str, Any]:

@@ -36,7 +36,27 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
     overrides = plugin_overrides(overrides)
 
     with initialize_config_dir(str(config_dir()), version_base=None):
-        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    return complete_model_config(cfg)
+
+
+def complete_model_config(cfg: Any) -> Any:
+    """Fills the model keys a family reads from the model's own files (``ModelFamily.config_from_files``,
+    e.g. ``model=hf``'s config.json) where the config leaves them null; a key given on the command
+    line stays. Raises ``ConfigError`` (one line) when those files cannot be read."""
+    from omegaconf import open_dict
+
+    from models.registry import known_family
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    family = known_family(model.get("name")) if model is not None else None
+    if family is None or family.config_from_files is None:
+        return cfg
+    derived = family.config_from_files(model)
+    with open_dict(model):
+        for key, value in derived.items():
+            if model.get(key) is None:
+                model[key] = value
+    return cfg
 
 
 def describe_missing_option(error: Exception) -> str:

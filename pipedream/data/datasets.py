@@ -1,5 +1,5 @@
-"""Training data: byte-level corpora (stdlib docs, text files, uint16 token files), synthetic data,
-and the deterministic global-batch order that every data-parallel rank slices its shard from.
+"""Training data: byte-level corpora (stdlib docs, text files), token files (uint16, or the dtype
+their meta.json records), synthetic data, and the datasets built from them.
 
 Nothing is downloaded: the default corpus is the documentation text that ships with Python.
 """
@@ -15,27 +15,9 @@ from models.family import IMAGES, MASKED_LM, TEACHER_REGRESSION
 from models.registry import model_family
 from models.families.transformer_facts import OPTIONAL_KEYS, mlm_mask_id, option
 
+from pipedream.data.corpora import encode_bytes, open_tokens, pydoc_text, read_text_path, read_token_meta
 from pipedream.data.plugins import plugin_datasets
 from pipedream.errors import ConfigError
-
-
-def encode_bytes(text: str) -> np.ndarray:
-    """Byte-level tokenizer: every UTF-8 byte is a token (vocabulary of 256)."""
-    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
-
-
-def pydoc_text() -> str:
-    from pydoc_data.topics import topics  # ~460 KB of English shipped with CPython
-    return "\n\n".join(topics[key] for key in sorted(topics))
-
-
-def read_text_path(path: Path) -> str:
-    if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file())
-        if not files:
-            raise ConfigError(f"data.path={str(path)!r} is an empty folder: point it at a text file or a folder of them")
-        return "\n\n".join(p.read_text(encoding="utf-8", errors="replace") for p in files)
-    return path.read_text(encoding="utf-8", errors="replace")
 
 
 def _existing(path_value: Any, what: str) -> Path:
@@ -62,12 +44,12 @@ def load_token_corpus(data_cfg: Any, vocab_size: int, seed: int) -> tuple[np.nda
         train, val = _split(encode_bytes(read_text_path(_existing(data_cfg.get("path"), "text file or folder"))),
                             val_fraction)
     elif name == "token_bin":
-        path = _existing(data_cfg.get("path"), "uint16 .bin file or a folder with train.bin and val.bin")
+        path = _existing(data_cfg.get("path"), "token .bin file or a folder with train.bin and val.bin")
+        meta = read_token_meta(path)
         if path.is_dir():
-            train = np.memmap(path / "train.bin", dtype=np.uint16, mode="r")
-            val = np.memmap(path / "val.bin", dtype=np.uint16, mode="r")
+            train, val = open_tokens(path / "train.bin", meta), open_tokens(path / "val.bin", meta)
         else:
-            train, val = _split(np.memmap(path, dtype=np.uint16, mode="r"), val_fraction)
+            train, val = _split(open_tokens(path, meta), val_fraction)
     elif name == "synthetic":
         rng = np.random.default_rng(seed)
         total = int(data_cfg["num_samples"]) * 64

@@ -22,6 +22,7 @@ from pipedream.errors import ConfigError, DataError, InvariantError
 from pipedream.numerics.optim import NonFiniteError
 
 USER_ERRORS = (ConfigError, DataError, NonFiniteError, CheckpointError)   # the message says it all
+AGREED_ERRORS = (NonFiniteError, CheckpointError)   # raised on every rank alike: rank 0's line says it
 PEER_REPORT_WAIT_S = 5.0   # torchrun checks its ranks every 0.1 s (--monitor-interval) and stops the rest
 GLOO_FAILURES = ("gloo/transport", "Connection closed by peer", "Connection reset by peer", "Timed out waiting",
                  "Application timeout caused pair closure")

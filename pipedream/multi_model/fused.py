@@ -18,7 +18,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from models.contract import meta_copy
+from models.contract import layer_type_name, meta_copy
 from models.spec import LayerModel
 
 from pipedream.errors import ConfigError
@@ -215,7 +215,7 @@ def check_fusable(model: FusedLayerModel, batch_size: int = 2) -> None:
         except Exception as error:   # noqa: BLE001 - any failure of the fused call is the reason to refuse
             text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             reason = text.split(". ")[0]
-            inner = type(layer.models[0]).__name__
+            inner = layer_type_name(layer.models[0])
             raise NotFusableError(f"layer {i} ({inner}) cannot run fused under torch.vmap: {reason}") from None
 
 

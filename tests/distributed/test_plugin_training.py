@@ -1,5 +1,6 @@
-"""Plugin models train like the built-in ones: the example project's model (two tensors, hidden
-states and a boolean padding mask, cross every stage boundary) matches single-process training
+"""Plugin models train like the built-in ones: the example project's model (an ``nn.Sequential``
+given to ``from_modules`` whose modules pass (hidden states, boolean padding mask) tuples on as one
+argument, as plain PyTorch calls them; both tensors cross every stage boundary) matches single-process training
 under 1F1B (with and without recomputation) and the interleaved schedule (fp32, the equality
 tolerance of the other tests)."""
 from __future__ import annotations
@@ -44,5 +45,5 @@ def test_a_parameter_shared_by_two_stages_matches_single_process(tmp_path):
             "train.lr=0.05", "parallel.pp=2"]
     per_rank = run_workers(train_rank, 2, [(tied, str(tmp_path / "tied"))])
     result = merge_params([rank_results[0] for rank_results in per_rank])
-    assert {"0.weight", "3.weight"} <= set(result)
+    assert {"0.module.weight", "3.module.weight"} <= set(result)
     assert_matches_reference({"params": result, "losses": per_rank[0][0]["losses"]}, reference_training(tied))

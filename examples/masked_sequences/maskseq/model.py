@@ -1,6 +1,6 @@
 """Classifies variable-length token sequences. Every layer after the embedding takes and returns
-(hidden states, padding mask), so two tensors cross each pipeline boundary: the float hidden
-states (with a gradient) and the boolean mask (without one)."""
+(hidden states, padding mask), one tuple as ``nn.Sequential`` passes it, so two tensors cross each
+pipeline boundary: the float hidden states (with a gradient) and the boolean mask (without one)."""
 from __future__ import annotations
 
 import torch
@@ -22,7 +22,8 @@ class Embed(nn.Module):
         self.tokens = nn.Embedding(vocab, width)
         self.positions = nn.Parameter(0.02 * torch.randn(max_len, width))
 
-    def forward(self, tokens: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, mask = inputs
         return self.tokens(tokens) + self.positions[: tokens.shape[1]], mask
 
 
@@ -37,7 +38,8 @@ class MixerBlock(nn.Module):
         self.down = nn.Linear(2 * width, width)
         self.context = nn.Linear(width, width)
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, mask = inputs
         x = self.norm(hidden)
         mixed = self.down(F.gelu(self.up(x))) + self.context(masked_mean(x, mask)).unsqueeze(1)
         return hidden + mixed * mask.unsqueeze(-1).to(hidden.dtype), mask
@@ -49,7 +51,8 @@ class Classifier(nn.Module):
         self.norm = nn.LayerNorm(width)
         self.out = nn.Linear(width, classes)
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        hidden, mask = inputs
         return self.out(masked_mean(self.norm(hidden), mask))
 
 

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from models import PipelineSequential, from_modules
+from models.contract import SequentialCall, layer_type_name
 from models import boundary
 from models.boundary import TupleSpec
 from pipedream.runtime.shapes import BoundaryShapes
@@ -15,13 +16,14 @@ from pipedream.runtime.stage import Stage
 
 
 class Scale(nn.Module):
-    """Takes and returns (hidden, mask): a two-tensor boundary."""
+    """Takes and returns (hidden, mask), one tuple as nn.Sequential passes it: a two-tensor boundary."""
 
     def __init__(self, width: int):
         super().__init__()
         self.linear = nn.Linear(width, width)
 
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, mask = inputs
         return torch.tanh(self.linear(hidden)) * mask.unsqueeze(-1), mask
 
 
@@ -31,7 +33,8 @@ class Split(nn.Module):
 
 
 class Pool(nn.Module):
-    def forward(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        hidden, mask = inputs
         return (hidden * mask.unsqueeze(-1)).sum(1)
 
 
@@ -45,7 +48,7 @@ def masked_model(width: int = 6):
 def test_nested_sequentials_flatten_into_pipeline_layers():
     layers, model = masked_model()
     assert model.num_layers == 5
-    assert [type(model.build_layer(i)).__name__ for i in range(5)] == ["Split", "Scale", "Scale", "Scale", "Pool"]
+    assert [layer_type_name(model.build_layer(i)) for i in range(5)] == ["Split", "Scale", "Scale", "Scale", "Pool"]
 
 
 def test_a_sequential_subclass_stays_one_layer():
@@ -60,17 +63,40 @@ def test_a_sequential_subclass_stays_one_layer():
 def test_the_built_model_equals_the_modules():
     layers, model = masked_model()
     x = torch.randn(3, 5, 6)
-    hidden, mask = layers[0](x)
-    for block in (*layers[1], layers[2]):
-        hidden, mask = block(hidden, mask)
-    torch.testing.assert_close(model.build_sequential()(x), layers[3](hidden, mask), rtol=0, atol=0)
+    torch.testing.assert_close(model.build_sequential()(x), layers(x), rtol=0, atol=0)
+
+
+def test_modules_are_called_as_nn_sequential_calls_them():
+    """The runtime unpacks a tuple into a layer's arguments; a from_modules layer packs it back, so
+    a module passing (hidden, mask) on gets it as one argument, in plain PyTorch and here alike."""
+    layer = SequentialCall(Scale(4))
+    hidden, mask = torch.randn(2, 3, 4), torch.ones(2, 3, dtype=torch.bool)
+    expected = layer.module((hidden, mask))
+    for got in (boundary.call_layer(layer, (hidden, mask)), layer((hidden, mask))):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    linear = SequentialCall(nn.Linear(4, 2))
+    torch.testing.assert_close(boundary.call_layer(linear, hidden), linear.module(hidden), rtol=0, atol=0)
+    assert [name for name, _ in layer.named_parameters()] == ["module.linear.weight", "module.linear.bias"]
+    first = nn.Sequential(nn.Identity(), Scale(4))   # a tuple as the model's input too
+    model = from_modules(first, F.mse_loss, ((hidden, mask), torch.randn(2, 3, 4)))
+    torch.testing.assert_close(model.build_sequential()((hidden, mask))[0], first((hidden, mask))[0], rtol=0, atol=0)
+
+
+def test_a_pipeline_sequential_keeps_unpacking():
+    class Add(nn.Module):
+        def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+            return a + b
+
+    model = from_modules(PipelineSequential(Add()), F.mse_loss, ((torch.ones(2), torch.ones(2)), torch.ones(2)))
+    assert type(model.build_layer(0)) is Add
+    torch.testing.assert_close(model.build_sequential()((torch.ones(2), torch.ones(2))), torch.full((2,), 2.0))
 
 
 def test_layers_are_fresh_copies_and_meta_builds_copy_no_data():
     layers, model = masked_model()
     first, second = model.build_layer(1), model.build_layer(1)
-    assert first is not second and first.linear.weight is not second.linear.weight
-    torch.testing.assert_close(first.linear.weight, layers[1][0].linear.weight, rtol=0, atol=0)
+    assert first is not second and first.module.linear.weight is not second.module.linear.weight
+    torch.testing.assert_close(first.module.linear.weight, layers[1][0].linear.weight, rtol=0, atol=0)
     with torch.device("meta"):
         meta = model.build()
     assert all(p.is_meta for layer in meta.values() for p in layer.parameters())
@@ -83,11 +109,11 @@ def test_shared_parameters_become_tied_groups():
     shared = nn.Linear(8, 8)
     model = from_modules([embed, shared, nn.ReLU(), nn.Sequential(shared)], F.mse_loss,
                          (torch.randn(2, 4), torch.randn(2, 8)))
-    assert model.tied == (((1, "weight"), (3, "weight")), ((1, "bias"), (3, "bias")))
+    assert model.tied == (((1, "module.weight"), (3, "module.weight")), ((1, "module.bias"), (3, "module.bias")))
     built = model.build()
-    assert built[1].weight is built[3].weight and built[1].bias is built[3].bias
+    assert built[1].module.weight is built[3].module.weight and built[1].module.bias is built[3].module.bias
     alone = model.build([3])
-    torch.testing.assert_close(alone[3].weight, shared.weight, rtol=0, atol=0)
+    torch.testing.assert_close(alone[3].module.weight, shared.weight, rtol=0, atol=0)
 
 
 def test_make_batch_follows_the_example():

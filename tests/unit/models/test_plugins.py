@@ -140,6 +140,6 @@ def test_a_measured_profile_counts_every_member_of_a_tuple(monkeypatch):
 def test_parameters_tied_across_stages_are_refused_by_the_asynchronous_schedules():
     tied = ["model._target_=tests.support.plugin_cases.tied_across_layers", "data._target_=tests.support.plugin_cases.tied_data"]
     assert spec_of(*tied).num_layers == 4   # 1F1B all-reduces the tied gradients
-    with pytest.raises(ConfigError, match=r"ties weight of layer 0 to layer 3 across stages \[0, 1\], which "
+    with pytest.raises(ConfigError, match=r"ties module.weight of layer 0 to layer 3 across stages \[0, 1\], which "
                                           r"schedule=2bw updates at different times"):
         spec_of(*tied, "schedule=2bw")

@@ -138,7 +138,7 @@ def test_batch_norm_keeps_each_models_running_statistics():
     for k, member in enumerate(members):
         alone = member.build_sequential()
         torch.testing.assert_close(value[k], alone(x[k]))
-        torch.testing.assert_close(layers[1].models[k].running_var, alone[1].running_var)
+        torch.testing.assert_close(layers[1].models[k].module.running_var, alone[1].module.running_var)
 
 
 def test_different_architectures_are_refused():
