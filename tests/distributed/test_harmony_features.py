@@ -38,8 +38,9 @@ RUNS = {
     "dropout_pp": dropout(PP2),
     "dropout_dp": dropout(DP2),
 }
-# AdamW's step, checkpointed on each layer's owner; stopped after step 2 of 4 and resumed
-RESUME = PP2 + ["optim=adamw", "train.lr=3e-3", "train.steps=4", "checkpoint.every=2",
+# AdamW's step, checkpointed on each layer's owner (the tied head's master copy on the embedding's);
+# stopped after step 2 of 4 and resumed
+RESUME = tied(PP2) + ["optim=adamw", "train.lr=3e-3", "train.steps=4", "checkpoint.every=2",
                 "schedule.forward_packs=[4,2,2]", "schedule.backward_packs=[2,1,1,1,1,2]"]
 
 
@@ -126,13 +127,16 @@ def test_dropout_masks_are_replayed_by_the_recompute(runs, name):
     run = runs[name]
     reference = seeded_dropout_reference(run["overrides"])
     assert_matches_reference(run, reference)
-    assert reference_training(run["overrides"])["losses"][0] != pytest.approx(reference["losses"][0], rel=1e-3)
+    torch.manual_seed(0)   # the plain reference draws from the global stream: the same masks every time
+    plain = reference_training(run["overrides"])["params"]
+    assert max((plain[key] - value).abs().max().item() for key, value in reference["params"].items()) > 1e-4
 
 
 @pytest.mark.slow
 def test_kill_and_resume_equals_the_uninterrupted_run(runs):
-    """Host master weights and AdamW's state (on each layer's owner) are checkpointed; the run
-    stopped right after its step-2 checkpoint and resumed gives the same losses and weights."""
+    """Host master weights and AdamW's state (on each layer's owner; a tied group's once, by its
+    first member's owner) are checkpointed; the run stopped right after its step-2 checkpoint and
+    resumed gives the same losses and weights, bit for bit."""
     root = runs["resume"]["root"]
 
     def losses(name: str) -> list[float]:
@@ -140,6 +144,6 @@ def test_kill_and_resume_equals_the_uninterrupted_run(runs):
 
     assert len(losses("full")) == 4 and losses("resumed") == losses("full")   # steps 1-2, then 3-4 after the resume
     full, resumed = (merge_params([{"params": r[run]} for r in runs["resume"]["ranks"]]) for run in ("full", "resumed"))
-    assert set(full) == set(resumed) and len(full) > 0
+    assert set(full) == set(resumed) and "7.weight" in full
     for name, value in full.items():
         assert torch.equal(resumed[name], value), name
