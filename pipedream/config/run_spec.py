@@ -288,7 +288,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         if replicas:
             pipedream_replicated(replicas, microbatches)
         elif info.memory_virtualised:
-            harmony = harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")))
+            harmony = harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")), info)
         else:
             build_schedule(schedule, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:

@@ -25,9 +25,10 @@ from models.boundary import dtypes, to_device
 from pipedream.errors import ConfigError
 from pipedream.runtime.groups import build_p2p_groups
 from pipedream.harmony.runner import HarmonyExecutor, HarmonyRunner
-from pipedream.harmony.state import PackState
+from pipedream.harmony.state import PackState, Replicas
 from pipedream.offload import DeviceTier, HostTier
 from pipedream.numerics.optim import build_optimizer, build_scheduler
+from pipedream.numerics.precision import MixedPrecision
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.runner import StepResult
 from pipedream.schedules.actions import Action, Kind
@@ -35,6 +36,14 @@ from pipedream.schedules.harmony import BACKWARD, FORWARD, JIT, harmony_pp
 from pipedream.runtime.shapes import BoundaryShapes
 from pipedream.config.specs import OptimSpec, TrainSpec
 from pipedream.runtime.stage import StashStats
+
+def draws_dropout(modules) -> bool:
+    """Whether any layer draws random masks in training (``nn.Dropout`` or an attention core's
+    dropout probability)."""
+    return any((isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0) or
+               (isinstance(getattr(m, "dropout", None), float) and m.dropout > 0)
+               for module in modules for m in module.modules())
+
 
 _EVAL_KINDS = frozenset({Kind.SWAP_IN, Kind.SWAP_OUT, Kind.PREFETCH, Kind.FWD, Kind.SEND_ACT, Kind.RECV_ACT})
 
@@ -65,20 +74,29 @@ class HarmonyEngine:
         config = spec.harmony.config
         self.config = config
         self.coords = spec.layout.coords(rank)
-        mine = [t for t in config.tasks if t.device == rank]
+        count = spec.harmony.replicas
+        # harmony_dp: this rank runs the one-device list (device 0 of the config) on its micro-batches
+        # and owns (updates) the layers l with l mod replicas == its index
+        replicas = Replicas(count, rank) if count > 1 else None
+        device_index = 0 if replicas else rank
+        mine = [t for t in config.tasks if t.device == device_index]
         layers = sorted({layer for t in mine for layer in range(*t.layers)})
-        owned = {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)}
-        modules = model.build(layers)   # on the host: parameters reach the device only by swaps
+        owned = ({layer for layer in layers if layer % count == rank} if replicas else
+                 {layer for t in mine if t.role in (JIT, BACKWARD) for layer in range(*t.layers)})
+        # untied, one module each: a tied member swaps in its group's first member's host weights (PackState)
+        modules = {i: model.build_layer(i) for i in layers}   # on the host: parameters reach the device by swaps
         for i, module in modules.items():
             if any(True for _ in module.buffers()):
                 raise ConfigError(f"layer {i} of {model.name} has buffers (e.g. BatchNorm statistics), which "
-                                  f"schedule=harmony_pp does not keep on the host tier: use a model without them")
+                                  f"schedule={spec.schedule.name} does not keep on the host tier: use a model without them")
+        precision = MixedPrecision(spec.precision.name, device.type)
+        precision.apply(list(modules.values()))   # bf16: each layer's output leaves in bf16
         self.host_dir = shared_host_dir(rank)
         if rank == 0:
             weakref.finalize(self, shutil.rmtree, self.host_dir, True)
         host = HostTier(self.host_dir, pin=device.type == "cuda")   # async swaps need page-locked memory
         self.tier = DeviceTier(host, device, spec.harmony.device_budget_bytes)
-        self.state = PackState(modules, owned, host, self.tier, dist.barrier)
+        self.state = PackState(modules, owned, host, self.tier, dist.barrier, replicas, model.tied)
         # a rank that owns no layer still keeps the learning-rate schedule (an empty placeholder)
         params = list(self.state.host_params.values()) or [nn.Parameter(torch.zeros(0))]
         self.optimizer = build_optimizer(optim, params, float(train.lr))
@@ -86,15 +104,23 @@ class HarmonyEngine:
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
         layer_shapes = BoundaryShapes(model, [(i, i + 1) for i in range(model.num_layers)], input_dtype)
         schedules = harmony_pp(config)
-        self.actions = schedules[rank]
+        self.actions = schedules[device_index]
         self.eval_actions = evaluation_actions(self.actions, config)
-        # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL)
-        executor = HarmonyExecutor(config, rank, self.state, model.loss_fn, layer_shapes,
-                                   build_p2p_groups(spec.layout), recorder, getattr(recorder, "clock", time.perf_counter))
+        # one group per direction, as the other schedules (stream_model: one group would deadlock on NCCL);
+        # harmony_dp sends nothing between devices
+        executor = HarmonyExecutor(config, device_index, self.state, model.loss_fn, layer_shapes,
+                                   None if replicas else build_p2p_groups(spec.layout), recorder,
+                                   getattr(recorder, "clock", time.perf_counter), precision,
+                                   spec.harmony.delay_updates or self.state.collective,
+                                   (f"r{rank}",) if replicas else (),
+                                   (int(train.seed), rank * spec.microbatches if replicas else 0)
+                                   if draws_dropout(modules.values()) else None)
         executor.connect(schedules)
-        self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches,
-                                    self._global_sums)
+        # every replica's loss is scaled by one over the micro-batches of all of them: their sum is the mean
+        self.runner = HarmonyRunner(executor, self.actions, self.optimizer, self.scheduler, spec.microbatches * count,
+                                    self._global_sums, float(train.grad_clip))
         self.layer_modules = list(modules.values())
+        self._owned_modules = self.state.owned_modules()
         self.tp = None   # harmony_pp does not split layers over tensor-parallel ranks
         self._stash_stats = StashStats()   # empty: the device tier counts the stashes (memory_report)
 
@@ -113,7 +139,7 @@ class HarmonyEngine:
 
     @property
     def loss_scaler(self) -> None:
-        """harmony_pp runs in fp32 only: no loss scale."""
+        """fp32 or bf16 only (fp16 is refused): no loss scale."""
         return None
 
     @property
@@ -142,12 +168,13 @@ class HarmonyEngine:
         return None
 
     def resume_at(self, step: int) -> None:
+        dist.barrier()   # every owner has loaded its layers into the shared host tier before anyone swaps one in
         self.runner.resume_at(step)
 
     def global_layers(self) -> dict[int, nn.Module]:
-        """None to save: the weights live on the host tier, which checkpoints do not hold yet (the
-        configuration refuses checkpoints with harmony_pp)."""
-        return {}
+        """What a checkpoint saves of this rank: the layers it owns, over the host master weights
+        that its optimizer steps (so the optimizer state is saved by the same names)."""
+        return self._owned_modules
 
     def comm_bytes(self) -> tuple[int, int]:
         return 0, 0   # the executor's messages are not counted

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -24,6 +25,7 @@ from pipedream.runtime.groups import DirectedGroups
 from pipedream.harmony.state import PackState
 from pipedream.offload import DeviceTier, SwapCounters, TensorClass
 from pipedream.numerics.optim import NonFiniteError
+from pipedream.numerics.precision import MixedPrecision
 from pipedream.runtime.runner import StepResult
 from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.harmony import BACKWARD, FORWARD, JIT, HarmonyConfig
@@ -31,6 +33,17 @@ from pipedream.schedules.issue_order import receives_at_group_start
 from pipedream.runtime.shapes import BoundaryShapes, input_shapes
 
 _ACT, _GRAD = 0, 1
+_MIX = 0x9E3779B97F4A7C15   # odd 64-bit constant: consecutive indices give unrelated seeds
+
+
+def dropout_seed(seed: int, step: int, microbatch: int, layer: int) -> int:
+    """The RNG seed of one layer's forward on one micro-batch of one step (0-based step and
+    global micro-batch index): a forward task and the backward task that recomputes the layer,
+    on whichever ranks, draw the same dropout masks, whatever the packs and devices."""
+    value = seed
+    for part in (step, microbatch, layer):
+        value = ((value * _MIX) ^ (part + 1)) % (1 << 63)
+    return value
 
 
 @dataclass
@@ -46,12 +59,28 @@ class _Iteration:
     incoming: dict[tuple[int, int, int], tuple[Any, torch.Tensor]] = field(default_factory=dict)
     sends: list[tuple[Any, torch.Tensor]] = field(default_factory=list)
     graphs: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)   # jit: mb -> (input, loss)
+    held: list[int] = field(default_factory=list)   # layers whose update waits for the global gradient norm
+    step: int = 0                                    # 0-based training step (dropout seeds)
 
 
 class HarmonyExecutor:
     def __init__(self, config: HarmonyConfig, rank: int, state: PackState, loss_fn: Callable, layer_shapes: BoundaryShapes,
-                 p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter):
-        self.config, self.rank, self.state, self.loss_fn, self.p2p = config, rank, state, loss_fn, p2p
+                 p2p: DirectedGroups | None, recorder=None, clock: Callable[[], float] = time.perf_counter,
+                 precision: MixedPrecision | None = None, delay_updates: bool = False, stash_tag: tuple = (),
+                 dropout: tuple[int, int] | None = None):
+        """``precision``: bf16 runs every pack's layers under autocast (weights cast on use, so the
+        host's fp32 weights and the gradients stay fp32), their outputs, stashes and messages in bf16,
+        and the loss on fp32 logits, as ``numerics.precision`` does for the other schedules.
+        ``delay_updates``: a ``U`` only holds its layers back (their gradients stay on the host tier);
+        the runner updates them all once the global gradient norm is known (clipping, harmony_dp).
+        ``stash_tag``: added to the stash files' names (harmony_dp: replicas share the host folder).
+        ``dropout``: (seed, this rank's first global micro-batch) when the layers draw dropout masks:
+        each layer's training forward then runs on the RNG seeded by ``dropout_seed``.
+        """
+        self.delay_updates, self.stash_tag, self.dropout = delay_updates, stash_tag, dropout
+        self.config, self.rank, self.state, self.p2p = config, rank, state, p2p
+        self.precision = precision or MixedPrecision("fp32", state.device.device.type)
+        self.loss_fn = self.precision.fp32_loss(loss_fn)
         self.tier: DeviceTier = state.device
         self.layer_shapes = layer_shapes   # bounds: one layer each, so stage_input(shape, l) is layer l's input
         self.placement = config.placement()
@@ -61,7 +90,7 @@ class HarmonyExecutor:
 
     # --- shapes and keys ---------------------------------------------------------------------
     def _spec(self, microbatch: int, layer: int) -> tuple[torch.Size, torch.dtype]:
-        spec = self.layer_shapes.stage_input(self.shapes[microbatch], layer)
+        spec = self.precision.on_wire(self.layer_shapes.stage_input(self.shapes[microbatch], layer))
         if isinstance(spec, boundary.TupleSpec):
             raise InvariantError(f"layer {layer} takes a tuple of tensors; schedule=harmony_pp passes one tensor")
         return spec
@@ -90,9 +119,9 @@ class HarmonyExecutor:
 
     # --- the walk ----------------------------------------------------------------------------
     def run(self, actions: list[Action], batches: dict[int, Any], loss_scale: float, train: bool = True,
-            optimizer: torch.optim.Optimizer | None = None) -> _Iteration:
+            optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> _Iteration:
         self.shapes = input_shapes(batches)
-        it = _Iteration(batches, loss_scale, train)
+        it = _Iteration(batches, loss_scale, train, step=step)
         actions = self._issue_order(actions)
         for index, action in enumerate(actions):
             start = self.clock()
@@ -140,7 +169,9 @@ class HarmonyExecutor:
         elif a.kind is Kind.BWD:
             return self._backward(a, role, it)
         elif a.kind is Kind.UPDATE:
-            if it.train:
+            if it.train and self.delay_updates:
+                it.held.extend(self._layers(a.chunk))
+            elif it.train:
                 self.state.update(self._layers(a.chunk), optimizer)
         elif a.kind in (Kind.SEND_ACT, Kind.SEND_GRAD):
             self._send(a, it)
@@ -169,7 +200,7 @@ class HarmonyExecutor:
 
     def _stash_key(self, microbatch: int, task: int) -> tuple:
         shape, dtype = self._spec(microbatch, self.config.tasks[task].layers[0])
-        return ("s", task, microbatch, *shape, str(dtype).rpartition(".")[2])
+        return ("s", task, microbatch, *shape, str(dtype).rpartition(".")[2], *self.stash_tag)
 
     def _stash_out(self, a: Action) -> None:
         """The stash the forward just adopted goes to the shared host tier. Its file is created once
@@ -237,13 +268,24 @@ class HarmonyExecutor:
             it.local[(kind, microbatch, task + 1)] = tensor
 
     # --- compute -----------------------------------------------------------------------------
-    def _run_layers(self, layers: range, x: torch.Tensor, stash_at: dict[int, int] | None = None,
-                    microbatch: int = -1) -> torch.Tensor:
-        for layer in layers:
-            if stash_at and layer in stash_at:
-                self.tier.adopt(("s", stash_at[layer], microbatch), x.detach(), TensorClass.ACTIVATIONS)
-            x = boundary.call_layer(self.state.modules[layer], x)
+    def _run_layers(self, layers: range, x: torch.Tensor, it: _Iteration, microbatch: int,
+                    stash_at: dict[int, int] | None = None) -> torch.Tensor:
+        with self.precision.autocast() if self.precision.enabled else nullcontext():
+            for layer in layers:
+                if stash_at and layer in stash_at:
+                    self.tier.adopt(("s", stash_at[layer], microbatch), x.detach(), TensorClass.ACTIVATIONS)
+                with ExitStack() as rng:
+                    if self.dropout is not None and it.train:
+                        self._seed(rng, it.step, microbatch, layer)
+                    x = boundary.call_layer(self.state.modules[layer], x)
         return x
+
+    def _seed(self, stack: ExitStack, step: int, microbatch: int, layer: int) -> None:
+        """The layer's masks from its own seed; the run's RNG stream is left as it was."""
+        device = self.tier.device
+        stack.enter_context(torch.random.fork_rng(devices=[device] if device.type == "cuda" else []))
+        seed, first = self.dropout
+        torch.manual_seed(dropout_seed(seed, step, first + microbatch, layer))
 
     def _forward(self, a: Action, role: str, it: _Iteration) -> float:
         mb, task = a.microbatch, a.chunk
@@ -253,15 +295,15 @@ class HarmonyExecutor:
         if role == FORWARD:
             stash_at = {t.layers[0]: t.index for t in self.config.stashes(self.config.tasks[task])} if it.train else None
             with torch.no_grad():
-                out = self._run_layers(layers, x, stash_at, mb)
+                out = self._run_layers(layers, x, it, mb, stash_at)
             self._hand_on(_ACT, mb, task, out, it)
             return wait
         if not it.train:
             with torch.no_grad():
-                loss = self.loss_fn(self._run_layers(layers, x), targets)
+                loss = self.loss_fn(self._run_layers(layers, x, it, mb), targets)
         else:
             x = x.detach().requires_grad_(x.is_floating_point() and task > 0)
-            loss = self.loss_fn(self._run_layers(layers, x), targets)
+            loss = self.loss_fn(self._run_layers(layers, x, it, mb), targets)
             it.graphs[mb] = (x, loss)
         it.loss_sum += float(loss.detach())
         it.loss_count += 1
@@ -279,7 +321,7 @@ class HarmonyExecutor:
             stashed = self.tier.get(key)
             x = stashed.detach().requires_grad_(stashed.is_floating_point() and first > 0)
             with torch.enable_grad():
-                out = self._run_layers(self._layers(task), x)   # the recompute
+                out = self._run_layers(self._layers(task), x, it, mb)   # the recompute: the forward's masks
             grad_out, wait = self._take(_GRAD, mb, task, it)
             torch.autograd.backward(out, grad_out)
             self.tier.release(key)
@@ -293,7 +335,7 @@ class HarmonyExecutor:
 class HarmonyRunner:
     """The engine's runner for harmony_pp: the same interface as ``runner.FlushRunner``."""
 
-    global_grad_norm = False   # packs update as their backward ends: there is no global norm to clip by
+    global_grad_norm = False   # not the pipeline engine's norm group: the runner clips by its own sums
     weight_versions = 1
 
     @staticmethod
@@ -301,7 +343,9 @@ class HarmonyRunner:
         return 1
 
     def __init__(self, executor: HarmonyExecutor, actions: list[Action], optimizer: torch.optim.Optimizer,
-                 scheduler: Any, microbatches: int, global_sums: Callable[..., list[float]]):
+                 scheduler: Any, microbatches: int, global_sums: Callable[..., list[float]], grad_clip: float = 0.0):
+        """``grad_clip`` > 0 needs the executor's ``delay_updates``: the norm covers every pack."""
+        self.grad_clip = grad_clip
         self.executor, self.actions = executor, actions
         self.optimizer, self.scheduler, self.microbatches = optimizer, scheduler, microbatches
         self.global_sums = global_sums
@@ -312,7 +356,9 @@ class HarmonyRunner:
     def run_step(self, batches: dict[int, Any], grad_norm: bool) -> StepResult:
         lr = self.optimizer.param_groups[0]["lr"]
         before = self.executor.tier.counters.snapshot()
-        it = self.executor.run(self.actions, batches, 1.0 / self.microbatches, optimizer=self.optimizer)
+        it = self.executor.run(self.actions, batches, 1.0 / self.microbatches, optimizer=self.optimizer,
+                               step=self.steps)
+        norm = self._held_updates(it.held) if self.executor.delay_updates else math.nan
         # the sum meets every rank after all its updates: no rank reads a pack's host weights for the
         # next forward before the update that owns them wrote them
         loss_sum, count = self.global_sums(it.loss_sum, float(it.loss_count))
@@ -322,7 +368,24 @@ class HarmonyRunner:
         loss = loss_sum / count
         if not math.isfinite(loss):
             raise NonFiniteError(f"training loss is {loss}: stopped; lower train.lr or check the data")
-        return StepResult(loss=loss, grad_norm=math.nan, lr=lr)
+        return StepResult(loss=loss, grad_norm=norm, lr=lr)
+
+    def _held_updates(self, layers: list[int]) -> float:
+        """Delayed updates: the global norm from every rank's owned final gradients (each layer has
+        one owner; harmony_dp sums the replicas' first), the gradients scaled as ``clip_grad_norm_``
+        would, then one step of them all."""
+        state = self.executor.state
+        owned = [layer for layer in dict.fromkeys(layers) if layer in state.owned]
+        grads = state.final_gradients(owned)
+        (squares,) = self.global_sums(state.gradient_squares(grads))
+        norm = math.sqrt(squares)
+        if not math.isfinite(norm):
+            raise NonFiniteError(f"gradient norm is {norm}: training stopped; lower train.lr and check the data")
+        coef = self.grad_clip / (norm + 1e-6)
+        if self.grad_clip > 0 and coef < 1.0:
+            state.scale_gradients(grads, coef)
+        state.update(owned, self.optimizer, grads)
+        return norm
 
     def evaluate(self, actions: list[Action], batches: dict[int, Any]) -> float:
         it = self.executor.run(actions, batches, 1.0, train=False)
@@ -333,4 +396,5 @@ class HarmonyRunner:
         return None
 
     def resume_at(self, step: int) -> None:
-        """Nothing to do: a flush leaves nothing in flight."""
+        """Nothing is in flight after a step; the step count seeds the dropout masks."""
+        self.steps = step

@@ -92,10 +92,11 @@ class DeviceTier:
             entry.ready = None
         return entry.tensor
 
-    def prefetch(self, key: Hashable, cls: TensorClass) -> bool:
-        """Start copying ``key`` to the device ahead of its use; False (nothing done) when it is
-        already there or does not fit now: the later ``swap_in`` then copies it."""
-        source = self.host.get(key)
+    def prefetch(self, key: Hashable, cls: TensorClass, host_key: Hashable | None = None) -> bool:
+        """Start copying host tensor ``host_key`` (default: the same key) to the device as ``key``
+        ahead of its use; False (nothing done) when it is already there or does not fit now: the
+        later ``swap_in`` then copies it."""
+        source = self.host.get(key if host_key is None else host_key)
         if key in self._resident or not self.fits(source.nbytes):
             return False
         self._reserve(key, source.nbytes, cls)

@@ -21,6 +21,7 @@ from pipedream.schedules import (ASYNC_SCHEDULES, HARMONY_SCHEDULES, SPLIT_BACKW
                                  all_schedules, build_schedule, harmony_config, harmony_pp, schedule_placement)
 from pipedream.schedules.actions import Action, Kind, format_actions
 from pipedream.schedules.harmony import describe
+from pipedream.schedules.registry import schedule_info
 from pipedream.schedules.simulate import Costs, SimResult, simulate
 
 
@@ -98,10 +99,12 @@ def _sizes(text: str | None) -> list[int] | None:
 
 
 def harmony_text(args) -> str:
-    """Harmony's task table, then each device's actions in order."""
+    """Harmony's task table, then each device's actions in order (harmony_dp: the one list every
+    device runs over its own micro-batches)."""
     if args.layers is None:
-        raise ScheduleError("--schedule harmony_pp needs --layers (the model's layer count)")
-    config = harmony_config(args.layers, args.microbatches, args.pp, _sizes(args.forward_packs),
+        raise ScheduleError(f"--schedule {args.schedule} needs --layers (the model's layer count)")
+    devices = 1 if schedule_info(args.schedule).replicated_packs else args.pp
+    config = harmony_config(args.layers, args.microbatches, devices, _sizes(args.forward_packs),
                             _sizes(args.backward_packs), args.forward_group, args.backward_group)
     lines = [describe(config)]
     lines += [f"device {d}: {format_actions(actions)}" for d, actions in enumerate(harmony_pp(config))]

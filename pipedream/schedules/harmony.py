@@ -269,3 +269,11 @@ INFO = ScheduleInfo(
     name="harmony_pp", build=None, memory_virtualised=True,
     in_flight=lambda stage, p, m, v: m + 0 * stage,   # every micro-batch's stashed inputs wait for its backward task
     not_planned="harmony_pp is planned by planner.algorithm=harmony (layer packs and groups, not pipeline stages)")
+
+# Harmony DP: each of parallel.dp devices runs the one-device list (every pack, forward and backward)
+# over its own share of the micro-batches; every layer's gradients meet on the host, then one update.
+INFO_DP = ScheduleInfo(
+    name="harmony_dp", build=None, memory_virtualised=True, replicated_packs=True,
+    in_flight=lambda stage, p, m, v: m + 0 * stage,
+    not_planned="harmony_dp is not planned as pipeline stages: give its packs (schedule.forward_packs, "
+                "schedule.backward_packs); planner.harmony's estimator prices a configuration")

@@ -66,7 +66,8 @@ class ScheduleInfo:
     interleaves: bool = False           # parallel.vpp > 1 chunks per rank, round-robin
     updates_per_microbatch: bool = False   # every micro-batch is its own mini-batch (pipedream)
     replicated_stages: bool = False     # parallel.stage_replicas and schedule.vertical_sync (1F1B-RR)
-    memory_virtualised: bool = False    # layer packs swapped through the devices (harmony_pp)
+    memory_virtualised: bool = False    # layer packs swapped through the devices (harmony_pp, harmony_dp)
+    replicated_packs: bool = False      # every device runs every pack on its own micro-batches (harmony_dp)
     not_planned: str | None = None      # why planner.schedules cannot include it; None: it can
 
     def chunks(self, vpp: int = 1) -> int:

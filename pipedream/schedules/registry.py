@@ -8,6 +8,7 @@ from pipedream.schedules.actions import ScheduleError
 from pipedream.schedules.dualpipev import INFO as DUALPIPEV
 from pipedream.schedules.gpipe import INFO as GPIPE
 from pipedream.schedules.harmony import INFO as HARMONY_PP
+from pipedream.schedules.harmony import INFO_DP as HARMONY_DP
 from pipedream.schedules.info import ScheduleInfo
 from pipedream.schedules.interleaved import INFO as INTERLEAVED
 from pipedream.schedules.one_f_one_b import INFO as ONE_F_ONE_B
@@ -16,7 +17,7 @@ from pipedream.schedules.two_bw import INFO as TWO_BW
 from pipedream.schedules.zb_h2 import INFO as ZB_H2
 from pipedream.schedules.zbv import INFO as ZBV
 
-_INFOS = (GPIPE, ONE_F_ONE_B, INTERLEAVED, PIPEDREAM, TWO_BW, ZB_H2, ZBV, DUALPIPEV, HARMONY_PP)
+_INFOS = (GPIPE, ONE_F_ONE_B, INTERLEAVED, PIPEDREAM, TWO_BW, ZB_H2, ZBV, DUALPIPEV, HARMONY_PP, HARMONY_DP)
 
 SCHEDULE_INFOS: MappingProxyType[str, ScheduleInfo] = MappingProxyType({info.name: info for info in _INFOS})
 

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipedream.schedules.actions import Action, Kind
-from pipedream.schedules.harmony import BACKWARD, FORWARD, HarmonyConfig
+from pipedream.schedules.harmony import BACKWARD, FORWARD, HarmonyConfig, harmony_pp
 
 from planner.errors import PlannerError
 from planner.costs.runtime_costs import ScheduleOverheads
@@ -145,6 +145,51 @@ def estimate(config: HarmonyConfig, lists: list[list[Action]], costs: ActionCost
     totals.peak_bytes = [_peak(dev.events, managed_only=False) for dev in devices]
     totals.peak_managed_bytes = [_peak(dev.events, managed_only=True) for dev in devices]
     return totals
+
+
+class _SharedUpdates(ActionCosts):
+    """harmony_dp: each replica steps only the layers it owns (1/replicas of every pack's update
+    on average); everything else as ``costs``."""
+
+    def __init__(self, costs: ActionCosts, replicas: int):
+        self.costs, self.replicas = costs, replicas
+
+    def forward_s(self, task: int) -> float:
+        return self.costs.forward_s(task)
+
+    def backward_s(self, task: int) -> float:
+        return self.costs.backward_s(task)
+
+    def weight_bytes(self, task: int) -> float:
+        return self.costs.weight_bytes(task)
+
+    def stash_bytes(self, task: int) -> float:
+        return self.costs.stash_bytes(task)
+
+    def output_bytes(self, task: int) -> float:
+        return self.costs.output_bytes(task)
+
+    def input_grad_bytes(self, task: int) -> float:
+        return self.costs.input_grad_bytes(task)
+
+    def activation_bytes(self, task: int) -> float:
+        return self.costs.activation_bytes(task)
+
+    def update_s(self, task: int) -> float:
+        return self.costs.update_s(task) / self.replicas
+
+
+def estimate_dp(config: HarmonyConfig, replicas: int, costs: ActionCosts, links: Links,
+                overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads()) -> Estimate:
+    """harmony_dp: ``replicas`` devices each walk the one-device list of ``config`` (every pack,
+    over that device's own micro-batches) at once, sharing the compute slots where
+    ``links.compute_slots`` is set; each steps 1/replicas of every pack's parameters. Not priced:
+    the owners' sum of the replicas' gradient copies on the host and the barrier before it."""
+    if config.devices != 1 or replicas < 1:
+        raise PlannerError(f"harmony_dp estimate: the configuration is one device's (devices = {config.devices}) "
+                           f"and replicas = {replicas} must be >= 1")
+    lists = harmony_pp(config)
+    return estimate(config, lists * replicas, _SharedUpdates(costs, replicas), links, overheads)
 
 
 def _earliest(devices: list[_Device], lists: list[list[Action]], arrivals: dict) -> tuple[int, _Device | None]:

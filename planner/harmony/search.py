@@ -16,12 +16,12 @@ Torch-free.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipedream.schedules.harmony import harmony_pp
 
 from planner.errors import DoesNotFitError, PlannerError
-from planner.harmony.estimator import Estimate, HarmonyOverheads, Links, estimate
+from planner.harmony.estimator import Estimate, HarmonyOverheads, Links, estimate, estimate_dp
 from planner.harmony.packing import LayerBytes, backward_pack_bytes, forward_pack_bytes, pack_layers
 from planner.harmony.tasks import PlannedConfig, ProfileCosts, ir_config
 from planner.costs.runtime_costs import ScheduleOverheads
@@ -82,9 +82,15 @@ def check_budget(profile: Profile, budget: float, micro: int = 1) -> None:
 
 
 def evaluate(profile: Profile, cfg: PlannedConfig, links: Links, host: HostUpdate = HostUpdate(),
-             overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads()) -> Estimate:
+             overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads(),
+             data_parallel: bool = False) -> Estimate:
     """The estimator on one configuration: the runtime's action lists, timed from the profile and
-    the runtime's own measured costs."""
+    the runtime's own measured costs. ``data_parallel`` (schedule=harmony_dp): ``cfg.minibatch`` is
+    each device's share and every one of ``cfg.devices`` runs the one-device lists."""
+    if data_parallel:
+        ir = ir_config(replace(cfg, devices=1))
+        costs = ProfileCosts(profile, ir, cfg.micro, host.per_byte, host.overhead)
+        return estimate_dp(ir, cfg.devices, costs, links, overheads)
     ir = ir_config(cfg)
     return estimate(ir, harmony_pp(ir), ProfileCosts(profile, ir, cfg.micro, host.per_byte, host.overhead), links,
                     overheads)
@@ -93,9 +99,16 @@ def evaluate(profile: Profile, cfg: PlannedConfig, links: Links, host: HostUpdat
 def harmony_search(profile: Profile, links: Links, devices: int, minibatch: int, budget: float,
                    max_micro: int = 32, host: HostUpdate = HostUpdate(), top_k: int = 4,
                    fixed_micro: int | None = None,
-                   overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads()) -> HarmonySearch:
+                   overheads: HarmonyOverheads | ScheduleOverheads = HarmonyOverheads(),
+                   data_parallel: bool = False) -> HarmonySearch:
+    """``data_parallel``: Harmony DP, the paper's D <- D/N: each device's share of the mini-batch
+    is searched and estimated with ``devices`` replicas (``evaluate``)."""
     if devices < 1 or minibatch < 1:
         raise PlannerError(f"harmony: devices = {devices} and the mini-batch = {minibatch} must be >= 1")
+    if data_parallel:
+        if minibatch % devices:
+            raise PlannerError(f"harmony_dp: the mini-batch = {minibatch} must divide among {devices} devices")
+        minibatch //= devices
     check_budget(profile, budget)
     start = time.perf_counter()
     scored: dict[PlannedConfig, Scored] = {}
@@ -104,7 +117,7 @@ def harmony_search(profile: Profile, links: Links, devices: int, minibatch: int,
         for cfg in _configs(profile, micro, budget, devices, minibatch):
             if cfg in scored:
                 continue
-            est = evaluate(profile, cfg, links, host, overheads)
+            est = evaluate(profile, cfg, links, host, overheads, data_parallel)
             considered += 1
             if max(est.peak_bytes) > budget:
                 over += 1

@@ -33,19 +33,49 @@ def test_packs_groups_and_budget_are_read():
     assert harmony.device_budget_bytes == 400000
 
 
+def test_bf16_and_checkpoints_are_accepted():
+    assert spec(["precision=bf16"]).precision.name == "bf16"
+    assert spec(["checkpoint.every=2", "train.resume=auto"]).checkpoint.every == 2
+    assert spec(["train.grad_clip=1.0", "schedule.clip_delays_updates=true"]).harmony.delay_updates
+    assert not spec([]).harmony.delay_updates
+
+
+def test_harmony_dp_runs_the_one_device_configuration_on_each_replica():
+    cfg = compose_config([o for o in HARMONY if o != "schedule=harmony_pp"] +
+                         ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2", "train.grad_clip=1.0"])
+    harmony = build_run_spec(cfg, 2).harmony
+    assert (harmony.replicas, harmony.config.devices, harmony.config.microbatches) == (2, 1, 2)
+    assert harmony.delay_updates   # every update waits for both replicas' gradients: clipping needs nothing more
+    assert {t.device for t in harmony.config.tasks} == {0}
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["parallel.pp=2"], "parallel.pp = 2 is not supported with schedule=harmony_dp: set parallel.pp=1"),
+    (["parallel.pp=1", "parallel.dp=2", "precision=fp16"], "precision=fp16 is not supported with schedule=harmony_dp"),
+])
+def test_harmony_dp_refusals(extra, message):
+    cfg = compose_config([o for o in HARMONY if o not in ("schedule=harmony_pp", "parallel.pp=2")] +
+                         ["schedule=harmony_dp"] + extra)
+    with pytest.raises(ConfigError) as info:
+        build_run_spec(cfg, 2)
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
 def test_other_schedules_have_no_harmony_section():
     assert build_run_spec(compose_config(TINY_GPT + ["parallel.pp=2"]), 2).harmony is None
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["train.grad_clip=1.0"], "train.grad_clip = 1.0 is not supported with schedule=harmony_pp: set train.grad_clip=0"),
-    (["model.tie_embeddings=true"], "model.tie_embeddings=true is not supported"),
-    (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported"),
+    (["train.grad_clip=1.0"], "train.grad_clip = 1.0 without schedule.clip_delays_updates=true is not supported with "
+                              "schedule=harmony_pp: set schedule.clip_delays_updates=true"),
+    (["schedule.clip_delays_updates=yes"], "schedule.clip_delays_updates = 'yes' must be true or false"),
+    (["parallel.pp=1", "parallel.dp=2"], "parallel.dp = 2 is not supported with schedule=harmony_pp: set parallel.dp=1 "
+                                         "(every device takes part in one wrap-around pipeline) or use schedule=harmony_dp"),
     (["parallel.pp=1", "parallel.tp=2"], "parallel.tp = 2 is not supported"),
     (["parallel.vpp=2"], "needs schedule=interleaved"),
-    (["precision=bf16"], "precision=bf16 is not supported"),
-    (["model.dropout=0.1"], "model.dropout = 0.1 is not supported"),
-    (["checkpoint.every=5"], "checkpoints is not supported"),
+    (["precision=fp16"], "precision=fp16 is not supported with schedule=harmony_pp: use precision=bf16"),
+    (["checkpoint.every=5", "schedule.forward_packs=[8]", "schedule.backward_packs=[8]"],
+     "checkpoints with schedule=harmony_pp need at least parallel.pp = 2 backward packs"),
     (["schedule.forward_packs=[4,3]"], "forward_packs = [4, 3] sum to 7 layers but the model has 8"),
     (["schedule.forward_packs=[4,4]", "schedule.backward_packs=[4,2,2]"], "must be the same layers"),
     (["schedule.forward_packs=4"], "must be a list of layers per pack"),

@@ -196,3 +196,37 @@ def test_harmony_costs_layer_ratios():
 def test_flush_costs_carry_over_as_harmony_costs():
     flush = ScheduleOverheads(compute_action_s=0.25, message_s=0.5, step_s=0.125)
     assert HarmonyOverheads.from_schedule(flush) == HarmonyOverheads(0.25, 0.5, 0.125)
+
+
+def test_harmony_dp_runs_the_one_device_lists_on_every_replica():
+    """harmony_dp: two replicas of the one-device list, each stepping half of every pack's update;
+    the same time as one device with half the update (no shared links), twice its bytes, and with
+    one compute slot their compute in series."""
+    from planner.harmony.estimator import estimate_dp
+
+    class HalfUpdates(HandCosts):
+        def update_s(self, task):
+            return 0.25
+
+    config = harmony_config(2, 2, 1, [1, 1], [1, 1])
+    links = Links(swap_bandwidth=10.0, p2p_bandwidth=2.0)
+    one = estimate(config, harmony_pp(config), HalfUpdates(), links)
+    dp = estimate_dp(config, 2, HandCosts(), links)
+    assert dp.iteration_s == pytest.approx(one.iteration_s)
+    assert dp.compute_s == one.compute_s * 2
+    assert (dp.weights_in_bytes, dp.gradients_out_bytes, dp.stash_bytes, dp.p2p_bytes) == \
+        (2 * one.weights_in_bytes, 2 * one.gradients_out_bytes, 2 * one.stash_bytes, 0)
+    serial = estimate_dp(config, 2, HandCosts(), Links(10.0, 2.0, compute_slots=1))
+    assert serial.iteration_s >= sum(serial.compute_s) == 2 * sum(one.compute_s)   # one slot: no compute overlaps
+    assert serial.iteration_s > one.iteration_s
+    with pytest.raises(Exception, match="the configuration is one device's"):
+        estimate_dp(harmony_config(2, 2, 2, [1, 1], [1, 1]), 2, HandCosts(), links)
+
+
+def test_harmony_dp_search_splits_the_minibatch():
+    profile = toy_profile(12)
+    pp = harmony_search(profile, Links(1e3, 1e3), 2, 8, 3000.0, max_micro=2, fixed_micro=2)
+    dp = harmony_search(profile, Links(1e3, 1e3), 2, 8, 3000.0, max_micro=2, fixed_micro=2, data_parallel=True)
+    assert dp.best.config.minibatch == 4 and pp.best.config.minibatch == 8   # each device's share
+    # every replica brings every pack in: twice one device's weight traffic for its share
+    assert dp.best.estimate.weights_in_bytes > pp.best.estimate.weights_in_bytes
