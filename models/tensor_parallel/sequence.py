@@ -11,6 +11,8 @@ through f, whose backward all-reduces them over the group.
 
 On the meta device (shape inference) nothing is communicated and the shapes are what they would be.
 Gloo has no reduce-scatter: there it is an all-reduce followed by keeping this rank's part.
+(``all_gather_single``/``reduce_scatter_single`` are the names torch 2.13 gives the flat collectives;
+older versions call them ``all_gather_into_tensor``/``reduce_scatter_tensor``.)
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ def all_gather_sequence(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         return torch.cat([x] * tp.size, dim=SEQUENCE_DIM)
     seq_first = x.transpose(0, SEQUENCE_DIM).contiguous()
     out = torch.empty((seq_first.shape[0] * tp.size, *seq_first.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_into_tensor(out, seq_first, group=tp.group)
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, seq_first, group=tp.group)
     return out.transpose(0, SEQUENCE_DIM)
 
 
@@ -49,7 +51,7 @@ def reduce_scatter_sequence(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor
         return _split(out, tp)
     seq_first = x.transpose(0, SEQUENCE_DIM).contiguous()
     out = torch.empty((seq_first.shape[0] // tp.size, *seq_first.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.reduce_scatter_tensor(out, seq_first, group=tp.group)
+    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, seq_first, group=tp.group)
     return out.transpose(0, SEQUENCE_DIM)
 
 
