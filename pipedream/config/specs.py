@@ -80,6 +80,8 @@ class TrainSpec:
     fuse_grad_accumulation: bool
     weight_grads_after_send: bool
     weight_grads_delay: int
+    overlap_grad_reduce: bool      # data-parallel buckets reduced during the backward (numerics/grad_buckets.py)
+    grad_bucket_mb: float          # size of one such bucket, in MiB
     debug: bool                    # full tracebacks for unexpected errors (as PIPEDREAM_DEBUG=1)
     compile: str | None = None     # train.compile: the torch.compile backend each layer runs under; None: eager
 
@@ -96,6 +98,8 @@ class TrainSpec:
                    weight_grads_after_send=train.flag("weight_grads_after_send"),
                    weight_grads_delay=train.integer("weight_grads_delay", 0, " (0 runs a backward's weight-gradient "
                                                     "GEMMs right after its send)"),
+                   overlap_grad_reduce=train.flag("overlap_grad_reduce"),
+                   grad_bucket_mb=train.positive_number("grad_bucket_mb"),
                    debug=train.flag("debug"), compile=_compile_backend(train.raw("compile")))
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from pipedream.errors import ConfigError
 from pipedream.config.specs import OptimSpec, TrainSpec
+from pipedream.numerics.grad_buckets import BucketedReduction
 
 
 class NonFiniteError(RuntimeError):
@@ -86,12 +87,17 @@ def _norm(grad: torch.Tensor) -> torch.Tensor:
 
 
 class GradientSync:
-    """All-reduces a stage's gradients: across data-parallel replicas (average) and across the
-    stages that hold copies of a tied parameter (sum, as in the single-process model)."""
+    """All-reduces a stage's gradients: across data-parallel replicas (average, in buckets:
+    ``grad_buckets``; ``reduction`` may already have launched some during the backward) and
+    across the stages that hold copies of a tied parameter (sum, as in the single-process model)."""
 
     def __init__(self, params: list[nn.Parameter], dp_group: dist.ProcessGroup | None, dp: int,
-                 tied: list[TiedCopy], norm_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None):
+                 tied: list[TiedCopy], norm_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None,
+                 reduction: BucketedReduction | None = None):
         self.params = params
+        if reduction is None and dp > 1:   # one bucket, launched at the sync
+            reduction = BucketedReduction(params, dp_group, dp, bucket_bytes=1 << 62, overlap=False)
+        self.reduction = reduction
         self.tp_group = tp_group  # tensor-parallel shards: their squares are summed over this group
         self.dp_group, self.dp = dp_group, dp
         self.tied = tied
@@ -102,13 +108,8 @@ class GradientSync:
         for param in self.params:  # parameters that took no part in the loss still sync
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        if self.dp > 1:
-            grads = [p.grad for p in self.params]
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.dp_group)
-            flat /= self.dp
-            for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                grad.copy_(synced)
+        if self.reduction is not None:
+            self.reduction.finish()
         for copy in self.tied:
             dist.all_reduce(copy.param.grad, group=copy.group)
 
