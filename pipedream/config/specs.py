@@ -147,6 +147,7 @@ class OptimSpec:
     weight_decay: float            # matrices only
     fused: bool                    # torch's fused kernel where the device has one
     impl: str                      # torch | apex (pipedream/numerics/apex.py)
+    distributed: bool              # ZeRO-1: state sharded over the data-parallel group (numerics/sharded_optim.py)
     # None where the optimizer has no such option (betas/eps: adamw; momentum: sgd)
     betas: tuple[float, float] | None = None
     eps: float | None = None
@@ -161,7 +162,8 @@ class OptimSpec:
         impl = optim.raw("impl")
         if impl not in ("torch", "apex"):
             raise ConfigError(f"optim.impl={impl!r} is unknown: choose torch or apex")
-        common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"), impl=impl)
+        common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"), impl=impl,
+                      distributed=optim.flag("distributed"))
         if name == "adamw":
             betas = optim.raw("betas")
             if isinstance(betas, (str, int, float)) or len(betas) != 2:

@@ -1,0 +1,58 @@
+"""The distributed optimizer (``optim.distributed=true``, ZeRO-1): AdamW with clipping trains as
+single-process training does at (pp, dp) = (2, 2) and (1, 4); bf16 tracks the undistributed bf16
+run; each rank holds half the optimizer state at dp = 2; a checkpoint taken at dp = 2 resumes
+into dp = 1 (undistributed) and dp = 4 (distributed) and continues as uninterrupted training."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tests.support.checkpoint_harness import train_full, train_interrupted
+from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
+
+ADAMW = TINY_GPT + ["optim=adamw", "train.grad_clip=0.5", "train.steps=3", "model.tie_embeddings=true"]
+DISTRIBUTED = ["optim.distributed=true"]
+RUNS = {
+    "pp2-dp2": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2"],
+    "pp1-dp4": ADAMW + DISTRIBUTED + ["parallel.pp=1", "parallel.dp=4"],
+    "bf16": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
+    "bf16-undistributed": ADAMW + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
+}
+
+
+@pytest.mark.slow
+def test_sharded_state_trains_as_one_process(tmp_path: Path) -> None:
+    per_rank = run_workers(train_rank, 4, [(overrides, str(tmp_path / name)) for name, overrides in RUNS.items()])
+    results = {name: [rank[index] for rank in per_rank] for index, name in enumerate(RUNS)}
+    for name in ("pp2-dp2", "pp1-dp4"):
+        assert_matches_reference({"params": merge_params(results[name]), "losses": results[name][0]["losses"]},
+                                 reference_training(RUNS[name]), atol=1e-5)
+    bf16, plain = results["bf16"][0]["losses"], results["bf16-undistributed"][0]["losses"]
+    assert all(abs(a - b) < 2e-2 * abs(b) for a, b in zip(bf16, plain)), (bf16, plain)
+    state = {name: [r["optimizer_state_bytes"] for r in results[name][0]["summary"]["ranks"]]
+             for name in ("bf16", "bf16-undistributed")}
+    for sharded, whole in zip(state["bf16"], state["bf16-undistributed"]):
+        assert abs(sharded - whole / 2) <= 0.01 * whole, state   # moments halve (+ a step count per piece)
+
+
+def _losses(run_dir: Path) -> list[float]:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in sorted(records, key=lambda r: r["step"])]
+
+
+@pytest.mark.slow
+def test_checkpoint_of_shards_resumes_into_other_dp_degrees(tmp_path: Path) -> None:
+    base = TINY_GPT + ["optim=adamw", "train.steps=4", "checkpoint.every=2", "parallel.pp=1"]
+    expected = reference_training(base)
+    first = tmp_path / "dp1"
+    assert run_workers(train_interrupted, 2, base + DISTRIBUTED + ["parallel.dp=2"], str(first), 2) == ["stopped"] * 2
+    second = tmp_path / "dp4"
+    shutil.copytree(first, second)
+    for run_dir, world, extra in ((first, 1, []), (second, 4, DISTRIBUTED)):
+        per_rank = run_workers(train_full, world, base + extra + [f"parallel.dp={world}", "train.resume=auto"],
+                               str(run_dir))
+        assert_matches_reference({"params": merge_params(per_rank), "losses": _losses(run_dir)}, expected, atol=1e-5)
