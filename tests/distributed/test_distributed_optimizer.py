@@ -1,7 +1,7 @@
 """The distributed optimizer (``optim.distributed=true``, ZeRO-1): AdamW with clipping trains as
-single-process training does at (pp, dp) = (2, 2) and (1, 4); bf16 tracks the undistributed bf16
-run; each rank holds half the optimizer state at dp = 2; a checkpoint taken at dp = 2 resumes
-into dp = 1 (undistributed) and dp = 4 (distributed) and continues as uninterrupted training."""
+single-process training does at (pp, dp) = (2, 2); bf16 tracks the undistributed bf16 run; each
+rank holds half the optimizer state at dp = 2; a checkpoint taken at (1, 2) resumes into dp = 1
+(undistributed) and into (1, 4) (distributed) and both continue exactly as single-process training."""
 from __future__ import annotations
 
 import json
@@ -18,7 +18,6 @@ ADAMW = TINY_GPT + ["optim=adamw", "train.grad_clip=0.5", "train.steps=3", "mode
 DISTRIBUTED = ["optim.distributed=true"]
 RUNS = {
     "pp2-dp2": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2"],
-    "pp1-dp4": ADAMW + DISTRIBUTED + ["parallel.pp=1", "parallel.dp=4"],
     "bf16": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     "bf16-undistributed": ADAMW + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
 }
@@ -28,9 +27,8 @@ RUNS = {
 def test_sharded_state_trains_as_one_process(tmp_path: Path) -> None:
     per_rank = run_workers(train_rank, 4, [(overrides, str(tmp_path / name)) for name, overrides in RUNS.items()])
     results = {name: [rank[index] for rank in per_rank] for index, name in enumerate(RUNS)}
-    for name in ("pp2-dp2", "pp1-dp4"):
-        assert_matches_reference({"params": merge_params(results[name]), "losses": results[name][0]["losses"]},
-                                 reference_training(RUNS[name]), atol=1e-5)
+    assert_matches_reference({"params": merge_params(results["pp2-dp2"]), "losses": results["pp2-dp2"][0]["losses"]},
+                             reference_training(RUNS["pp2-dp2"]), atol=1e-5)
     bf16, plain = results["bf16"][0]["losses"], results["bf16-undistributed"][0]["losses"]
     assert all(abs(a - b) < 2e-2 * abs(b) for a, b in zip(bf16, plain)), (bf16, plain)
     state = {name: [r["optimizer_state_bytes"] for r in results[name][0]["summary"]["ranks"]]
