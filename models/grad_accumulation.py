@@ -69,7 +69,7 @@ class WeightGradQueue:
         if self._collecting is not None:
             self._collecting.append((weight, grad_output, inputs))
         else:
-            self._accumulate(weight, grad_output, inputs)
+            self.accumulate_now(weight, grad_output, inputs)
 
     def __len__(self) -> int:
         """Groups waiting to run."""
@@ -82,7 +82,7 @@ class WeightGradQueue:
             if held == key:
                 del self._groups[index]
                 for weight, grad_output, inputs in gemms:
-                    self._accumulate(weight, grad_output, inputs)
+                    self.accumulate_now(weight, grad_output, inputs)
                 return True
         return False
 
@@ -90,10 +90,11 @@ class WeightGradQueue:
         """Runs the oldest group's GEMMs; returns its key."""
         key, gemms = self._groups.popleft()
         for weight, grad_output, inputs in gemms:
-            self._accumulate(weight, grad_output, inputs)
+            self.accumulate_now(weight, grad_output, inputs)
         return key
 
-    def _accumulate(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
+    def accumulate_now(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
+        """Accumulates at once, never held back (and tells ``after_accumulate``)."""
         accumulate_weight_grad(weight, grad_output, inputs)
         if self.after_accumulate is not None:
             self.after_accumulate(weight)

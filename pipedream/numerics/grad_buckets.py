@@ -16,7 +16,9 @@ within the backward, or in the W action of a zero-bubble schedule. How many accu
 step depends on the action list (micro-batches, chunks, a tied weight used twice), which is the
 same every step: the first step launches everything at ``finish`` and counts them; later steps
 launch a bucket at the last one. A step that accumulates a parameter more often than counted
-(its bucket would have left with a partial sum) stops the run instead of training on it.
+(its bucket would have left with a partial sum) stops the run instead of training on it, and a
+parameter that had a gradient in the first step but was never reported keeps its bucket (and,
+since buckets go in order, the later ones) for ``finish``.
 
 Without ``overlap`` (``train.overlap_grad_reduce=false``), and for the asynchronous schedules,
 whose gradients arrive on weight versions (``runtime/weights.py``) rather than through these
@@ -94,6 +96,7 @@ class BucketedReduction:
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
         self._seen: dict[int, int] = {}                 # parameter id -> accumulations this step
         self._expected: dict[int, int] | None = None    # learnt in the first step
+        self._unseen: set[int] = set()                  # ids of parameters with gradients but no report
         self._next = 0                                  # the next bucket to launch (they go in order)
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
         if overlap:
@@ -109,7 +112,7 @@ class BucketedReduction:
         seen = self._seen[key] = self._seen.get(key, 0) + 1
         if self._expected is None:
             return
-        if seen == self._expected.get(key, 0):
+        if seen == self._expected.get(key, 0) and key not in self._unseen:
             bucket = self.buckets[self._bucket_of[key]]
             bucket.waiting.discard(key)
             self._launch_ready()
@@ -117,6 +120,9 @@ class BucketedReduction:
 
     def finish(self) -> None:
         """Launches the buckets not yet launched, waits for all, and leaves each gradient averaged."""
+        if self.overlap and self._expected is None:
+            # a gradient that arrived by a path no hook reported: its bucket waits for the sync
+            self._unseen = {id(p) for p in self.params if p.grad is not None and id(p) not in self._seen}
         for param in self.params:   # parameters that took no part in the loss still sync
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
@@ -149,7 +155,8 @@ class BucketedReduction:
         self._next = 0
         for bucket in self.buckets:
             bucket.work, bucket.completed_at = None, None
-            bucket.waiting = {id(p) for p in bucket.params if self._expected is None or self._expected.get(id(p), 0)}
+            bucket.waiting = {id(p) for p in bucket.params
+                              if self._expected is None or self._expected.get(id(p), 0) or id(p) in self._unseen}
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and not self.buckets[self._next].waiting:

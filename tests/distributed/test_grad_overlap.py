@@ -1,7 +1,7 @@
 """Data-parallel gradient buckets reduced during the backward (``train.overlap_grad_reduce``)
 train exactly as single-process training does, on (pp, dp) = (2, 2), with overlap on (many small
 buckets, tied weights across stages, a zero-bubble schedule's W actions, accumulation over m
-micro-batches) and off; the trace shows each bucket's all-reduce, launched before SYNC_GRADS."""
+micro-batches, tensor-parallel layers at (pp, tp, dp) = (1, 2, 2)) and off; the trace shows each bucket's all-reduce, launched before SYNC_GRADS."""
 from __future__ import annotations
 
 import json
@@ -12,12 +12,14 @@ import pytest
 from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
 from tests.support.workers import run_workers
 
-BASE = TINY_GPT + ["train.steps=3", "parallel.pp=2", "parallel.dp=2", "optim=sgd", "train.lr=0.05",
+BASE = TINY_GPT + ["train.steps=3", "parallel.dp=2", "optim=sgd", "train.lr=0.05",
                    "model.tie_embeddings=true", "train.grad_bucket_mb=0.002"]   # ~2 KB: several buckets per stage
 RUNS = {
-    "overlap": ["schedule=1f1b", "train.overlap_grad_reduce=true", "trace.enabled=true", "trace.steps=[3]"],
-    "blocking": ["schedule=1f1b", "train.overlap_grad_reduce=false"],
-    "zbv": ["schedule=zbv", "train.overlap_grad_reduce=true"],
+    "overlap": ["schedule=1f1b", "parallel.pp=2", "train.overlap_grad_reduce=true", "trace.enabled=true", "trace.steps=[3]"],
+    "blocking": ["schedule=1f1b", "parallel.pp=2", "train.overlap_grad_reduce=false"],
+    "zbv": ["schedule=zbv", "parallel.pp=2", "train.overlap_grad_reduce=true"],
+    # tensor-parallel Linears accumulate their weight gradients themselves: the hooks must see them
+    "tp": ["schedule=1f1b", "parallel.pp=1", "parallel.tp=2", "model.vocab_size=255"],
 }
 
 

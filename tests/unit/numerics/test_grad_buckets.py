@@ -133,3 +133,26 @@ def test_more_accumulations_than_counted_stop_the_run(monkeypatch) -> None:
         model(inputs[microbatch]).sum().backward()
     with pytest.raises(InvariantError, match="overlap_grad_reduce=false"):
         reduction.finish()
+
+
+def test_a_gradient_no_hook_reported_keeps_its_bucket_for_the_sync(monkeypatch) -> None:
+    model = _model()
+    extra = nn.Parameter(torch.zeros(18))   # its gradient arrives behind autograd's back
+    params = list(model.parameters()) + [extra]
+    reductions = _Reductions()
+    monkeypatch.setattr(grad_buckets.dist, "all_reduce", reductions)
+    reduction = BucketedReduction(params, None, dp=2, bucket_bytes=18 * 4, overlap=True)
+    assert reduction.buckets[0].params == [extra]
+    inputs = torch.randn(2, 5, 4)
+    for step in range(2):
+        for param in params:
+            param.grad = None
+        reductions.launches.clear()
+        reductions.backwards = 0
+        for microbatch in range(2):
+            model(inputs[microbatch]).square().mean().backward()
+            extra.grad = torch.ones(18) if extra.grad is None else extra.grad + 1
+            reductions.backwards += 1
+        reduction.finish()
+        assert [when for when, _ in reductions.launches] == [2] * 4   # all at the sync, in order
+        torch.testing.assert_close(reductions.launches[0][1], torch.full((18,), 2.0))
