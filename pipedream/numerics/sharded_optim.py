@@ -78,23 +78,27 @@ class ShardedOptimizer(torch.optim.Optimizer):
             inner_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": views})
         self.local = build(inner_groups)
         dtype, device = self.params[0].dtype, self.params[0].device
-        self._flat = torch.empty(self.shard_numel * dp, dtype=dtype, device=device)
         self._grad_shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
         self._mine = torch.empty(self.shard_numel, dtype=dtype, device=device)
 
+    def _new_flat(self) -> torch.Tensor:
+        """A whole-stage buffer, only while a collective needs it (kept, it would cost more memory
+        than SGD's sharded momentum saves)."""
+        return torch.empty(self.shard_numel * self.dp, dtype=self._mine.dtype, device=self._mine.device)
+
     def reduce_gradients(self) -> None:
         """Collective over the group: leaves each piece the average of its gradient over the replicas."""
-        offset = 0
+        flat, offset = self._new_flat(), 0
         for param in self.params:
             n = param.numel()
             if param.grad is None:
-                self._flat[offset:offset + n].zero_()
+                flat[offset:offset + n].zero_()
             else:
-                self._flat[offset:offset + n].copy_(param.grad.reshape(-1))
+                flat[offset:offset + n].copy_(param.grad.reshape(-1))
             param.grad = None
             offset += n
-        self._flat[offset:].zero_()
-        dist.reduce_scatter_single(self._grad_shard, self._flat, group=self.group)
+        flat[offset:].zero_()
+        dist.reduce_scatter_single(self._grad_shard, flat, group=self.group)
         self._grad_shard.div_(self.dp)
         for piece in self.pieces:
             piece.view.grad = self._grad_shard[piece.shard_offset:piece.shard_offset + piece.end - piece.begin]
@@ -175,17 +179,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for piece in self.pieces:
             self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(
                 self.local.state[piece.view][name])
-        gathered = torch.empty_like(self._flat)
+        gathered = self._new_flat()
         dist.all_gather_single(gathered, self._mine, group=self.group)
         return gathered
 
     def _all_gather_parameters(self) -> None:
         for piece in self.pieces:
             self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
-        dist.all_gather_single(self._flat, self._mine, group=self.group)
-        offset = 0
+        flat, offset = self._new_flat(), 0
+        dist.all_gather_single(flat, self._mine, group=self.group)
         for param in self.params:
-            param.data.view(-1).copy_(self._flat[offset:offset + param.numel()])
+            param.data.view(-1).copy_(flat[offset:offset + param.numel()])
             offset += param.numel()
 
     def _ensure_local_state(self) -> None:
