@@ -79,7 +79,8 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
         processes=processes,
         weights=weights * weight_versions(spec.schedule, pp, spec.microbatches, spec.layout.vpp),
         gradients=weights,
-        optimizer=weights * optimizer_states(spec.optim),
+        # optim.distributed: each data-parallel rank keeps 1/dp of the state
+        optimizer=weights * optimizer_states(spec.optim) / (spec.layout.dp if spec.optim.distributed else 1),
         activations=per_sample * spec.micro_batch * in_flight * share,
         runtime=RUNTIME_BYTES_PER_PROCESS * processes)
 

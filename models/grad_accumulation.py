@@ -18,7 +18,7 @@ over micro-batches in the same order whenever the groups run: results do not dep
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable
+from typing import Callable, Hashable
 
 import torch
 import torch.nn.functional as F
@@ -44,6 +44,9 @@ class WeightGradQueue:
     backward), run oldest first."""
 
     def __init__(self) -> None:
+        # called with each weight whose gradient a GEMM has just added to (autograd's
+        # post-accumulate hooks do not see these): the data-parallel reduction counts them
+        self.after_accumulate: Callable[[torch.Tensor], None] | None = None
         self._collecting: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] | None = None
         self._key: Hashable = None
         self._groups: deque[tuple[Hashable, list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]]] = deque()
@@ -66,7 +69,7 @@ class WeightGradQueue:
         if self._collecting is not None:
             self._collecting.append((weight, grad_output, inputs))
         else:
-            accumulate_weight_grad(weight, grad_output, inputs)
+            self.accumulate_now(weight, grad_output, inputs)
 
     def __len__(self) -> int:
         """Groups waiting to run."""
@@ -79,7 +82,7 @@ class WeightGradQueue:
             if held == key:
                 del self._groups[index]
                 for weight, grad_output, inputs in gemms:
-                    accumulate_weight_grad(weight, grad_output, inputs)
+                    self.accumulate_now(weight, grad_output, inputs)
                 return True
         return False
 
@@ -87,8 +90,14 @@ class WeightGradQueue:
         """Runs the oldest group's GEMMs; returns its key."""
         key, gemms = self._groups.popleft()
         for weight, grad_output, inputs in gemms:
-            accumulate_weight_grad(weight, grad_output, inputs)
+            self.accumulate_now(weight, grad_output, inputs)
         return key
+
+    def accumulate_now(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
+        """Accumulates at once, never held back (and tells ``after_accumulate``)."""
+        accumulate_weight_grad(weight, grad_output, inputs)
+        if self.after_accumulate is not None:
+            self.after_accumulate(weight)
 
 
 class _LinearAccumulatingGrad(torch.autograd.Function):

@@ -30,6 +30,7 @@ from pipedream.multi_model.training import StackedData
 from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, format_step_line,
                                        model_flops_per_iteration, peak_memory_bytes, progress_bar_wanted, warmup_steps)
 from pipedream.observe.peak_flops import PeakFlops, peak_flops
+from pipedream.numerics.optim import optimizer_state_bytes
 from pipedream.lifecycle.preemption_watch import PreemptionWatch
 from pipedream.config.run_spec import RunSpec
 from models.tensor_parallel import TensorParallel
@@ -50,6 +51,7 @@ class RankStats:
     bytes_received: int
     comm: dict[str, float]          # per training step: bytes, receive waits, send posts, gradient sync
     peak_memory_bytes: dict[str, int]
+    optimizer_state_bytes: int      # this rank's optimizer state (its shard with optim.distributed)
     bubble_fraction: float | None = None   # measured in traced iterations (filled on rank 0)
     memory: dict[str, Any] | None = None   # harmony_pp: device budget, peak resident bytes, swap volume
 
@@ -258,6 +260,7 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                       comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
                             "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
+                      optimizer_state_bytes=optimizer_state_bytes(engine.optimizer),
                       memory=engine.memory_report())
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)

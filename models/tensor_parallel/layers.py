@@ -35,9 +35,9 @@ class _ColumnParallelLinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, tp: TensorParallel,
-                fused: bool):
+                fused: bool, queue: WeightGradQueue | None = None):
         ctx.save_for_backward(x, weight)
-        ctx.tp, ctx.has_bias = tp, bias is not None
+        ctx.tp, ctx.has_bias, ctx.queue = tp, bias is not None, queue
         ctx.leaf = weight if fused else None   # the weight itself: its .grad is where the sum goes
         return F.linear(x, weight, bias)
 
@@ -52,14 +52,17 @@ class _ColumnParallelLinearFn(torch.autograd.Function):
         flat_grad = grad.reshape(-1, grad.shape[-1])
         grad_weight = grad_bias = None
         if ctx.needs_input_grad[1] and ctx.leaf is not None:
-            accumulate_weight_grad(ctx.leaf, grad, x)
+            if ctx.queue is not None:   # at once, but counted by whoever watches the queue
+                ctx.queue.accumulate_now(ctx.leaf, grad, x)
+            else:
+                accumulate_weight_grad(ctx.leaf, grad, x)
         elif ctx.needs_input_grad[1]:
             grad_weight = flat_grad.t().matmul(x.reshape(-1, x.shape[-1]).to(grad.dtype)).to(weight.dtype)
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_bias = flat_grad.sum(0).to(weight.dtype)
         if pending is not None:
             pending.wait()
-        return grad_input, grad_weight, grad_bias, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None
 
 
 class ColumnParallelLinear(nn.Module):
@@ -101,7 +104,7 @@ class ColumnParallelLinear(nn.Module):
                  else F.linear(x, self.weight, self.bias))
         else:  # = F.linear(copy_to_region(x, tp), weight, bias), overlapping f's all-reduce
             fused = self.fused_weight_grads and self.weight.is_leaf and self.weight.requires_grad
-            y = _ColumnParallelLinearFn.apply(x, self.weight, self.bias, self.tp, fused)
+            y = _ColumnParallelLinearFn.apply(x, self.weight, self.bias, self.tp, fused, self.weight_grads)
         if not self.gather_output:
             return y
         y = gather_from_region(y, self.tp)  # [rank][block][part]; the dense order is [block][rank][part]

@@ -225,6 +225,21 @@ def _check_image_data(cfg: Any) -> None:
     return None
 
 
+def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_models: bool) -> None:
+    """ZeRO-1 updates every shard at one flush; the asynchronous schedules update per stage at their
+    own times, Harmony keeps its state on the host and fused model sets have their own optimizer."""
+    if not optim.distributed:
+        return
+    if info.asynchronous or info.memory_virtualised:
+        raise ConfigError(f"optim.distributed=true needs a flush schedule (1f1b, gpipe, interleaved, zb_h2, zbv, "
+                          f"dualpipev), not schedule={info.name}: set optim.distributed=false or pick one of those")
+    if fused_models:
+        raise ConfigError("optim.distributed=true does not apply to train.models (fused model sets): "
+                          "set optim.distributed=false")
+    if optim.impl != "torch":
+        raise ConfigError(f"optim.distributed=true needs optim.impl=torch (got {optim.impl}): set optim.impl=torch")
+
+
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
     num_layers, plugin_model = _check_model(cfg)
@@ -299,6 +314,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     multi_model = check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl)
     if train.compile is not None:
         _check_compile(train.compile, info, layout.tp, multi_model is not None)
+    _check_distributed_optimizer(optim, info, multi_model is not None)
     if multi_model is not None:
         from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
         build_fused_model(cfg.model, multi_model)

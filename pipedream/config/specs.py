@@ -80,6 +80,8 @@ class TrainSpec:
     fuse_grad_accumulation: bool
     weight_grads_after_send: bool
     weight_grads_delay: int
+    overlap_grad_reduce: bool      # data-parallel buckets reduced during the backward (numerics/grad_buckets.py)
+    grad_bucket_mb: float          # size of one such bucket, in MiB
     debug: bool                    # full tracebacks for unexpected errors (as PIPEDREAM_DEBUG=1)
     compile: str | None = None     # train.compile: the torch.compile backend each layer runs under; None: eager
 
@@ -96,6 +98,8 @@ class TrainSpec:
                    weight_grads_after_send=train.flag("weight_grads_after_send"),
                    weight_grads_delay=train.integer("weight_grads_delay", 0, " (0 runs a backward's weight-gradient "
                                                     "GEMMs right after its send)"),
+                   overlap_grad_reduce=train.flag("overlap_grad_reduce"),
+                   grad_bucket_mb=train.positive_number("grad_bucket_mb"),
                    debug=train.flag("debug"), compile=_compile_backend(train.raw("compile")))
 
 
@@ -143,6 +147,7 @@ class OptimSpec:
     weight_decay: float            # matrices only
     fused: bool                    # torch's fused kernel where the device has one
     impl: str                      # torch | apex (pipedream/numerics/apex.py)
+    distributed: bool              # ZeRO-1: state sharded over the data-parallel group (numerics/sharded_optim.py)
     # None where the optimizer has no such option (betas/eps: adamw; momentum: sgd)
     betas: tuple[float, float] | None = None
     eps: float | None = None
@@ -157,7 +162,8 @@ class OptimSpec:
         impl = optim.raw("impl")
         if impl not in ("torch", "apex"):
             raise ConfigError(f"optim.impl={impl!r} is unknown: choose torch or apex")
-        common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"), impl=impl)
+        common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"), impl=impl,
+                      distributed=optim.flag("distributed"))
         if name == "adamw":
             betas = optim.raw("betas")
             if isinstance(betas, (str, int, float)) or len(betas) != 2:

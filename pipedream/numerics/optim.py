@@ -11,6 +11,8 @@ from torch import nn
 
 from pipedream.errors import ConfigError
 from pipedream.config.specs import OptimSpec, TrainSpec
+from pipedream.numerics.grad_buckets import BucketedReduction
+from pipedream.numerics.sharded_optim import ShardedOptimizer
 
 
 class NonFiniteError(RuntimeError):
@@ -25,7 +27,17 @@ def parameter_groups(params: list[nn.Parameter], weight_decay: float) -> list[di
 
 
 def build_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    groups = parameter_groups(params, optim.weight_decay)
+    return optimizer_for_groups(optim, parameter_groups(params, optim.weight_decay), lr)
+
+
+def build_sharded_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float, group: dist.ProcessGroup | None,
+                            dp: int, dp_rank: int) -> ShardedOptimizer:
+    """``optim.distributed``: the same optimizer over this rank's shard (``sharded_optim``)."""
+    return ShardedOptimizer(parameter_groups(params, optim.weight_decay), lr,
+                            lambda groups: optimizer_for_groups(optim, groups, lr), group, dp, dp_rank)
+
+
+def optimizer_for_groups(optim: OptimSpec, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
     if optim.impl == "apex":   # NVIDIA apex's fused kernels (checked before launch: apex_support.check_apex)
         from pipedream.numerics.apex import apex_optimizer
         options = dict(betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps)) if optim.name == "adamw" \
@@ -37,6 +49,14 @@ def build_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float) -> 
     if optim.name == "sgd":
         return _with_fused_kernel(torch.optim.SGD, optim.fused, groups, lr=lr, momentum=float(optim.momentum))
     raise ConfigError(f"optim={optim.name!r} is unknown: choose adamw or sgd")
+
+
+def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    """Bytes of optimizer state this rank holds (moments, momentum; its shard with ``optim.distributed``)."""
+    if isinstance(optimizer, ShardedOptimizer):
+        return optimizer.state_bytes()
+    return sum(t.numel() * t.element_size() for s in getattr(optimizer, "state", {}).values() for t in s.values()
+               if torch.is_tensor(t))
 
 
 def _with_fused_kernel(optimizer_class: type[torch.optim.Optimizer], fused: bool, groups: list[dict[str, Any]],
@@ -86,12 +106,19 @@ def _norm(grad: torch.Tensor) -> torch.Tensor:
 
 
 class GradientSync:
-    """All-reduces a stage's gradients: across data-parallel replicas (average) and across the
-    stages that hold copies of a tied parameter (sum, as in the single-process model)."""
+    """All-reduces a stage's gradients: across data-parallel replicas (average, in buckets:
+    ``grad_buckets``; ``reduction`` may already have launched some during the backward) and
+    across the stages that hold copies of a tied parameter (sum, as in the single-process model).
+    With ``sharded`` (``optim.distributed``) the replicas' average is reduce-scattered instead: each
+    rank keeps its shard's, and the norm and clipping work on the shards."""
 
     def __init__(self, params: list[nn.Parameter], dp_group: dist.ProcessGroup | None, dp: int,
-                 tied: list[TiedCopy], norm_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None):
+                 tied: list[TiedCopy], norm_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None,
+                 reduction: BucketedReduction | None = None, sharded: ShardedOptimizer | None = None):
         self.params = params
+        if reduction is None and dp > 1 and sharded is None:   # one bucket, launched at the sync
+            reduction = BucketedReduction(params, dp_group, dp, bucket_bytes=1 << 62, overlap=False)
+        self.reduction, self.sharded = reduction, sharded
         self.tp_group = tp_group  # tensor-parallel shards: their squares are summed over this group
         self.dp_group, self.dp = dp_group, dp
         self.tied = tied
@@ -102,13 +129,13 @@ class GradientSync:
         for param in self.params:  # parameters that took no part in the loss still sync
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
-        if self.dp > 1:
-            grads = [p.grad for p in self.params]
-            flat = torch._utils._flatten_dense_tensors(grads)
-            dist.all_reduce(flat, group=self.dp_group)
-            flat /= self.dp
-            for grad, synced in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads)):
-                grad.copy_(synced)
+        if self.sharded is not None:   # tied sums first: the shards then hold the reduced sums
+            for copy in self.tied:
+                dist.all_reduce(copy.param.grad, group=copy.group)
+            self.sharded.reduce_gradients()
+            return
+        if self.reduction is not None:
+            self.reduction.finish()
         for copy in self.tied:
             dist.all_reduce(copy.param.grad, group=copy.group)
 
@@ -117,18 +144,28 @@ class GradientSync:
         # Per-tensor norms in the gradients' precision (as clip_grad_norm_), summed in fp64, all on
         # the device: no fp64 copy of every gradient (8x less CPU time) and one host sync, not one
         # per parameter.
-        owned = [p for p in self.params if p.grad is not None and id(p) not in self._not_owned]
+        owned = self._owned_grads()
         device = self.params[0].device if self.params else torch.device("cpu")
-        squares = _sum_of_squares([p.grad.detach() for p in owned if not _is_sharded(p)], device)
+        squares = _sum_of_squares([g for g, sharded in owned if not sharded], device)
+        sharded = _sum_of_squares([g for g, sharded in owned if sharded], device)
+        if self.sharded is not None and self.dp > 1:   # shards of the data-parallel group: add them all
+            both = torch.stack([squares, sharded])
+            dist.all_reduce(both, group=self.dp_group)
+            squares, sharded = both[0], both[1]
         if self.tp_group is not None:  # sharded over tensor-parallel ranks: add every shard
-            sharded = _sum_of_squares([p.grad.detach() for p in owned if _is_sharded(p)], device)
             dist.all_reduce(sharded, group=self.tp_group)
-            squares = squares + sharded
-        else:
-            squares = squares + _sum_of_squares([p.grad.detach() for p in owned if _is_sharded(p)], device)
+        squares = squares + sharded
         if self.norm_group is not None:
             dist.all_reduce(squares, group=self.norm_group)
         return math.sqrt(float(squares))
+
+    def _owned_grads(self) -> list[tuple[torch.Tensor, bool]]:
+        """(gradient, tensor-parallel sharded) of what this rank counts towards the norm."""
+        if self.sharded is not None:
+            return [(piece.view.grad.detach(), _is_sharded(piece.param)) for piece in self.sharded.pieces
+                    if piece.view.grad is not None and id(piece.param) not in self._not_owned]
+        return [(p.grad.detach(), _is_sharded(p)) for p in self.params
+                if p.grad is not None and id(p) not in self._not_owned]
 
     def clip(self, max_norm: float) -> float:
         """Scales gradients as torch.nn.utils.clip_grad_norm_ would on the whole model; returns the norm."""
@@ -139,10 +176,13 @@ class GradientSync:
         if max_norm > 0:
             coef = max_norm / (norm + 1e-6)
             if coef < 1.0:
-                for param in self.params:
+                for param in self._clipped():
                     if param.grad is not None:
                         param.grad.mul_(coef)
         return norm
+
+    def _clipped(self) -> list[torch.Tensor]:
+        return [piece.view for piece in self.sharded.pieces] if self.sharded is not None else self.params
 
 
 def _is_sharded(param: nn.Parameter) -> bool:

@@ -36,6 +36,10 @@ _CATEGORY = {Kind.FWD: "forward", Kind.BWD: "backward", Kind.SEND_ACT: "send", K
 WEIGHT_GRADS = "W"
 """Event kind of a backward's weight-gradient GEMMs run after its input gradient was sent
 (``Executor.weight_grads_after_send``): event ``W3`` belongs to ``B3``."""
+GRAD_REDUCE = "R"
+"""Event kind of one data-parallel gradient bucket's all-reduce, from its launch to when the rank
+saw it complete (``numerics/grad_buckets.py``): event ``R0`` is bucket 0. Drawn on its own row,
+so its overlap with the backward shows."""
 TRACE_AUTO_MAX_STEPS = 2000   # trace.enabled=auto traces runs up to this many steps
 TRACED_ITERATIONS = 3         # trace.steps=null traces this many iterations right after warm-up
 
@@ -135,6 +139,10 @@ class TraceRecorder:
             backward = str(Action(Kind.BWD, microbatch, chunk))
             self._raw.append((WEIGHT_GRADS + backward[1:], start, end, 0.0))
 
+    def record_reduction(self, bucket: int, start: Reading, end: Reading) -> None:
+        if self._in_step and self._raw is not None:
+            self._raw.append((f"{GRAD_REDUCE}{bucket}", start, end, 0.0))
+
     def end_step(self) -> None:
         end = self.clock()
         self._in_step = False
@@ -154,6 +162,8 @@ class TraceRecorder:
 
 
 def _event(action: Action | str, start: float, end: float, wait: float) -> TraceEvent:
+    if isinstance(action, str) and action.startswith(GRAD_REDUCE):   # a gradient bucket: "R0"
+        return TraceEvent(action, GRAD_REDUCE, -1, int(action[1:]), start, end, wait)
     if isinstance(action, str):    # weight gradients: "W3" or "W3.1"
         microbatch, _, chunk = action[1:].partition(".")
         return TraceEvent(action, WEIGHT_GRADS, int(microbatch), int(chunk or 0), start, end, wait)
@@ -197,6 +207,8 @@ def step_offsets(traces: list[RankTrace]) -> dict[int, float]:
 def _category(kind: str) -> str:
     if kind == WEIGHT_GRADS:
         return "backward"
+    if kind == GRAD_REDUCE:
+        return "grad_reduce"
     return next((name for k, name in _CATEGORY.items() if k.value == kind), "other")
 
 
@@ -215,16 +227,22 @@ def chrome_trace(traces: list[RankTrace], metadata: dict[str, Any] | None = None
                        "args": {"name": f"rank {trace.rank} (stage {trace.pp_rank}, replica {trace.dp_rank})"}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": pid}})
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": "pipeline"}})
+        if any(e.kind == GRAD_REDUCE for step in trace.steps for e in step.events):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1,
+                           "args": {"name": "gradient all-reduce"}})
         for step in trace.steps:
             base = offsets.get(step.step, 0.0)
 
-            def complete(name: str, cat: str, start: float, end: float, **args: Any) -> dict[str, Any]:
-                return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": 0,
+            def complete(name: str, cat: str, start: float, end: float, tid: int = 0, **args: Any) -> dict[str, Any]:
+                return {"name": name, "cat": cat, "ph": "X", "pid": pid, "tid": tid,
                         "ts": round((base + start) * 1e6, 3), "dur": round(max(end - start, 0.0) * 1e6, 3),
                         "args": {"step": step.step, **args}}
 
             events.append(complete(f"iteration {step.step}", "iteration", 0.0, step.end))
             for e in step.events:
+                if e.kind == GRAD_REDUCE:
+                    events.append(complete(e.action, _category(e.kind), e.start, e.end, tid=1, bucket=e.chunk))
+                    continue
                 args = {"microbatch": e.microbatch, "chunk": e.chunk} if e.microbatch >= 0 else {}
                 if e.wait > 0:
                     events.append(complete(f"wait {e.action}", "wait", e.start, e.compute_start, **args))

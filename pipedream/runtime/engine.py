@@ -3,6 +3,7 @@ from a RunSpec, picks the runner of the schedule once (``runner_class``: flush o
 asynchronous), and runs training steps and evaluation through it (``engine_protocol.Engine``)."""
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
@@ -24,7 +25,9 @@ from pipedream.multi_model.budget import prepare_fused_stage
 from pipedream.multi_model.fused import FusedLayerModel
 from pipedream.multi_model.training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from pipedream.numerics.precision import MixedPrecision
-from pipedream.numerics.optim import GradientSync, TiedCopy, build_optimizer, build_scheduler
+from pipedream.numerics.grad_buckets import BucketedReduction
+from pipedream.numerics.optim import GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer
+from pipedream.numerics.sharded_optim import ShardedOptimizer
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.async_runner import AsyncRunner
 from models.boundary import dtypes
@@ -82,15 +85,23 @@ class PipelineEngine:
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
         runner = runner_class(spec.schedule)
-        self.optimizer = build_multi_optimizer(optim, self.params, multi.settings) if multi else \
-            build_optimizer(optim, self.params, float(train.lr))
+        replicas = layout.stage_replica_count(self.coords.pp)
+        if multi:
+            self.optimizer = build_multi_optimizer(optim, self.params, multi.settings)
+        elif optim.distributed:
+            self.optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
+                                                     self.coords.dp)
+        else:
+            self.optimizer = build_optimizer(optim, self.params, float(train.lr))
+        sharded = self.optimizer if isinstance(self.optimizer, ShardedOptimizer) else None
         self.scheduler = build_scheduler(self.optimizer, train, runner.updates_per_step(spec, self.topology,
                                                                                          schedule_rank))
         norm_group = groups.pp if layout.pp > 1 and runner.global_grad_norm else None
         sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
-        self.gradients = sync(self.params, groups.dp, layout.stage_replica_count(self.coords.pp),
-                                      self._tied_copies(built, groups), norm_group,
-                                      tp_group=groups.tp if layout.tp > 1 else None)
+        self.gradients = sync(self.params, groups.dp, replicas, self._tied_copies(built, groups), norm_group,
+                              tp_group=groups.tp if layout.tp > 1 else None, sharded=sharded,
+                              reduction=None if sharded else self._reduction(groups, replicas, train, recorder,
+                                                                             multi is None))
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
                                                       layout.chunk_placement)[self.coords.pp])
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
@@ -193,6 +204,21 @@ class PipelineEngine:
 
     def fusion_report(self) -> dict[str, Any] | None:
         return self.fused_stage.report() if self.fused_stage is not None else None
+
+    def _reduction(self, groups: ProcessGroups, replicas: int, train: TrainSpec, recorder: Any,
+                   plain_layers: bool) -> BucketedReduction | None:
+        """The data-parallel gradient buckets. Overlap needs the hooks to see every accumulation:
+        flush schedules only (asynchronous ones accumulate on weight versions), and not fused model
+        sets (their layers run under vmap)."""
+        if replicas == 1:
+            return None
+        overlap = train.overlap_grad_reduce and plain_layers and not self.spec.schedule.asynchronous
+        reduction = BucketedReduction(self.params, groups.dp, replicas, int(train.grad_bucket_mb * 2 ** 20), overlap,
+                                      recorder=recorder if hasattr(recorder, "record_reduction") else None,
+                                      clock=getattr(recorder, "clock", time.perf_counter))
+        if overlap:
+            self.stage.weight_grads.after_accumulate = reduction.accumulated
+        return reduction
 
     def _routed(self, actions: list[Action]) -> list[Action]:
         """With stage replicas, a rank runs only the micro-batches routed to it."""

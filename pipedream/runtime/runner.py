@@ -22,6 +22,7 @@ from pipedream.runtime.executor import Batch, Executor, Recorder
 from pipedream.config.layout import ParallelLayout
 from pipedream.numerics.loss_scaler import LossScaler
 from pipedream.numerics.optim import GradientSync, NonFiniteError
+from pipedream.numerics.sharded_optim import ShardedOptimizer
 from pipedream.config.run_spec import RunSpec
 from pipedream.schedules import build_schedule
 from pipedream.schedules.replicated import ReplicatedPipeline
@@ -158,7 +159,7 @@ class FlushRunner:
         self._norm = math.nan
         # fp16: unscale first (clipping sees true gradients); an overflow on any rank skips the step
         # on every rank (loss_scaler.py), and its norm is not taken
-        overflow = parts.scaler is not None and parts.scaler.unscale(parts.optimizer)
+        overflow = parts.scaler is not None and parts.scaler.unscale(_gradient_holder(parts.optimizer))
         if overflow:
             self._norm = math.inf
         elif parts.train.grad_clip > 0 or self._norm_wanted:
@@ -168,3 +169,9 @@ class FlushRunner:
         else:
             parts.optimizer.step()
         parts.scheduler.step()
+
+
+def _gradient_holder(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer whose parameters hold the reduced gradients: with ``optim.distributed``, the
+    shard's (the loss scaler unscales and checks those)."""
+    return optimizer.local if isinstance(optimizer, ShardedOptimizer) else optimizer

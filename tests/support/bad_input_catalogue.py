@@ -90,6 +90,9 @@ CATALOGUE = [
          "train.fusion_groups = 3 must be auto or a positive divisor of the 4 models"),
     case("models-budget-negative", "train.models=2 memory.device_budget_bytes=-5",
          "memory.device_budget_bytes = -5 must be a positive number of bytes"),
+    case("distributed-optimizer-async", "schedule=pipedream model.tie_embeddings=false optim.distributed=true",
+         "optim.distributed=true needs a flush schedule"),
+    case("grad-bucket-zero", "train.grad_bucket_mb=0", "train.grad_bucket_mb = 0 must be > 0"),
     # data, checked on the launcher side
     case("text-empty-file", "data=text_file data.path={tmp}/empty.txt", "is empty"),
     case("text-shorter-than-a-sample", "data=text_file data.path={tmp}/short.txt",

@@ -24,9 +24,9 @@ def estimate(overrides: list[str], processes: int = 2):
 
 
 def test_optimizer_states_and_weight_versions():
-    assert optimizer_states(OptimSpec("adamw", 0.0, True, "torch", betas=(0.9, 0.95), eps=1e-8)) == 2
-    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.9)) == 1
-    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", momentum=0.0)) == 0
+    assert optimizer_states(OptimSpec("adamw", 0.0, True, "torch", False, betas=(0.9, 0.95), eps=1e-8)) == 2
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", False, momentum=0.9)) == 1
+    assert optimizer_states(OptimSpec("sgd", 0.0, True, "torch", False, momentum=0.0)) == 0
     one_f_one_b, two_bw, pipedream = schedule_info("1f1b"), schedule_info("2bw"), schedule_info("pipedream")
     assert weight_versions(one_f_one_b, 4, 8) == 1 and weight_versions(two_bw, 4, 8) == 2
     assert weight_versions(pipedream, 4, 8) == 4

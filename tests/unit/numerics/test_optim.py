@@ -16,8 +16,8 @@ def _params(dtype: torch.dtype = torch.float32) -> list[torch.nn.Parameter]:
 
 def _spec(name: str, fused: bool = True) -> OptimSpec:
     if name == "adamw":
-        return OptimSpec(name, weight_decay=0.1, fused=fused, impl="torch", betas=(0.9, 0.999), eps=1e-8)
-    return OptimSpec(name, weight_decay=0.1, fused=fused, impl="torch", momentum=0.9)
+        return OptimSpec(name, weight_decay=0.1, fused=fused, impl="torch", distributed=False, betas=(0.9, 0.999), eps=1e-8)
+    return OptimSpec(name, weight_decay=0.1, fused=fused, impl="torch", distributed=False, momentum=0.9)
 
 
 def _trained(optim: OptimSpec, steps: int = 5) -> list[torch.Tensor]:
@@ -48,4 +48,4 @@ def test_weight_decay_applies_to_matrices_only() -> None:
 
 def test_unknown_optimizer_names_the_choices() -> None:
     with pytest.raises(ValueError, match="choose adamw or sgd"):
-        build_optimizer(OptimSpec("lamb", weight_decay=0.0, fused=True, impl="torch"), _params(), lr=0.1)
+        build_optimizer(OptimSpec("lamb", weight_decay=0.0, fused=True, impl="torch", distributed=False), _params(), lr=0.1)

@@ -1,0 +1,216 @@
+"""The distributed optimizer (``optim.distributed=true``): ZeRO stage 1, as Megatron-Core's
+``--use-distributed-optimizer``.
+
+A stage's parameters, laid end to end in one flat order (that of ``param_groups``), are cut into
+dp contiguous shards, one per data-parallel rank. Each rank keeps optimizer state (AdamW's two
+moments, SGD's momentum) for its shard only, so that state takes 1/dp of the memory. The
+parameters are fp32 in every precision here (mixed precision autocasts them), so they are the
+master weights: a rank's shard of them is updated in place through 1-D views (``pieces``, one
+per parameter the shard overlaps) and nothing is copied for it.
+
+Per step: ``reduce_gradients`` (the SYNC) copies the gradients into a flat buffer and
+reduce-scatters it over the group, leaving each rank the average of its shard (the full
+gradients are dropped: nothing reads an unreduced one); the loss scaler unscales and checks the
+shard (``local``), ``GradientSync`` clips by the global norm summed over the shards; ``step``
+updates the shard with the inner optimizer and all-gathers the parameters. Element-wise
+optimizers make every element's update the one a whole-model optimizer makes.
+
+Checkpoints see a whole-model optimizer: ``state_dict`` all-gathers each moment into the
+per-parameter form that an undistributed optimizer of the same kind saves, and ``load_state_dict``
+takes the own shard from that form, so DCP saves and resumes into any dp degree, distributed or
+not (the gathered copy exists only while a checkpoint is written or read). ``state`` lists, per
+parameter, the names of its state (the values live in the shard): DCP reads the names.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipedream.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The part of one parameter inside this rank's shard."""
+
+    index: int            # the parameter's position in ``param_groups`` order
+    param: nn.Parameter   # the whole parameter
+    begin: int            # element range within the parameter
+    end: int
+    shard_offset: int     # where it starts within the shard
+    view: nn.Parameter    # a 1-D leaf sharing the parameter's storage (what the inner optimizer updates)
+
+
+class ShardedOptimizer(torch.optim.Optimizer):
+    """``param_groups`` hold the whole parameters (the scheduler and checkpoints use them);
+    ``local`` is the optimizer of this rank's pieces."""
+
+    def __init__(self, groups: list[dict[str, Any]], lr: float, build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
+                 group: dist.ProcessGroup | None, dp: int, dp_rank: int):
+        super().__init__(groups, {"lr": lr})
+        self.params = [p for g in self.param_groups for p in g["params"]]
+        self.group, self.dp = group, dp
+        total = sum(p.numel() for p in self.params)
+        self.shard_numel = math.ceil(total / dp)
+        start = dp_rank * self.shard_numel
+        end = min(total, start + self.shard_numel)
+        if start >= end:
+            raise ConfigError(f"optim.distributed=true: a stage's {total} parameters cannot be shared by dp = {dp} "
+                              f"ranks: set optim.distributed=false")
+        self.total = total
+        self.pieces: list[Piece] = []
+        inner_groups, offset, index = [], 0, 0
+        for g in self.param_groups:
+            views = []
+            for param in g["params"]:
+                lo, hi = max(start, offset), min(end, offset + param.numel())
+                if lo < hi:
+                    view = nn.Parameter(param.data.view(-1)[lo - offset:hi - offset])
+                    self.pieces.append(Piece(index, param, lo - offset, hi - offset, lo - start, view))
+                    views.append(view)
+                offset += param.numel()
+                index += 1
+            inner_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": views})
+        self.local = build(inner_groups)
+        dtype, device = self.params[0].dtype, self.params[0].device
+        self._grad_shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
+        self._mine = torch.empty(self.shard_numel, dtype=dtype, device=device)
+
+    def _new_flat(self) -> torch.Tensor:
+        """A whole-stage buffer, only while a collective needs it (kept, it would cost more memory
+        than SGD's sharded momentum saves)."""
+        return torch.empty(self.shard_numel * self.dp, dtype=self._mine.dtype, device=self._mine.device)
+
+    def reduce_gradients(self) -> None:
+        """Collective over the group: leaves each piece the average of its gradient over the replicas."""
+        flat, offset = self._new_flat(), 0
+        for param in self.params:
+            n = param.numel()
+            if param.grad is None:
+                flat[offset:offset + n].zero_()
+            else:
+                flat[offset:offset + n].copy_(param.grad.reshape(-1))
+            param.grad = None
+            offset += n
+        flat[offset:].zero_()
+        dist.reduce_scatter_single(self._grad_shard, flat, group=self.group)
+        self._grad_shard.div_(self.dp)
+        for piece in self.pieces:
+            piece.view.grad = self._grad_shard[piece.shard_offset:piece.shard_offset + piece.end - piece.begin]
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        """Updates this rank's shard, then all-gathers every parameter. Without reduced gradients
+        (DCP's zero-learning-rate step that creates the state) the pieces read their own part of
+        the parameters' gradients."""
+        for piece in self.pieces:
+            if piece.view.grad is None and piece.param.grad is not None:
+                piece.view.grad = piece.param.grad.reshape(-1)[piece.begin:piece.end].clone()
+        for inner, outer in zip(self.local.param_groups, self.param_groups):
+            inner["lr"] = outer["lr"]
+        self.local.step()
+        self._all_gather_parameters()
+        self._name_state()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none=set_to_none)
+        self.local.zero_grad(set_to_none=True)
+
+    def state_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for s in self.local.state.values() for t in s.values()
+                   if torch.is_tensor(t))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective over the group: the whole-model form (per parameter, full shapes)."""
+        self._ensure_local_state()
+        states = [self.local.state[piece.view] for piece in self.pieces]
+        per_element = [k for k, v in states[0].items() if torch.is_tensor(v) and v.dim() > 0]
+        scalars = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in states[0].items() if k not in per_element}
+        full = {name: self._gathered(name) for name in per_element}
+        state, offset = {}, 0
+        for index, param in enumerate(self.params):
+            state[index] = {**{k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()},
+                            **{name: flat[offset:offset + param.numel()].view_as(param).clone()
+                               for name, flat in full.items()}}
+            offset += param.numel()
+        groups, index = [], 0
+        for inner, outer in zip(self.local.param_groups, self.param_groups):
+            count = len(outer["params"])
+            groups.append({**{k: v for k, v in inner.items() if k != "params"},
+                           **{k: v for k, v in outer.items() if k != "params"},
+                           "params": list(range(index, index + count))})
+            index += count
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Takes this rank's shard of a whole-model state (keys matched by position, as torch does)."""
+        self._ensure_local_state()
+        saved_groups = state_dict["param_groups"]
+        key_of: dict[int, Any] = {}
+        for saved, outer, inner in zip(saved_groups, self.param_groups, self.local.param_groups):
+            for key, param in zip(saved["params"], outer["params"]):
+                key_of[id(param)] = key
+            for name, value in saved.items():
+                if name == "params":
+                    continue
+                if name in outer:
+                    outer[name] = value
+                if name in inner:
+                    inner[name] = value
+        for piece in self.pieces:
+            saved = state_dict["state"].get(key_of[id(piece.param)], {})
+            mine = self.local.state[piece.view]
+            for name, value in saved.items():
+                if torch.is_tensor(value) and value.dim() > 0:
+                    mine[name].copy_(value.reshape(-1)[piece.begin:piece.end])
+                elif torch.is_tensor(value) and torch.is_tensor(mine.get(name)):
+                    mine[name].copy_(value)
+                else:
+                    mine[name] = value
+        self._name_state()
+
+    def _gathered(self, name: str) -> torch.Tensor:
+        self._mine.zero_()
+        for piece in self.pieces:
+            self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(
+                self.local.state[piece.view][name])
+        gathered = self._new_flat()
+        dist.all_gather_single(gathered, self._mine, group=self.group)
+        return gathered
+
+    def _all_gather_parameters(self) -> None:
+        for piece in self.pieces:
+            self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
+        flat, offset = self._new_flat(), 0
+        dist.all_gather_single(flat, self._mine, group=self.group)
+        for param in self.params:
+            param.data.view(-1).copy_(flat[offset:offset + param.numel()])
+            offset += param.numel()
+
+    def _ensure_local_state(self) -> None:
+        """Creates the shard's state as DCP does for a fresh optimizer: one step at learning rate 0
+        with zero gradients (local: no collective)."""
+        if self.local.state:
+            return
+        lrs = [g["lr"] for g in self.local.param_groups]
+        for g in self.local.param_groups:
+            g["lr"] = 0.0
+        for piece in self.pieces:
+            piece.view.grad = torch.zeros_like(piece.view)
+        self.local.step()
+        for g, lr in zip(self.local.param_groups, lrs):
+            g["lr"] = lr
+        self.local.zero_grad(set_to_none=True)
+        self._name_state()
+
+    def _name_state(self) -> None:
+        names = list(next(iter(self.local.state.values())).keys()) if self.local.state else []
+        self.state.clear()
+        if names:
+            for param in self.params:
+                self.state[param] = dict.fromkeys(names)

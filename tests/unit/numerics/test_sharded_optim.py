@@ -1,0 +1,79 @@
+"""The distributed optimizer's pieces and its whole-model checkpoint form, in a Gloo world of one
+(dp = 1: the collectives are identities), against plain AdamW."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipedream.config.specs import OptimSpec
+from pipedream.numerics.optim import build_optimizer, build_sharded_optimizer, optimizer_state_bytes
+
+ADAMW = OptimSpec(name="adamw", weight_decay=0.1, fused=True, impl="torch", distributed=True, betas=(0.9, 0.95),
+                  eps=1e-8)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _model(seed: int = 0) -> nn.Sequential:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2))
+
+
+def _train(model: nn.Module, optimizer, sync, steps: int) -> None:
+    for step in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        model(torch.randn(4, 3, generator=torch.Generator().manual_seed(step))).square().mean().backward()
+        sync()
+        optimizer.step()
+
+
+def test_shards_cover_every_element_once_in_order() -> None:
+    params = list(_model().parameters())   # 15 + 5 + 10 + 2 = 32 elements
+    covered = []
+    for rank in range(3):
+        sharded = build_sharded_optimizer(ADAMW, params, 1e-2, None, 3, rank)
+        assert sharded.shard_numel == 11
+        covered += [(id(p.param), p.begin, p.end) for p in sharded.pieces]
+        for piece in sharded.pieces:   # views share the parameters' storage
+            assert piece.view.data_ptr() == piece.param.data.view(-1)[piece.begin:].data_ptr()
+    by_param: dict[int, list[tuple[int, int]]] = {}
+    for key, begin, end in covered:
+        by_param.setdefault(key, []).append((begin, end))
+    for param in params:
+        ranges = sorted(by_param[id(param)])
+        assert ranges[0][0] == 0 and ranges[-1][1] == param.numel()
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+
+
+def test_updates_and_checkpoint_form_equal_plain_adamw() -> None:
+    plain_model, sharded_model = _model(), _model()
+    plain = build_optimizer(ADAMW, list(plain_model.parameters()), 1e-2)
+    sharded = build_sharded_optimizer(ADAMW, list(sharded_model.parameters()), 1e-2, None, 1, 0)
+    _train(plain_model, plain, lambda: None, 3)
+    _train(sharded_model, sharded, sharded.reduce_gradients, 3)
+    for a, b in zip(plain_model.parameters(), sharded_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    whole, mine = plain.state_dict(), sharded.state_dict()
+    assert mine["state"].keys() == whole["state"].keys()
+    for index, state in whole["state"].items():
+        for name, value in state.items():
+            torch.testing.assert_close(mine["state"][index][name], value, rtol=0, atol=0)
+    assert [g["params"] for g in mine["param_groups"]] == [g["params"] for g in whole["param_groups"]]
+    assert optimizer_state_bytes(sharded) == optimizer_state_bytes(plain) - 4 * 4 + 4 * len(sharded.pieces)
+
+    # a plain optimizer's state loads into a fresh sharded one, which then continues identically
+    resumed_model = _model()
+    resumed_model.load_state_dict(plain_model.state_dict())
+    resumed = build_sharded_optimizer(ADAMW, list(resumed_model.parameters()), 1e-2, None, 1, 0)
+    resumed.load_state_dict(whole)
+    _train(plain_model, plain, lambda: None, 2)
+    _train(resumed_model, resumed, resumed.reduce_gradients, 2)
+    for a, b in zip(plain_model.parameters(), resumed_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
