@@ -81,8 +81,9 @@ class Inputs:
         """The memory savers a (t, d) configuration takes (PTD-P's flush schedules)."""
         sequence_parallel = self.sequence_parallel and t > 1 and bool(profile.arrays["sequence_shardable_bytes"].any())
         shards = d if self.distributed_optimizer and d > 1 else 1
+        # the distributed optimizer reduce-scatters at the flush, in one piece: nothing overlaps
         return MemoryOptions(selective=selective, sequence_parallel=sequence_parallel, optimizer_shards=shards,
-                             grad_bucket_bytes=self.grad_bucket_bytes)
+                             grad_bucket_bytes=self.grad_bucket_bytes if shards == 1 else None)
 
     def profile_at(self, tp: int) -> Profile:
         if tp in self.tp_profiles:

@@ -84,21 +84,25 @@ def test_data_parallel_sync_uses_the_measured_allreduce(tmp_path):
 
 def test_overlapped_reduction_and_the_distributed_optimizer_are_priced(tmp_path):
     """Overlapped: a rank waits for the larger of its last bucket's reduction and what exceeds the last
-    micro-batch's backward. Distributed optimizer: each rank updates half the parameters."""
+    micro-batch's backward. Distributed optimizer: its reduce-scatter runs whole at the flush, and each
+    rank updates half the parameters."""
     path = tmp_path / "sheet.json"
     write_sheet(path)
-    inputs, plan = plan_for(path, "train.micro_batch_size=16", "planner.pp=1", "planner.dp=2",
-                            "planner.schedules=[1f1b]", "planner.recompute=[false]", "planner.grad_bucket_mb=0.01",
-                            "planner.overlap_grad_reduce=true", "planner.distributed_optimizer=true")
+    pins = ("train.micro_batch_size=16", "planner.pp=1", "planner.dp=2", "planner.schedules=[1f1b]",
+            "planner.recompute=[false]", "planner.grad_bucket_mb=0.01", "planner.overlap_grad_reduce=true")
+    inputs, overlapped = plan_for(path, *pins, "planner.distributed_optimizer=false")
+    _, sharded = plan_for(path, *pins, "planner.distributed_optimizer=true")
     fwd, bwd = inputs.profile.times(16)
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     sync = 2 * AR_LATENCY + weights / AR_BANDWIDTH
     last_bucket = sync * min(1.0, 0.01 * 2**20 / weights)
     exposed = max(last_bucket, sync - float(bwd.sum()))
-    expected = float((fwd + bwd).sum()) + exposed + OPT_OVERHEAD + OPT_PER_BYTE * weights / 2
-    assert plan.distributed_optimizer and not plan.sequence_parallel
-    assert plan.predicted.iteration_time_s == pytest.approx(expected, rel=1e-9)
-
+    compute = float((fwd + bwd).sum())
+    assert overlapped.predicted.iteration_time_s == pytest.approx(compute + exposed + OPT_OVERHEAD + OPT_PER_BYTE * weights,
+                                                                  rel=1e-9)
+    assert sharded.distributed_optimizer and not overlapped.distributed_optimizer
+    assert sharded.predicted.iteration_time_s == pytest.approx(compute + sync + OPT_OVERHEAD + OPT_PER_BYTE * weights / 2,
+                                                               rel=1e-9)
 
 def test_another_model_configuration_is_not_mistaken_for_the_calibrated_one(tmp_path):
     path = tmp_path / "sheet.json"
