@@ -73,10 +73,13 @@ def inputs_from_config(cfg: Any) -> Inputs:
     if cfg.planner.get("precision"):
         model_cfg["precision"] = cfg.planner.precision
     target = model_cfg.get("_target_")
-    if target is not None and not (cfg.planner.get("profile") or cfg.planner.get("graph")):
+    if target is not None and not (cfg.planner.get("profile") or cfg.planner.get("graph")
+                                   or measured_profile(cluster, model_cfg) is not None):
         raise PlannerError(f"model._target_={target} has no analytic sizes: measure it first (python -m "
                            f"planner.profile model._target_={target} ... planner.profile_out=profile.json), then "
-                           f"plan with planner.profile=profile.json")
+                           f"plan with planner.profile=profile.json; or calibrate this machine with it (python -m "
+                           f"planner.calibrate model._target_={target} data._target_=...) and plan with "
+                           f"cluster=measured")
     spec = None if target is not None else spec_from_config(model_cfg, cluster.device.default_precision)
     profile = build_profile(cfg, spec, cluster)
     batch = cfg.train.global_batch_size

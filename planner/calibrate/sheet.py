@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from planner.calibrate.harmony import measure_harmony, print_harmony
-from planner.calibrate.runtime import measure_runtime
+from planner.calibrate.runtime import check_as_launcher, measure_runtime, run_overrides
 from planner.inputs.cluster_sheet import SCHEMA, fit_line, model_fingerprint
 from planner.errors import PlannerError
 from planner.inputs.profile import mean_profile
@@ -253,7 +253,8 @@ def _own_cpu_s() -> float:
 
 def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, threads: int, repeats: int,
               previous: dict | None = None, model_overrides: Sequence[str] | None = None) -> dict[str, Any]:
-    """``model_overrides``: the Hydra overrides that select the model, for the traced runs (None: none run)."""
+    """``model_overrides``: the Hydra overrides that select the model and its data, for the traced runs
+    (None: none run)."""
     import torch
 
     from omegaconf import OmegaConf
@@ -284,7 +285,7 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     own_cpu = _own_cpu_s() - own0
     other = max(0.0, (busy1 - busy0 - own_cpu * ticks) / (total1 - total0)) if total1 > total0 else None
     data["machine_load"] = {"other_cpu_share": other, "workers_excluded": True, "load_average": list(os.getloadavg())}
-    entry = {"model": str(plain.get("preset") or plain["name"]), "config": plain, "profile": net["profile"],
+    entry = {"model": str(plain.get("preset") or plain.get("name") or plain.get("_target_")), "config": plain, "profile": net["profile"],
              "profiles_tp": net["profiles_tp"]}
     if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
         entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
@@ -307,8 +308,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if processes < 2:
             raise PlannerError(f"cluster.devices_per_node={processes}: calibration measures messages between "
                                f"processes; use at least 2")
-        overrides = ([a for a in (sys.argv[1:] if argv is None else argv) if a.lstrip("+~").startswith("model")]
-                     if p.calibrate_runtime else None)
+        selected = run_overrides(sys.argv[1:] if argv is None else argv)   # the model and its data
+        check_as_launcher(selected)
+        overrides = selected if p.calibrate_runtime else None
         data = calibrate(cfg.model, list(p.calibrate_micro_batches), processes, int(p.calibrate_threads),
                          int(p.calibrate_repeats), previous, overrides)
     except (PlannerError, ValueError) as err:
