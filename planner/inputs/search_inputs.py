@@ -81,10 +81,11 @@ class Inputs:
         """Model FLOPs: forward and backward (3 passes), the same for every plan."""
         return self.profile.flops_per_sample * samples
 
-    def hardware_flops(self, samples: float) -> float:
-        """Table 4.1's count (eq. 4.2): 4 passes, the forward again as with full recomputation, for
-        every plan, so plans with and without recomputation compare on one scale."""
-        return self.profile.flops_per_sample_recompute * samples
+    def hardware_flops(self, samples: float, recompute: bool = True) -> float:
+        """The FLOPs the devices execute: eq. 4.2's 4 passes (Table 4.1's count) where the forward is
+        recomputed, the model's 3 without. Counting a 4th pass a plan does not run would claim work
+        never done, above the device's peak for a plan near it (Harmony recomputes: the default)."""
+        return (self.profile.flops_per_sample_recompute if recompute else self.profile.flops_per_sample) * samples
 
 
 def memory_reserve(capacity: float, gib: float, fraction: float) -> float:

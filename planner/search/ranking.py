@@ -109,7 +109,7 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
     return Candidate(
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
         batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
-        inputs.hardware_flops(batch) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
+        inputs.hardware_flops(batch, rec) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
         inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
         model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12)
 
