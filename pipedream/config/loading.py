@@ -140,9 +140,10 @@ def compose_plain(overrides: Sequence[str], config_name: str) -> tuple[Any, dict
         entries = OmegaConf.to_container(defaults) if defaults is not None else None
         if not isinstance(entries, list) or "_self_" not in entries:
             raise _NotPlain("defaults")
-        groups = [next(iter(e)) for e in entries if isinstance(e, dict)]
-        if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries) or set(choices) - set(groups):
-            raise _NotPlain("defaults")
+        if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries):
+            raise _NotPlain("defaults")   # optional entries, overrides of Hydra's own groups, packages
+        if set(choices) - {next(iter(e)) for e in entries if isinstance(e, dict)}:
+            raise _NotPlain("a group the defaults do not choose")
         cfg = OmegaConf.create()
         chosen = {}
         for entry in entries:

@@ -285,8 +285,8 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     own_cpu = _own_cpu_s() - own0
     other = max(0.0, (busy1 - busy0 - own_cpu * ticks) / (total1 - total0)) if total1 > total0 else None
     data["machine_load"] = {"other_cpu_share": other, "workers_excluded": True, "load_average": list(os.getloadavg())}
-    entry = {"model": str(plain.get("preset") or plain.get("name") or plain.get("_target_")), "config": plain, "profile": net["profile"],
-             "profiles_tp": net["profiles_tp"]}
+    label = plain.get("preset") or plain.get("name") or plain.get("_target_")   # a plugin: its target
+    entry = {"model": str(label), "config": plain, "profile": net["profile"], "profiles_tp": net["profiles_tp"]}
     if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
         entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
                                            data["process_base_bytes"])
