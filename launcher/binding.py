@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from pipedream.errors import ConfigError
+from pipedream.runtime.affinity import even_sets
 
 NUMA_BINDING = "--numa-binding=node"   # torchrun's option (torch 2.13): CPUs near each rank's GPU
 
@@ -27,18 +28,6 @@ def _plain(value: Any) -> Any:
 
 def _cores(text: Sequence[int]) -> str:
     return ",".join(str(c) for c in sorted(text))
-
-
-def even_sets(cores: Sequence[int], ranks: int) -> list[tuple[int, ...]]:
-    """``cores`` (in order) split into ``ranks`` disjoint sets whose sizes differ by at most one."""
-    cores = sorted(cores)
-    size, extra = divmod(len(cores), ranks)
-    sets, start = [], 0
-    for rank in range(ranks):
-        end = start + size + (rank < extra)
-        sets.append(tuple(cores[start:end]))
-        start = end
-    return sets
 
 
 def core_sets(setting: Any, device: str, ranks: int, available: Sequence[int]) -> list[tuple[int, ...]] | None:

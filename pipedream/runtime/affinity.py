@@ -11,6 +11,18 @@ from typing import Mapping, Sequence
 ENV = "PIPEDREAM_CORE_SETS"   # "0,1|2,3": local rank 0 on cores 0 and 1, local rank 1 on 2 and 3
 
 
+def even_sets(cores: Sequence[int], ranks: int) -> list[tuple[int, ...]]:
+    """``cores`` (in order) split into ``ranks`` disjoint sets whose sizes differ by at most one."""
+    cores = sorted(cores)
+    size, extra = divmod(len(cores), ranks)
+    sets, start = [], 0
+    for rank in range(ranks):
+        end = start + size + (rank < extra)
+        sets.append(tuple(cores[start:end]))
+        start = end
+    return sets
+
+
 def format_core_sets(sets: Sequence[Sequence[int]]) -> str:
     return "|".join(",".join(str(core) for core in cores) for cores in sets)
 

@@ -5,7 +5,8 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.inputs.
 
 * per-layer forward and backward times of the model at ``planner.calibrate_micro_batches``, on
   ``planner.calibrate_threads`` threads as the trainer runs (``planner.calibrate.measure``), in every process
-  of the node at once (as they contend in training) and averaged over them;
+  of the node at once (as they contend in training; each on its own cores where there are enough, as
+  the launcher binds training ranks, ``launcher.bind_cores``) and averaged over them;
 * fp32 matmul FLOP/s and copy bandwidth of one process, and how much slower the same matmuls run
   while every process of the node computes at once (``matmul_slowdown_all_busy``, over 0.3 s
   windows so that more processes than cores show their time slicing; Harmony's estimator takes
@@ -140,10 +141,14 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
     """One of ``world`` processes: joins a Gloo group, then ping-pong, all-reduce, concurrent matmul
     and the model's layer profile while every other process profiles it too (as in training)."""
     from planner.calibrate.measure import measure_profile
+    from pipedream.runtime.affinity import even_sets
 
     import torch
     import torch.distributed as dist
 
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= world:   # on its own cores, as the launcher binds a training rank (launcher.bind_cores=auto)
+        os.sched_setaffinity(0, even_sets(cores, world)[rank])
     torch.set_num_threads(threads)
     import models  # noqa: F401  what a training process holds before its model
     import pipedream.trainer  # noqa: F401

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from launcher.binding import even_sets
+from pipedream.runtime.affinity import even_sets
 from tests.support.processes import run_cli
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "train.global_batch_size=4",

@@ -7,10 +7,10 @@ import shutil
 import pytest
 from omegaconf import OmegaConf
 
-from launcher.binding import core_sets, even_sets, numa_options
+from launcher.binding import core_sets, numa_options
 from pipedream.errors import ConfigError
 from pipedream.runtime import affinity
-from pipedream.runtime.affinity import ENV, bind_this_rank, format_core_sets, parse_core_sets
+from pipedream.runtime.affinity import ENV, bind_this_rank, even_sets, format_core_sets, parse_core_sets
 
 
 def test_auto_gives_each_rank_disjoint_cores_when_there_are_enough():
