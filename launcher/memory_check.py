@@ -68,7 +68,8 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
     model = spec_from_config({**dict(model_cfg), "precision": "fp32"})
     layers = model.layer_specs(1)
     parameters = sum(layer.parameters for layer in layers)
-    per_sample = sum(layer.activation_bytes_recompute if spec.recompute else layer.activation_bytes
+    per_sample = sum(layer.activation_bytes_recompute if spec.recompute else
+                     layer.activation_bytes - (layer.attention_core_bytes if spec.selective_recompute else 0.0)
                      for layer in layers)
     pp, tp = spec.layout.pp, spec.layout.tp
     share = processes / (pp * tp)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 
 _LAZY = {"bert_model": ".families.bert", "gpt_model": ".families.gpt", "mlp_model": ".families.mlp", "LayerModel": ".spec",
          "vgg16_model": ".families.vision", "resnet50_model": ".families.vision",
-         "PipelineSequential": ".spec", "from_modules": ".contract"}
+         "PipelineSequential": ".spec", "from_modules": ".contract",
+         "CoreAttention": ".attention"}
 
 
 def __getattr__(name: str) -> Any:
@@ -63,7 +64,7 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
     return family.build(model_cfg, seed, tp)
 
 
-__all__ = ["LayerModel", "MODEL_FAMILIES", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model",
+__all__ = ["CoreAttention", "LayerModel", "MODEL_FAMILIES", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model",
            "build_model", "check_tensor_parallel_config", "gpt_model", "layer_count", "mlp_model", "model_family",
            "pipeline_layer_count", "resnet50_model", "vgg16_model"]
 

@@ -27,7 +27,8 @@ DATA_KINDS = (TOKEN_WINDOWS, MASKED_LM, TEACHER_REGRESSION, IMAGES)
 TRANSFORMER_SPEC = "transformer"           # embedding, blocks, head with Megatron's tensor-parallel layout
 BLOCK_CHAIN_SPEC = "block_chain"           # identical residual blocks, tp = 1
 VISION_CHAIN_SPEC = "vision_chain"         # the layers of ``models.families.vision_facts``, tp = 1
-ANALYTIC_SPECS = (TRANSFORMER_SPEC, BLOCK_CHAIN_SPEC, VISION_CHAIN_SPEC)
+LLAMA_SPEC = "llama"                       # as transformer, with grouped-query attention and a SwiGLU MLP
+ANALYTIC_SPECS = (TRANSFORMER_SPEC, BLOCK_CHAIN_SPEC, VISION_CHAIN_SPEC, LLAMA_SPEC)
 
 
 def transformer_layer_kinds(num_layers: int) -> tuple[str, ...]:
@@ -66,6 +67,12 @@ class ModelFamily:
     ``(model_cfg, tp)``, None when the family has no tensor-parallel form. ``normalised_values(
     model_cfg, micro_batch)``: values per channel in the smallest BatchNorm of a forward, None when
     the family has no BatchNorm. ``sequence``: samples are token sequences (``seq_len`` applies).
+    ``config_from_files(model_cfg)``: the model keys the family reads from the model's own files
+    (``model=hf``: config.json), filled in when the config is composed
+    (``pipedream.config.loading.complete_model_config``); None when the config states them all.
+    ``hf_export``: "module:function" ``to_hf(model_state, model_cfg) -> (config_dict, hf_state)``
+    turning a consolidated state (``<layer>.<name>``) into a Hugging Face checkpoint
+    (``python -m pipedream.export format=hf``), None when the family has no such form.
     """
 
     name: str
@@ -78,9 +85,13 @@ class ModelFamily:
     parameter_count: Callable[[Mapping[str, Any]], int]
     flops_per_iteration: Callable[[Mapping[str, Any], int, bool, int | None], float]
     layer_kinds: Callable[[int], tuple[str, ...]] = plain_layer_kinds
+    attention_core: bool = False   # its attention runs through models.attention.CoreAttention (selective recompute)
+    sequence_parallel: bool = False   # its tensor-parallel form honours TensorParallel.sequence_parallel
+    config_from_files: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     check_config: Callable[[Mapping[str, Any], Any], None] = no_further_checks
     tensor_parallel: str | None = None
     normalised_values: Callable[[Mapping[str, Any], int], int] | None = None
+    hf_export: str | None = None
 
     def __post_init__(self) -> None:
         if self.data_kind not in DATA_KINDS:

@@ -152,3 +152,11 @@ def describe(value: Any) -> str:
     if isinstance(value, tuple) and all(isinstance(t, torch.Tensor) for t in value):
         return "(" + ", ".join(describe(t) for t in value) + ")"
     return f"a {type(value).__name__}"
+
+
+def attention_core_count(model: LayerModel) -> int:
+    """How many ``models.CoreAttention`` modules the model's layers hold (built on the meta device)."""
+    from models.attention import CoreAttention
+    with torch.device("meta"):
+        layers = model.build()
+    return sum(isinstance(m, CoreAttention) for layer in layers.values() for m in layer.modules())

@@ -1,9 +1,15 @@
 """``python -m pipedream.export run_dir=runs/<run> [out=model.pt] [step=N]``: consolidates the latest
 complete sharded checkpoint of a run into one state dict that the plain single-process model
 (``models.build_model(cfg.model).build_sequential()``) loads; also writes ``.safetensors`` when the
-safetensors package is installed."""
+safetensors package is installed.
+
+``format=hf out=DIR [shard_mb=2000]`` writes a Hugging Face checkpoint instead (config.json, sharded
+``model-0000k-of-0000n.safetensors`` and ``model.safetensors.index.json``) that
+``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads; the model family's ``hf_export``
+(``models.registry``) names the conversion."""
 from __future__ import annotations
 
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -64,6 +70,67 @@ def export(run_dir: Path, out: Path | None = None, step: int | None = None) -> l
     return _save(state, out)
 
 
+def checkpoint_model_config(checkpoint: Path) -> dict[str, Any]:
+    """The ``model`` section of the run that saved ``checkpoint`` (its ``extra.json`` records the run)."""
+    return dict(json.loads((checkpoint / "extra.json").read_text())["config"]["model"])
+
+
+def hf_converter(model_cfg: dict[str, Any]) -> Any:
+    """The family's ``to_hf``; one ExportError line for a model without a Hugging Face form."""
+    from models.family import resolve
+    from models.registry import known_family
+    family = known_family(model_cfg.get("name"))
+    if family is None or family.hf_export is None:
+        name = model_cfg.get("name") or f"{model_cfg.get('_target_')} (a plugin)"
+        raise ExportError(f"model={name} has no Hugging Face form: format=hf exports model=hf and the families "
+                          f"that declare hf_export (docs/models.md); use format=torch")
+    return resolve(family.hf_export)
+
+
+def export_hf(run_dir: Path, out: Path, step: int | None = None, shard_mb: float = 2000.0) -> list[Path]:
+    """A Hugging Face checkpoint of the run's model in ``out``: config.json, the shards and their index."""
+    checkpoint = choose_checkpoint(default_checkpoint_root(run_dir), step)
+    model_cfg = checkpoint_model_config(checkpoint)
+    to_hf = hf_converter(model_cfg)
+    try:
+        from safetensors.torch import save_file
+    except ImportError:
+        raise ExportError("format=hf needs the safetensors package: pip install .[hf]") from None
+    state = consolidate(checkpoint)
+    if is_fused_state(state):
+        raise ExportError("format=hf exports one model; this run trained a fused set (train.models): use format=torch")
+    hf_config, hf_state = to_hf(state, model_cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    shards = shard_tensors(hf_state, int(shard_mb * 2**20))
+    written, weight_map = [out / "config.json"], {}
+    (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
+    for k, shard in enumerate(shards, start=1):
+        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        # safetensors refuses tensors that share memory: store independent copies
+        save_file({key: value.contiguous().clone() for key, value in shard.items()}, str(out / name),
+                  metadata={"format": "pt"})
+        weight_map.update({key: name for key in shard})
+        written.append(out / name)
+    total = sum(value.numel() * value.element_size() for value in hf_state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+    return written + [out / "model.safetensors.index.json"]
+
+
+def shard_tensors(state: dict[str, Any], shard_bytes: int) -> list[dict[str, Any]]:
+    """Consecutive groups of tensors, each at most ``shard_bytes`` unless one tensor alone is larger."""
+    shards: list[dict[str, Any]] = [{}]
+    size = 0
+    for key, value in state.items():
+        nbytes = value.numel() * value.element_size()
+        if shards[-1] and size + nbytes > shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][key] = value
+        size += nbytes
+    return shards
+
+
 def _save(state: dict[str, Any], out: Path) -> list[Path]:
     import torch
     torch.save(state, out)
@@ -77,20 +144,49 @@ def _save(state: dict[str, Any], out: Path) -> list[Path]:
     return written + [out.with_suffix(".safetensors")]
 
 
+USAGE = ("usage: python -m pipedream.export run_dir=RUN_DIR [out=FILE] [step=N] | "
+         "run_dir=RUN_DIR format=hf out=DIR [shard_mb=2000] [step=N]")
+TORCH_FORMAT, HF_FORMAT = "torch", "hf"   # format=: one state dict, or a Hugging Face checkpoint folder
+FORMATS = (TORCH_FORMAT, HF_FORMAT)
+
+
+def _argument_problem(args: dict[str, str]) -> str | None:
+    step, fmt, shard_mb = args.get("step"), args.get("format", TORCH_FORMAT), args.get("shard_mb")
+    if step is not None and not step.isdigit():
+        return (f"step={step} is not a step number: give the N of a step_0000000N folder, or leave step out "
+                f"for the newest")
+    if fmt not in FORMATS:
+        return f"format={fmt} is unknown: choose torch (one state dict) or hf (a Hugging Face checkpoint folder)"
+    if shard_mb is not None:
+        try:
+            positive = float(shard_mb) > 0
+        except ValueError:
+            positive = False
+        if fmt != HF_FORMAT or not positive:
+            return f"shard_mb={shard_mb}: give a positive size in MiB, with format=hf only"
+    return None
+
+
 def main(argv: list[str]) -> int:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = [a for a in argv if "=" not in a] + [k for k in args if k not in ("run_dir", "out", "step")]
+    known = ("run_dir", "out", "step", "format", "shard_mb")
+    unknown = [a for a in argv if "=" not in a] + [k for k in args if k not in known]
     if unknown or "run_dir" not in args:
-        print("usage: python -m pipedream.export run_dir=RUN_DIR [out=FILE] [step=N]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
-    step = args.get("step")
-    if step is not None and not step.isdigit():
-        print(f"error: step={step} is not a step number: give the N of a step_0000000N folder, or leave step out "
-              f"for the newest", file=sys.stderr)
+    problem = _argument_problem(args)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
+    step = None if args.get("step") is None else int(args["step"])
     try:
-        written = export(Path(args["run_dir"]), Path(args["out"]) if "out" in args else None,
-                         None if step is None else int(step))
+        if args.get("format") == HF_FORMAT:
+            out = Path(args["out"]) if "out" in args else Path(args["run_dir"]) / "hf"
+            written = export_hf(Path(args["run_dir"]), out, step, float(args.get("shard_mb", 2000)))
+            print(f"wrote {out}: config.json, {len(written) - 2} safetensors shard(s), model.safetensors.index.json")
+            return 0
+        else:
+            written = export(Path(args["run_dir"]), Path(args["out"]) if "out" in args else None, step)
     except (ExportError, NotPlainFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -23,6 +23,7 @@ from omegaconf import DictConfig
 
 from pipedream.runtime.distributed import init_distributed, shutdown, world_size_from_env
 from pipedream.errors import FINAL_EXIT, REFUSED_EXIT, ConfigError, stderr_line
+from pipedream.config.loading import complete_model_config
 from pipedream.config.plan_config import apply_plan, check_plan_world_size
 from pipedream.observe.run_outputs import claim_run_dir
 from pipedream.config.run_spec import build_run_spec
@@ -35,6 +36,7 @@ def first_attempt_rank0() -> bool:
 def run(cfg: Any) -> int:
     """Validates, trains, and returns an exit code; errors become one line on stderr."""
     try:
+        cfg = complete_model_config(cfg)   # as compose_config does: @hydra.main composed this one
         check_plan_world_size(cfg, world_size_from_env())
         cfg = apply_plan(cfg)
         spec = build_run_spec(cfg, world_size_from_env())   # the last read of cfg: below, the spec only

@@ -86,10 +86,11 @@ def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> E
         from pipedream.harmony.engine import HarmonyEngine
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
-    tp = TensorParallel.from_group(groups.tp) if spec.layout.tp > 1 else None
+    tp = TensorParallel.from_group(groups.tp, spec.sequence_parallel) if spec.layout.tp > 1 else None
     model = build_model(spec.model_config, seed=spec.train.seed, tp=tp) if tp is not None else dense
+    # boundary tensors are dense, except with sequence parallelism: this rank's part of the sequence
     return PipelineEngine(spec, model, ctx.rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout,
-                          recorder=recorder, tp=tp, shape_model=dense)
+                          recorder=recorder, tp=tp, shape_model=model if spec.sequence_parallel else dense)
 
 
 class ShardedData:

@@ -56,6 +56,8 @@ def run(argv: Sequence[str]) -> int:
         outcome.plan.save(str(p.out))
         model = (f"model._target_={cfg.model._target_} data._target_=..." if cfg.model.get("_target_")
                  else f"model={cfg.model.get('preset') or cfg.model.name}")
+        if cfg.model.get("path"):   # a model read from its folder (model=hf)
+            model += f" model.path={cfg.model.path}"
         # harmony_pp updates each pack after its backward, before a global gradient norm exists
         extra = " train.grad_clip=0" if outcome.harmony is not None else ""
         print(f"wrote {p.out}; run it with: scripts/train.sh {model} parallel.plan={p.out}{extra}")

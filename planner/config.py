@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
+from models.registry import known_family
 from pipedream.config.loading import compose_config, compose_plain, describe_composition_error
 
 from pipedream.schedules import SCHEDULE_INFOS, planned_schedules
@@ -30,10 +31,14 @@ def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
         from hydra.errors import HydraException
         from omegaconf.errors import OmegaConfBaseException as OmegaConfError
 
+        from models.errors import ConfigError
+
         try:
             cfg = compose_config(overrides, config_name, return_hydra_config=True)
         except (HydraException, OmegaConfError) as err:   # unknown choice or key, bad override syntax
             raise PlannerError(describe_composition_error(err, overrides, config_name)) from None
+        except ConfigError as err:   # a model whose own files cannot be read (model=hf)
+            raise PlannerError(str(err)) from None
         choices = dict(cfg.hydra.runtime.choices)
         with open_dict(cfg):
             del cfg["hydra"]
@@ -108,7 +113,26 @@ def inputs_from_config(cfg: Any) -> Inputs:
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
         fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs),
-        device_budget=_budget(p.get("device_budget_bytes")), **_calibrated(cfg, cluster, profile))
+        device_budget=_budget(p.get("device_budget_bytes")), **_memory_savers(p, spec),
+        **_calibrated(cfg, cluster, profile))
+
+
+def _memory_savers(p: Any, spec: Any) -> dict[str, Any]:
+    """planner.selective_recompute / sequence_parallel / distributed_optimizer / overlap_grad_reduce,
+    each limited to what the runtime can run for this model."""
+    flags = {key: p.get(key, False) for key in ("selective_recompute", "sequence_parallel", "distributed_optimizer",
+                                                 "overlap_grad_reduce")}
+    for key, value in flags.items():
+        if not isinstance(value, bool):
+            raise PlannerError(f"planner.{key} = {value!r} must be true or false")
+    family = known_family(getattr(spec, "family", None))
+    bucket_mb = p.get("grad_bucket_mb", 25)
+    if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or bucket_mb <= 0:
+        raise PlannerError(f"planner.grad_bucket_mb = {bucket_mb!r} must be a positive number of MiB")
+    return {"selective_recompute": flags["selective_recompute"] and (family is None or family.attention_core),
+            "sequence_parallel": flags["sequence_parallel"] and family is not None and family.sequence_parallel,
+            "distributed_optimizer": flags["distributed_optimizer"],
+            "grad_bucket_bytes": float(bucket_mb) * 2**20 if flags["overlap_grad_reduce"] else None}
 
 
 GPU_RESERVE = {"reserve_gib": 3.0, "reserve_fraction": 0.2}   # docs/planner.md, Memory reserve

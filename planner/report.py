@@ -81,7 +81,8 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
         _row("layer split x replicas", _split(c)),
         _row("micro-batch", f"b={c.micro}, m={c.num_microbatches} micro-batches per pipeline"),
         _row("schedule", c.schedule + (f" (v={c.vpp})" if c.vpp > 1 else "")),
-        _row("recomputation", "full" if c.recompute else "none"),
+        _row("recomputation", c.recompute_granularity),
+        _row("memory savers", savers_text(c)),
         _row("iteration time", f"{c.iteration_time:.4g} s"),
         _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
         _row("TFLOP/s per device", _tflops(c, peak_flops)),
@@ -129,3 +130,10 @@ def training_time(outcome: Outcome, tokens: float | None, seq_len: int | None) -
         line += (f"; eq. 4.4 ({2 * passes}TP/(nX), X = {c.tflops_per_device:.3g} hardware TFLOP/s) gives {eq44:.1f} "
                  f"days, {eq44 / days - 1:+.0%} from dropping s/6h and V/16lh")
     return line
+
+
+def savers_text(c) -> str:
+    """Which of sequence parallelism and the distributed optimizer the plan takes."""
+    taken = [name for name, on in (("sequence parallelism", c.sequence_parallel),
+                                   ("distributed optimizer", c.distributed_optimizer)) if on]
+    return ", ".join(taken) or "none"

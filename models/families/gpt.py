@@ -10,10 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.attention import CoreAttention
 from models.errors import ConfigError
 from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
                                        vocab_parallel_cross_entropy, vocab_parallel_logits)
+
+from models.tensor_parallel.sequence import SequenceParallelLayerNorm, sequence_parallel_weight, sequence_range
+from models.tensor_parallel.transformer import sequence_region_dropout
 
 from models.families.transformer_facts import OPTIONAL_KEYS, option, transformer_pipeline_layers
 from models.spec import LayerModel, seeded
@@ -35,6 +39,23 @@ class Embedding(nn.Module):
         return self.drop(self.wte(tokens) + self.wpe(positions))
 
 
+class SequenceParallelEmbedding(nn.Module):
+    """The tensor-parallel embedding with sequence parallelism: the vocabulary-parallel lookup is
+    reduce-scattered so each rank holds its part of the sequence, which gets its own positions."""
+
+    def __init__(self, embedding: Embedding, tp: TensorParallel, rng: RNGTracker):
+        super().__init__()
+        self.tp, self.rng = tp, rng
+        self.wte = VocabParallelEmbedding.from_dense_weight(embedding.wte.weight.detach(), tp)
+        self.wpe, self.drop = embedding.wpe, embedding.drop
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        start, end = sequence_range(tokens.shape[1], self.tp)
+        positions = torch.arange(start, end, device=tokens.device)
+        x = self.wte(tokens) + F.embedding(positions, sequence_parallel_weight(self.wpe.weight, self.tp))
+        return sequence_region_dropout(self.drop, x, self.rng, self.tp)
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head self-attention; ``causal=False`` makes it bidirectional (BERT)."""
 
@@ -45,6 +66,7 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.dropout = dropout
+        self.core = CoreAttention(causal, dropout)
         self.resid_drop = nn.Dropout(dropout)
         nn.init.normal_(self.qkv.weight, std=INIT_STD)
         nn.init.normal_(self.proj.weight, std=proj_std)
@@ -56,8 +78,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.qkv(x).split(hidden, dim=2)
         shape = (batch, seq, self.num_heads, hidden // self.num_heads)
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = self.core(q, k, v)
         return self.resid_drop(self.proj(y.transpose(1, 2).reshape(batch, seq, hidden)))
 
 
@@ -110,7 +131,7 @@ class ParallelHead(nn.Module):
     def __init__(self, head: Head, tp: TensorParallel):
         super().__init__()
         self.tp = tp
-        self.ln_f = head.ln_f
+        self.ln_f = SequenceParallelLayerNorm(head.ln_f, tp) if tp.sequence_parallel else head.ln_f
         spec = ShardSpec(dim=0, full_size=head.weight.shape[0])
         self.weight = mark_sharded(nn.Parameter(shard_tensor(head.weight.detach(), spec, tp)), spec)
         mark_replicated(self)
@@ -148,6 +169,8 @@ def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
 def parallelize_gpt_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker) -> nn.Module:
     """The tensor-parallel form of a dense GPT layer: exactly its slice on this rank. (A model too big
     for one device would initialise the shards directly under ``rng.fork`` instead of slicing.)"""
+    if isinstance(layer, Embedding) and tp.sequence_parallel:
+        return mark_replicated(SequenceParallelEmbedding(layer, tp, rng))
     if isinstance(layer, Embedding):
         layer.wte = VocabParallelEmbedding.from_dense_weight(layer.wte.weight.detach(), tp)
         return mark_replicated(layer)

@@ -11,11 +11,13 @@ from models.errors import ConfigError
 @dataclass(frozen=True)
 class TensorParallel:
     """A tensor-parallel group as the layers see it. ``size == 1`` means no communication at all,
-    so the same layers run in a single process (``group`` may then be None)."""
+    so the same layers run in a single process (``group`` may then be None). ``sequence_parallel``:
+    the regions between the tensor-parallel GEMMs hold 1/t of the sequence (``sequence.py``)."""
 
     group: dist.ProcessGroup | None = None
     rank: int = 0
     size: int = 1
+    sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.size < 1 or not 0 <= self.rank < self.size:
@@ -31,9 +33,10 @@ class TensorParallel:
         return cls()
 
     @classmethod
-    def from_group(cls, group: dist.ProcessGroup) -> "TensorParallel":
+    def from_group(cls, group: dist.ProcessGroup, sequence_parallel: bool = False) -> "TensorParallel":
         """This rank's context in ``group`` (e.g. ``ProcessGroups.tp`` or ``mesh.get_group("tp")``)."""
-        return cls(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
+        return cls(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group),
+                   sequence_parallel=sequence_parallel)
 
 
 def divide(value: int, tp: int, key: str, hint: str) -> int:

@@ -16,6 +16,7 @@ from models.grad_accumulation import WeightGradQueue, accumulate_weight_grad, ac
 from models.tensor_parallel.context import TensorParallel, divide, padded_size
 from models.tensor_parallel.mappings import copy_to_region, gather_from_region, reduce_from_region, scatter_to_region
 from models.tensor_parallel.params import ShardSpec, mark_replicated, mark_sharded, shard_tensor
+from models.tensor_parallel.sequence import gather_sequence, scatter_sequence_sum, sequence_parallel_weight
 
 INIT_STD = 0.02
 
@@ -93,7 +94,9 @@ class ColumnParallelLinear(nn.Module):
         return layer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.tp.size == 1:
+        if self.tp.size == 1 or self.tp.sequence_parallel:
+            if self.tp.sequence_parallel:   # the whole sequence from every rank's part (replaces f)
+                x = gather_sequence(x, self.tp)
             y = (accumulating_linear(x, self.weight, self.bias, self.weight_grads) if self.fused_weight_grads
                  else F.linear(x, self.weight, self.bias))
         else:  # = F.linear(copy_to_region(x, tp), weight, bias), overlapping f's all-reduce
@@ -140,6 +143,9 @@ class RowParallelLinear(nn.Module):
             x = scatter_to_region(x, self.tp)
         partial = (accumulating_linear(x, self.weight, None, self.weight_grads) if self.fused_weight_grads
                    else F.linear(x, self.weight))
+        if self.tp.sequence_parallel:   # this rank's part of the sequence of the sum (replaces g)
+            y = scatter_sequence_sum(partial, self.tp)
+            return y if self.bias is None else y + sequence_parallel_weight(self.bias, self.tp)
         y = reduce_from_region(partial, self.tp)
         return y if self.bias is None else y + self.bias
 
@@ -170,12 +176,14 @@ class VocabParallelEmbedding(nn.Module):
             return F.embedding(tokens, self.weight)
         local = tokens - self.vocab_start
         outside = (local < 0) | (local >= self.per_rank)
-        out = F.embedding(local.masked_fill(outside, 0), self.weight)
-        return reduce_from_region(out.masked_fill(outside.unsqueeze(-1), 0.0), self.tp)
+        out = F.embedding(local.masked_fill(outside, 0), self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
+        return scatter_sequence_sum(out, self.tp) if self.tp.sequence_parallel else reduce_from_region(out, self.tp)
 
 
 def vocab_parallel_logits(x: torch.Tensor, weight: torch.Tensor, tp: TensorParallel,
                           bias: torch.Tensor | None = None) -> torch.Tensor:
     """This rank's slice of the vocabulary logits from a replicated hidden state (f, then the
     shard of the output embedding); feed them to ``vocab_parallel_cross_entropy`` ungathered."""
+    if tp.sequence_parallel:   # the whole sequence from every rank's part; its backward sums the parts
+        return F.linear(gather_sequence(x, tp), weight, bias)
     return F.linear(copy_to_region(x, tp), weight, bias)

@@ -38,7 +38,27 @@ def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
     overrides = plugin_overrides(overrides)
 
     with initialize_config_dir(str(config_dir()), version_base=None):
-        return compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+        cfg = compose(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+    return complete_model_config(cfg)
+
+
+def complete_model_config(cfg: Any) -> Any:
+    """Fills the model keys a family reads from the model's own files (``ModelFamily.config_from_files``,
+    e.g. ``model=hf``'s config.json) where the config leaves them null; a key given on the command
+    line stays. Raises ``ConfigError`` (one line) when those files cannot be read."""
+    from omegaconf import open_dict
+
+    from models.registry import known_family
+    model = cfg.get("model") if hasattr(cfg, "get") else None
+    family = known_family(model.get("name")) if model is not None else None
+    if family is None or family.config_from_files is None:
+        return cfg
+    derived = family.config_from_files(model)
+    with open_dict(model):
+        for key, value in derived.items():
+            if model.get(key) is None:
+                model[key] = value
+    return cfg
 
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -163,6 +183,7 @@ def compose_plain(overrides: Sequence[str], config_name: str) -> tuple[Any, dict
         OmegaConf.set_struct(cfg, True)
         for key, value in values:
             OmegaConf.update(cfg, key, value, merge=True)
+        cfg = complete_model_config(cfg)   # as compose_config does
     except Exception:  # noqa: BLE001 - _NotPlain or any error: Hydra composes it and names the problem
         return None
     return cfg, chosen

@@ -46,6 +46,9 @@ def apply_plan(cfg: Any) -> Any:
         planned.train.global_batch_size = plan.batch.global_batch
         planned.train.micro_batch_size = plan.batch.micro
         planned.recompute.granularity = plan.recompute
+        planned.parallel.sequence_parallel = plan.sequence_parallel
+        if plan.distributed_optimizer:
+            planned.optim.distributed = True
         if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
             planned.precision = _precision_group(plan.precision, str(path))
     return planned

@@ -111,6 +111,8 @@ class Plan:
     version: int = PLAN_VERSION
     precision: str | None = None   # what the memory and time were predicted for; None in older plans
     harmony: Harmony | None = None  # schedule harmony_pp only
+    sequence_parallel: bool = False      # parallel.sequence_parallel (absent in older plans: false)
+    distributed_optimizer: bool = False  # optim.distributed (absent in older plans: false)
 
     @property
     def world_size(self) -> int:
@@ -135,6 +137,8 @@ class Plan:
             "batch": {"global": self.batch.global_batch, "micro": self.batch.micro,
                       "num_microbatches": self.batch.num_microbatches},
             "recompute": self.recompute,
+            "sequence_parallel": self.sequence_parallel,
+            "distributed_optimizer": self.distributed_optimizer,
             "precision": self.precision,
             "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
                        for st in self.stages],
@@ -186,9 +190,15 @@ def plan_from_json(data: Any) -> Plan:
     pred = data.get("predicted") or {}
     predicted = Predicted(**{k: float(pred.get(k, 0.0)) for k in Predicted.__dataclass_fields__})
     harmony = _harmony(_need(data, "harmony", dict)) if SCHEDULE_INFOS[schedule].memory_virtualised else None
+    savers = {}
+    for key in ("sequence_parallel", "distributed_optimizer"):
+        value = data.get(key, False)
+        if not isinstance(value, bool):
+            raise PlanError(f"plan {key} = {value!r} must be true or false")
+        savers[key] = value
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
-                data.get("precision"), harmony)
+                data.get("precision"), harmony, **savers)
     if harmony is not None:
         _validate_harmony(plan, harmony)
     else:

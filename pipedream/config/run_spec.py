@@ -32,7 +32,7 @@ from pipedream.config.specs import CheckpointSpec, LoopSpec, OptimSpec, Section,
 OPTIMIZERS = ("adamw", "sgd")
 DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
 VISION_DATASETS = ("synthetic_images", "image_folder")   # for model=vgg16 / resnet50
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "full", "selective")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,8 @@ class RunSpec:
     multi_model: MultiModelSpec | None   # train.models: a fused model set (None: one model)
     config: dict[str, Any]     # the whole config as plain data, interpolations resolved (the run's record)
     harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
+    selective_recompute: bool = False    # recompute.granularity=selective: only the attention cores (models/attention.py)
+    sequence_parallel: bool = False      # parallel.sequence_parallel: 1/t of the sequence between the TP GEMMs
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -114,6 +116,64 @@ def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, boun
                               f"to layer {group[1][0]} across stages {stages}, which schedule={schedule} updates at "
                               f"different times: use a flush schedule (1f1b, gpipe, interleaved) or a "
                               f"parallel.layers_per_stage that keeps them on one stage")
+
+
+def _check_selective_recompute(cfg: Any, plugin_model: Any, info: ScheduleInfo) -> None:
+    """Selective recomputation needs attention cores to recompute (``models.attention``)."""
+    if plugin_model is not None:
+        from models.plugins import attention_core_count
+        has_cores = attention_core_count(plugin_model) > 0
+        what = f"model._target_={plugin_target(cfg.model)} builds no models.CoreAttention"
+    else:
+        has_cores = model_family(_get(cfg, "model.name")).attention_core
+        what = f"model.name={_get(cfg, 'model.name')} has no attention"
+    if not has_cores:
+        raise ConfigError(f"recompute.granularity=selective recomputes attention cores, and {what}: use "
+                          f"recompute.granularity=full (or none)")
+    if info.memory_virtualised:
+        raise ConfigError(f"recompute.granularity=selective with schedule={info.name}: it recomputes whole "
+                          f"layers already; use recompute.granularity=none")
+    if _get(cfg, "train.models") is not None:
+        raise ConfigError("recompute.granularity=selective with train.models: fused models run their layers under "
+                          "torch.vmap, where it does not apply; use recompute.granularity=none or full")
+
+
+def _check_compile(backend: str, info: ScheduleInfo, tp: int, fused: bool) -> None:
+    """train.compile runs each layer through torch.compile; where the runtime reaches into a layer's
+    parameters or autograd graph itself, it is refused."""
+    reason = ("its stages run on stashed weight versions" if info.asynchronous else
+              "its backward is split into input- and weight-gradient parts" if info.split_backward else
+              "it swaps layer packs through host memory" if info.memory_virtualised else None)
+    if reason is not None:
+        raise ConfigError(f"train.compile={backend} with schedule={info.name}: {reason}, which compiled layers do "
+                          f"not support; use a flush schedule (1f1b, gpipe, interleaved) or train.compile=false")
+    if tp > 1:
+        raise ConfigError(f"train.compile={backend} with parallel.tp={tp}: the tensor-parallel layers' collectives "
+                          f"are not compiled; set parallel.tp=1 or train.compile=false")
+    if fused:
+        raise ConfigError(f"train.compile={backend} with train.models: fused models run their layers under "
+                          f"torch.vmap; set train.compile=false")
+
+
+def _check_sequence_parallel(cfg: Any, tp: Any, plugin_model: Any) -> bool:
+    """parallel.sequence_parallel: a family whose tensor-parallel form supports it, tp > 1, and a
+    sequence that splits into t parts."""
+    if not Section(cfg, "parallel").flag("sequence_parallel"):
+        return False
+    if not isinstance(tp, int) or tp < 2:
+        raise ConfigError(f"parallel.sequence_parallel=true shards the sequence over the tensor-parallel group, "
+                          f"but parallel.tp={tp}: set parallel.tp >= 2 or parallel.sequence_parallel=false")
+    family = None if plugin_model is not None else model_family(_get(cfg, "model.name"))
+    if family is None or not family.sequence_parallel:
+        name = _get(cfg, "model.name") if family else f"{plugin_target(cfg.model)} (a plugin)"
+        supported = ", ".join(f.name for f in MODEL_FAMILIES.values() if f.sequence_parallel)
+        raise ConfigError(f"parallel.sequence_parallel=true is not available for model={name}: it is for {supported}; "
+                          f"set parallel.sequence_parallel=false")
+    seq_len = int(_get(cfg, "model.seq_len"))
+    if seq_len % tp:
+        raise ConfigError(f"parallel.sequence_parallel=true splits model.seq_len={seq_len} into parallel.tp={tp} "
+                          f"parts: choose a sequence length divisible by {tp}")
+    return True
 
 
 def _check_data(cfg: Any, plugin_model: Any) -> int | None:
@@ -180,6 +240,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
     for key in ("train.steps", "train.global_batch_size", "train.micro_batch_size"):
         _positive(cfg, key)
+    if granularity == "selective":
+        _check_selective_recompute(cfg, plugin_model, info)
     train = TrainSpec.from_config(cfg)
     tp = _get(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
@@ -188,6 +250,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
             raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
                               f"with tp=1, or use parallel.dp for equal replicas")
 
+    sequence_parallel = _check_sequence_parallel(cfg, tp, plugin_model)
     replicas = _get(cfg, "parallel.stage_replicas")
     replicas = tuple(replicas) if replicas else ()
     if replicas and not info.replicated_stages:
@@ -234,6 +297,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     device = str(Section(cfg, "cluster").raw("device"))
     check_apex(optim.impl, device)
     multi_model = check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl)
+    if train.compile is not None:
+        _check_compile(train.compile, info, layout.tp, multi_model is not None)
     if multi_model is not None:
         from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
         build_fused_model(cfg.model, multi_model)
@@ -244,9 +309,10 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     return RunSpec(layout=layout, schedule=info, micro_batch=micro, microbatches=microbatches,
                    global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
                    recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
-                   scatter_gather=Section(cfg, "comm").flag("scatter_gather"),
+                   scatter_gather=Section(cfg, "comm").flag("scatter_gather") and not sequence_parallel,
                    device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony,
+                   selective_recompute=granularity == "selective", sequence_parallel=sequence_parallel,
                    preemption=PreemptionSpec.from_config(cfg), multi_model=multi_model,
                    config=OmegaConf.to_container(cfg, resolve=True))

@@ -81,6 +81,7 @@ class TrainSpec:
     weight_grads_after_send: bool
     weight_grads_delay: int
     debug: bool                    # full tracebacks for unexpected errors (as PIPEDREAM_DEBUG=1)
+    compile: str | None = None     # train.compile: the torch.compile backend each layer runs under; None: eager
 
     @classmethod
     def from_config(cls, cfg: Any) -> TrainSpec:
@@ -95,7 +96,22 @@ class TrainSpec:
                    weight_grads_after_send=train.flag("weight_grads_after_send"),
                    weight_grads_delay=train.integer("weight_grads_delay", 0, " (0 runs a backward's weight-gradient "
                                                     "GEMMs right after its send)"),
-                   debug=train.flag("debug"))
+                   debug=train.flag("debug"), compile=_compile_backend(train.raw("compile")))
+
+
+def _compile_backend(value: Any) -> str | None:
+    """train.compile: false (eager), true (inductor) or a torch.compile backend's name."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return "inductor"
+    if isinstance(value, str) and value:
+        import torch._dynamo   # the backends registered with this torch (debug ones included)
+        if value in torch._dynamo.list_backends(exclude_tags=()):
+            return value
+        raise ConfigError(f"train.compile={value!r} is not a torch.compile backend: use true (inductor), false, "
+                          f"or one of {', '.join(torch._dynamo.list_backends())}, aot_eager")
+    raise ConfigError(f"train.compile = {value!r} must be true, false or a torch.compile backend's name")
 
 
 @dataclass(frozen=True)

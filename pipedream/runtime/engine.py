@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from models.attention import selectively_recompute
 from models.spec import LayerModel, PipelineSequential
 
 from pipedream.numerics.apex import use_apex_layer_norm
@@ -64,11 +65,17 @@ class PipelineEngine:
             for module in built.values():
                 use_apex_layer_norm(module)
         chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
+        if spec.selective_recompute:
+            selectively_recompute(chunks)
+        if train.compile is not None:   # layer by layer: the schedule still runs each stage's actions
+            for module in built.values():
+                module.compile(backend=train.compile)
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
                            autocast=precision.autocast if precision.enabled else nullcontext)
-        if train.fuse_grad_accumulation and multi is None:   # fused layers run their Linears under vmap
+        # fused layers run their Linears under vmap; compiled ones leave the weight gradients to the compiler
+        if train.fuse_grad_accumulation and multi is None and train.compile is None:
             for chunk in chunks:
                 fuse_grad_accumulation(chunk, self.stage.weight_grads)
         self.params = self.stage.parameters()

@@ -4,7 +4,7 @@ by the brute-force checks (one configuration at a time), so both read the same n
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -38,6 +38,23 @@ def _prefix(values: np.ndarray) -> np.ndarray:
 
 
 @dataclass(frozen=True)
+class MemoryOptions:
+    """The memory savers of large-model training beyond full recomputation (docs/planner.md, Memory
+    savers): ``selective`` recomputes only the attention cores (their activations dropped, their
+    forward FLOPs spent again in the backward); ``sequence_parallel`` shards the LayerNorm/dropout
+    regions t ways (same communication volume); ``optimizer_shards`` = d with the distributed
+    optimizer (optimizer state and fp32 master weights split over the data-parallel group, the
+    update 1/d as long, the reduce-scatter + all-gather as long as the all-reduce);
+    ``grad_bucket_bytes`` (not None) overlaps the data-parallel reduction with the last
+    micro-batch's backward in buckets of that size."""
+
+    selective: bool = False
+    sequence_parallel: bool = False
+    optimizer_shards: int = 1
+    grad_bucket_bytes: float | None = None
+
+
+@dataclass(frozen=True)
 class RankStats:
     """Per micro-batch size (rows) and pipeline rank (columns), for one (t, p, v, recompute)."""
 
@@ -59,6 +76,7 @@ class RankStats:
     boundary_bytes: np.ndarray  # (nb, v, p) output bytes each chunk sends on (0 for the last)
     messages: np.ndarray | None = None  # (p,) sends and receives each rank posts per micro-batch
     p2p_latency: float = 0.0  # the part of p2p_comm that is the messages' latency (2 v per micro-batch)
+    options: MemoryOptions = field(default_factory=lambda: MemoryOptions())
 
     @property
     def compute(self) -> np.ndarray:
@@ -70,7 +88,8 @@ class RankStats:
 
 
 def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: int, recompute: bool,
-               micro_batches: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None) -> RankStats | None:
+               micro_batches: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None,
+               options: MemoryOptions = MemoryOptions()) -> RankStats | None:
     """Sum the profile's layers per rank for the even split; None if the blocks do not divide."""
     bounds = even_boundaries(profile, p * v)
     if bounds is None:
@@ -91,6 +110,10 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     c_fwd, c_bwd = chunks(fwd), chunks(bwd)
     if recompute:
         c_bwd = c_bwd + chunks(fwd * rec)  # the forward again before the backward (ch. 3.3.1)
+    elif options.selective:   # the attention cores' share of each layer's forward, again
+        core_share = np.divide(col["attention_core_flops"], col["flops"], out=np.zeros_like(col["flops"]),
+                               where=col["flops"] > 0)
+        c_bwd = c_bwd + chunks(fwd * core_share)
     tp_bytes = col["tp_forward_bytes"] + col["tp_backward_bytes"] + (col["tp_forward_bytes"] * rec if recompute else 0)
     tp_bw = cluster.bandwidth_for_span(t)
     tp_comm = np.outer(bs, ranks(tp_bytes)) / tp_bw if t > 1 else np.zeros((len(bs), p))
@@ -109,17 +132,51 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     else:
         p2p = np.zeros((len(bs), p))
 
-    kept = np.where(rec, col["activation_bytes_recompute"], col["activation_bytes"]) if recompute \
-        else col["activation_bytes"]
-    working = (col["activation_bytes"][rec].max() if recompute and rec.any() else 0.0) * bs
+    kept, working = _kept_activations(col, rec, recompute, options, t)
     return RankStats(
         micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
         forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
-        param_bytes=ranks(col["parameter_bytes"]), optimizer_bytes=ranks(col["optimizer_bytes"]),
-        activation_bytes=np.outer(bs, ranks(kept)), working_bytes=working,
+        param_bytes=ranks(col["parameter_bytes"]),
+        optimizer_bytes=ranks(col["optimizer_bytes"]) / options.optimizer_shards,
+        activation_bytes=np.outer(bs, ranks(kept)), working_bytes=working * bs,
         chunk_forward=c_fwd, chunk_backward=c_bwd,
         boundary_bytes=np.multiply.outer(bs, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
-        p2p_latency=2 * v * level.latency if p > 1 else 0.0)
+        p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options)
+
+
+def _kept_activations(col: dict[str, np.ndarray], rec: np.ndarray, recompute: bool, options: MemoryOptions,
+                      t: int) -> tuple[np.ndarray, float]:
+    """Bytes per sample each layer keeps for its backward, and the per-sample working set of a
+    recomputation. Korthikanti et al. 2022: sequence parallelism divides the replicated part by t,
+    selective recomputation drops the attention core (34sbh/t per layer with both); with full
+    recomputation a layer keeps its input, itself sequence-sharded under sequence parallelism."""
+    act = col["activation_bytes"]
+    shardable = col["sequence_shardable_bytes"] if options.sequence_parallel else np.zeros_like(act)
+    if recompute:
+        kept_input = col["activation_bytes_recompute"] / np.where(shardable > 0, t, 1)
+        kept = np.where(rec, kept_input, act - shardable + shardable / t)
+        working = float((act - shardable + shardable / t)[rec].max()) if rec.any() else 0.0
+        return kept, working
+    kept = act - shardable + shardable / t
+    if options.selective:
+        kept = kept - col["attention_core_bytes"]
+        return kept, float(col["attention_core_bytes"].max())   # one layer's cores, rebuilt in its backward
+    return kept, 0.0
+
+
+def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.ndarray) -> np.ndarray:
+    """(nb,) seconds of the data-parallel reduction after the flush that no backward hides. Blocking
+    (no ``grad_bucket_bytes``): all of it. Overlapped: the buckets launch as the last micro-batch's
+    backward produces them, so a rank waits for the larger of its last bucket's reduction and what
+    exceeds that backward (its backward being two thirds of the forward-plus-backward compute)."""
+    per_rank = allreduce_time(cluster, stats.param_bytes, d, stats.t)   # (p,)
+    bucket = stats.options.grad_bucket_bytes
+    if bucket is None:
+        return np.full(len(stats.micro_batches), float(per_rank.max()))
+    last_bucket = per_rank * np.minimum(1.0, bucket / np.maximum(stats.param_bytes, 1.0))
+    backward = stats.backward if compute is None else compute * stats.backward / np.maximum(stats.compute, 1e-30)
+    exposed = np.maximum(last_bucket[None, :], per_rank[None, :] - backward)
+    return exposed.max(axis=1)
 
 
 @dataclass(frozen=True)
@@ -165,7 +222,8 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
     grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
-    update = float(optimizer_seconds(cluster, stats.param_bytes).max()) + overheads.step_s  # 0 unless measured
+    shards = stats.options.optimizer_shards   # the distributed optimizer updates 1/d of the parameters
+    update = float(optimizer_seconds(cluster, stats.param_bytes / shards).max()) + overheads.step_s  # 0 unless measured
     if two_bw:
         # ch. 3.3.3 THROUGHPUT(.): a micro-batch every max_i max(comp_i + comm_i, allreduce_i / m) seconds
         every = np.maximum(stage_time, grad_sync / m)
@@ -175,9 +233,10 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
         bubble_time = np.zeros_like(bs)
     else:
         bubble = cost.bubble_fraction(schedule, p, m, v)
+        grad_sync = exposed_grad_sync(stats, cluster, d, compute) if d > 1 else np.zeros_like(bs)
         iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync + update
         bubble_time = stage_time * m * bubble
-        dp_comm = np.full_like(bs, grad_sync + update)  # the optimizer step counted with the gradient sync
+        dp_comm = grad_sync + update  # the optimizer step counted with the gradient sync
 
     stage_idx = np.arange(p)[None, :]
     flight = cost.in_flight(schedule, p, stage_idx, m[:, None], v)

@@ -1,5 +1,5 @@
 """Analytic model descriptions: per-layer FLOPs, parameters and activation sizes, for models far too
-large to build (the GPT family of Table 4.1, GPT-3, BERT-Large) and the CNNs PipeDream evaluated.
+large to build (the GPT family of Table 4.1, GPT-3, BERT-Large, Llama 3) and the CNNs PipeDream evaluated.
 
 A model is an ordered list of partitionable layers (the same granularity as ``models.LayerModel``:
 embedding, one entry per transformer block, head). ``layer_specs(tp)`` gives the per-device costs
@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from models.facts import flops_per_sample, parameter_count
-from models.family import BLOCK_CHAIN_SPEC, TRANSFORMER_SPEC, VISION_CHAIN_SPEC
+from models.errors import ConfigError
+from models.family import BLOCK_CHAIN_SPEC, LLAMA_SPEC, TRANSFORMER_SPEC, VISION_CHAIN_SPEC
 from models.families.formulas import mlp_block_forward_flops
+from models.families.llama_facts import kv_heads_per_rank, llama_option
 from models.families.mlp_facts import mlp_parameters
 from models.registry import MODEL_FAMILIES, known_family
 from models.families.transformer_facts import option
@@ -63,6 +65,12 @@ class LayerSpec:
     tp_forward_bytes: float = 0.0  # bytes each device sends in tensor-parallel all-reduces, forward
     tp_backward_bytes: float = 0.0
     recomputable: bool = True
+    # Of activation_bytes: the part sequence parallelism shards t ways (LayerNorm, dropout, residual
+    # regions), and the attention core's (scores, softmax, dropout mask) that selective
+    # recomputation drops, whose forward FLOPs it then spends again in the backward.
+    sequence_shardable_bytes: float = 0.0
+    attention_core_bytes: float = 0.0
+    attention_core_flops: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -79,17 +87,23 @@ class TransformerSpec:
     precision: str = "bf16"
     tie_embeddings: bool = True
     pre_ln: bool = False  # BERT only: pre-LayerNorm blocks add a final LayerNorm
+    path: str | None = None   # a model read from its own files (model=hf): its totals come from them
 
     @property
     def max_tp(self) -> int:
         return self.heads
+
+    def allows_tp(self, tp: int) -> bool:
+        """Whole heads per rank (the hidden size and the 4h MLP then split too)."""
+        return self.heads % tp == 0
 
     @property
     def model_cfg(self) -> dict[str, Any]:
         """The ``conf/model`` keys this spec stands for, as ``models.facts`` reads them."""
         return {"name": self.family, "num_layers": self.num_layers, "hidden_size": self.hidden,
                 "num_heads": self.heads, "seq_len": self.seq_len, "vocab_size": self.vocab,
-                "tie_embeddings": self.tie_embeddings, "pre_ln": self.pre_ln}
+                "tie_embeddings": self.tie_embeddings, "pre_ln": self.pre_ln,
+                **({"path": self.path} if self.path is not None else {})}
 
     def num_parameters(self) -> int:
         """Of the model ``models`` builds for this config (eq. 4.3 plus LayerNorms and BERT's MLM head)."""
@@ -103,8 +117,11 @@ class TransformerSpec:
         s, h, a, v, t = self.seq_len, self.hidden, self.heads, self.vocab, tp
         e = PRECISION_BYTES[self.precision]
         ar = 2 * (t - 1) / t  # ring all-reduce: bytes sent per byte reduced (Patarasuk & Yuan 2009)
-        # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16
+        # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16;
+        # of it, s h 10 is replicated over t (sharded by sequence parallelism) and 5 a s^2 / t is the attention core
         block_act = s * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+        replicated_act = s * h * 10 * e / 2
+        core_act = 5 * a * s * s / t * e / 2
         block = LayerSpec(
             name="block", kind="block",
             forward_flops=(24 * s * h * h + 4 * s * s * h) / t,  # ch. 4.5.1: 24Bsh^2 + 4Bs^2h per layer
@@ -116,6 +133,8 @@ class TransformerSpec:
             activation_bytes_recompute=s * h * e,  # checkpoint each layer's input (ch. 4.3.5, c = l)
             tp_forward_bytes=2 * ar * s * h * e,  # ch. 4.3.2: 2 all-reduces of bsh forward ...
             tp_backward_bytes=2 * ar * s * h * e,  # ... and 2 backward: 8bsh(t-1)/t per layer
+            sequence_shardable_bytes=replicated_act, attention_core_bytes=core_act,
+            attention_core_flops=4 * s * s * h / t,  # QK^T and softmax . V: the 4Bs^2h of ch. 4.5.1
         )
         embedding = LayerSpec(
             name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
@@ -134,6 +153,89 @@ class TransformerSpec:
 
 
 @dataclass(frozen=True)
+class LlamaSpec:
+    """Llama (``models.families.llama``): pre-RMSNorm blocks with grouped-query attention and a
+    SwiGLU MLP, no biases, rotary positions (no position table), in Megatron's layout; key/value
+    heads split over t, or one replicated per rank when t exceeds them."""
+
+    name: str
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seq_len: int
+    vocab: int
+    precision: str = "bf16"
+    tie_embeddings: bool = False
+
+    @property
+    def max_tp(self) -> int:
+        return self.heads
+
+    def allows_tp(self, tp: int) -> bool:
+        """Whole query heads per rank, key/value heads split or replicated, the ffn split."""
+        try:
+            kv_heads_per_rank(self.heads, self.kv_heads, tp)
+        except ConfigError:
+            return False
+        return self.ffn % tp == 0
+
+    @property
+    def model_cfg(self) -> dict[str, Any]:
+        """The ``conf/model`` keys this spec stands for, as ``models.facts`` reads them."""
+        return {"name": "llama", "num_layers": self.num_layers, "hidden_size": self.hidden, "num_heads": self.heads,
+                "num_kv_heads": self.kv_heads, "ffn_hidden_size": self.ffn, "seq_len": self.seq_len,
+                "vocab_size": self.vocab, "tie_embeddings": self.tie_embeddings}
+
+    def num_parameters(self) -> int:
+        return parameter_count(self.model_cfg)
+
+    def flops_per_sample(self, recompute: bool) -> float:
+        """The family's FLOP count (GQA and SwiGLU GEMMs, eq. 4.2's attention and logit terms)."""
+        return flops_per_sample(self.model_cfg, recompute)
+
+    def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
+        s, h, a, f, v, t = self.seq_len, self.hidden, self.heads, self.ffn, self.vocab, tp
+        if not self.allows_tp(t):
+            raise PlannerError(f"model {self.name}: parallel.tp={t} does not split {a} heads, {self.kv_heads} "
+                               f"key/value heads and ffn {f}")
+        e = PRECISION_BYTES[self.precision]
+        ar = 2 * (t - 1) / t
+        kv_width = kv_heads_per_rank(a, self.kv_heads, t) * (h // a)   # this rank's K (and V) width
+        # Saved for the backward, counted in 2-byte units as Korthikanti et al. count them: replicated
+        # RMSNorm and GEMM inputs (8sh); this rank's q, attention output (4sh/t), k and v (4s kv_width);
+        # gate, up, silu(gate) and their product (8sf/t); attention's fp32 log-sum-exp (4as/t). The
+        # fused attention kernels behind F.scaled_dot_product_attention keep no s x s matrices.
+        block_act = (s * (8 * h + (4 * h + 8 * f) / t + 4 * kv_width) + 4 * a * s / t) * e / 2
+        gemm_weights = (2 * h * h + 3 * h * f) / t + 2 * h * kv_width
+        block = LayerSpec(
+            name="block", kind="block",
+            forward_flops=2 * s * gemm_weights + 4 * s * s * h / t,
+            gemm_flops=2 * s * h * h / t,
+            memory_traffic_bytes=block_act,
+            parameters=gemm_weights + 2 * h,
+            output_bytes=s * h * e,
+            activation_bytes=block_act,
+            activation_bytes_recompute=s * h * e,
+            tp_forward_bytes=2 * ar * s * h * e,   # g after O and after down
+            tp_backward_bytes=2 * ar * s * h * e,  # f before QKV and before [gate; up]
+        )
+        embedding = LayerSpec(
+            name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
+            memory_traffic_bytes=3 * s * h * e, parameters=v * h / t,
+            output_bytes=s * h * e, activation_bytes=s * h, activation_bytes_recompute=s * h,
+            tp_forward_bytes=ar * s * h * e, recomputable=False)
+        head = LayerSpec(
+            name="head", kind="head", forward_flops=2 * s * h * v / t, gemm_flops=2 * s * h * v / t,
+            memory_traffic_bytes=s * v / t * (e + 4), parameters=v * h / t + h,
+            output_bytes=4.0, activation_bytes=s * v / t * (e + 4) + s * h * e,
+            activation_bytes_recompute=s * v / t * (e + 4) + s * h * e, recomputable=False)
+        blocks = [LayerSpec(**{**block.__dict__, "name": f"block{i}"}) for i in range(self.num_layers)]
+        return [embedding, *blocks, head]
+
+
+@dataclass(frozen=True)
 class ChainSpec:
     """A model given directly as a chain of layers at tp = 1 (CNNs, MLPs)."""
 
@@ -144,6 +246,9 @@ class ChainSpec:
     @property
     def max_tp(self) -> int:
         return 1
+
+    def allows_tp(self, tp: int) -> bool:
+        return tp == 1
 
     @property
     def num_layers(self) -> int:
@@ -163,7 +268,7 @@ class ChainSpec:
         return list(self.layers)
 
 
-ModelSpec = TransformerSpec | ChainSpec
+ModelSpec = TransformerSpec | LlamaSpec | ChainSpec
 
 
 def vision_layer_spec(layer: VisionLayer, e: int) -> LayerSpec:
@@ -204,7 +309,14 @@ def mlp(num_layers: int, hidden: int, precision: str = "fp32") -> ChainSpec:
 def transformer_spec(cfg: Mapping[str, Any], label: str, precision: str) -> TransformerSpec:
     return TransformerSpec(label, str(cfg["name"]), int(cfg["num_layers"]), int(cfg["hidden_size"]),
                            int(cfg["num_heads"]), int(cfg["seq_len"]), int(cfg["vocab_size"]), precision,
-                           bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")))
+                           bool(option(cfg, "tie_embeddings")), bool(option(cfg, "pre_ln")),
+                           None if cfg.get("path") is None else str(cfg["path"]))
+
+
+def llama_spec(cfg: Mapping[str, Any], label: str, precision: str) -> LlamaSpec:
+    return LlamaSpec(label, int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["num_heads"]),
+                     int(cfg["num_kv_heads"]), int(cfg["ffn_hidden_size"]), int(cfg["seq_len"]), int(cfg["vocab_size"]),
+                     precision, bool(llama_option(cfg, "tie_embeddings")))
 
 
 def block_chain_spec(cfg: Mapping[str, Any], label: str, precision: str) -> ChainSpec:
@@ -218,7 +330,8 @@ def vision_chain_spec(cfg: Mapping[str, Any], label: str, precision: str) -> Cha
 
 # A family's ``analytic_spec`` (``models.registry``) -> the builder of its spec: (cfg, label, precision)
 SPEC_BUILDERS: Mapping[str, Callable[[Mapping[str, Any], str, str], ModelSpec]] = {
-    TRANSFORMER_SPEC: transformer_spec, BLOCK_CHAIN_SPEC: block_chain_spec, VISION_CHAIN_SPEC: vision_chain_spec}
+    TRANSFORMER_SPEC: transformer_spec, BLOCK_CHAIN_SPEC: block_chain_spec, VISION_CHAIN_SPEC: vision_chain_spec,
+    LLAMA_SPEC: llama_spec}
 
 
 def spec_from_config(cfg: Mapping[str, Any], default_precision: str = "fp32") -> ModelSpec:

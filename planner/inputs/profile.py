@@ -15,7 +15,11 @@ sequence or image; times are for a whole micro-batch of each size in ``micro_bat
                  "activation_bytes_recompute": float,  # per sample, kept with recomputation
                  "flops": float,                   # forward, per sample (0 if unknown)
                  "tp_forward_bytes": float, "tp_backward_bytes": float,  # per sample
-                 "recomputable": bool}, ...]}
+                 "recomputable": bool,
+                 # optional (0 when absent), per sample, parts of activation_bytes:
+                 "sequence_shardable_bytes": float,  # sharded t ways by sequence parallelism
+                 "attention_core_bytes": float,      # dropped by selective recomputation ...
+                 "attention_core_flops": float}, ...]}   # ... whose forward FLOPs it repeats
 
 Times between measured micro-batch sizes are interpolated linearly; above the largest the last
 segment is extended (a linear fit), below the smallest they scale in proportion to the size.
@@ -58,6 +62,9 @@ class LayerProfile:
     tp_forward_bytes: float = 0.0
     tp_backward_bytes: float = 0.0
     recomputable: bool = True
+    sequence_shardable_bytes: float = 0.0  # per sample: of activation_bytes, what sequence parallelism shards
+    attention_core_bytes: float = 0.0      # per sample: of activation_bytes, what selective recomputation drops
+    attention_core_flops: float = 0.0      # per sample: the forward FLOPs selective recomputation repeats
 
 
 @dataclass(frozen=True)
@@ -100,7 +107,8 @@ class Profile:
     def arrays(self) -> dict[str, np.ndarray]:
         """Per-layer columns as float arrays (N,), for vectorised searches."""
         names = ("output_bytes", "parameter_bytes", "optimizer_bytes", "activation_bytes",
-                 "activation_bytes_recompute", "flops", "tp_forward_bytes", "tp_backward_bytes")
+                 "activation_bytes_recompute", "flops", "tp_forward_bytes", "tp_backward_bytes",
+                 "sequence_shardable_bytes", "attention_core_bytes", "attention_core_flops")
         cols = {n: np.array([getattr(layer, n) for layer in self.layers], dtype=float) for n in names}
         cols["recomputable"] = np.array([layer.recomputable for layer in self.layers], dtype=bool)
         return cols
@@ -201,7 +209,8 @@ def analytic_profile(spec: ModelSpec, device: DeviceSheet, tp: int = 1,
             layer.name, layer.kind, tuple(fwd.tolist()), tuple((2 * fwd).tolist()), layer.output_bytes,
             layer.parameters * weight_bytes, layer.parameters * opt, layer.activation_bytes,
             layer.activation_bytes_recompute, layer.forward_flops, layer.tp_forward_bytes,
-            layer.tp_backward_bytes, layer.recomputable))
+            layer.tp_backward_bytes, layer.recomputable, layer.sequence_shardable_bytes,
+            layer.attention_core_bytes, layer.attention_core_flops))
     return Profile(spec.name, device.name, "analytic", spec.precision, tp, tuple(micro_batch_sizes), tuple(out),
                    spec.num_parameters(), spec.flops_per_sample(False), spec.flops_per_sample(True))
 

@@ -1,7 +1,7 @@
 """Everything a search needs, resolved once from the config: model, profile, cluster, batch, limits."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Mapping
 
@@ -11,6 +11,7 @@ from planner.inputs.hardware import Cluster
 from planner.inputs.model_specs import ModelSpec
 from planner.inputs.profile import Profile, analytic_profile
 from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
+from planner.costs.uniform import MemoryOptions
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,11 @@ class Inputs:
     micro_batch: int | None = None  # fixed by the user; None = search
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
     recompute: tuple[bool, ...] = (False, True)
+    # memory savers (planner.costs.uniform.MemoryOptions; docs/planner.md, Memory savers)
+    selective_recompute: bool = False   # also price recompute.granularity=selective
+    sequence_parallel: bool = False     # take parallel.sequence_parallel at t > 1 where the model has it
+    distributed_optimizer: bool = False  # take optim.distributed at d > 1 (flush schedules)
+    grad_bucket_bytes: float | None = None  # train.overlap_grad_reduce's bucket size; None: blocking reduction
     max_tp: int | None = None
     replication: bool = True
     memory_constraint: bool = True
@@ -52,7 +58,7 @@ class Inputs:
         return memory_reserve(self.capacity, self.reserve_gib, self.reserve_fraction)
 
     def tp_degrees(self) -> list[int]:
-        """Tensor-parallel degrees: divisors of n that divide the head count and align with nodes
+        """Tensor-parallel degrees: divisors of n that the model splits into (whole heads) and align with nodes
         (t divides the devices per node or is a multiple of it, so no group straddles a node edge)."""
         if self.spec is None or self.spec.max_tp == 1:
             measured = [1, *sorted(self.tp_profiles)]  # a measured profile plans t > 1 only where calibrated
@@ -61,8 +67,22 @@ class Inputs:
         per_node = self.cluster.devices_per_node
         if self.pin_tp is not None:
             return [self.pin_tp] if self.cluster.num_devices % self.pin_tp == 0 else []
-        return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.max_tp % t == 0
+        return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.allows_tp(t)
                 and (per_node % t == 0 or t % per_node == 0)]
+
+    def as_in_the_dissertation(self) -> "Inputs":
+        """Without the memory savers the dissertation's PTD-P did not have (selective recomputation,
+        sequence parallelism, the distributed optimizer, overlapped reduction): its tables are
+        reproduced so."""
+        return replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
+                       grad_bucket_bytes=None)
+
+    def memory_options(self, t: int, d: int, selective: bool, profile: Profile) -> MemoryOptions:
+        """The memory savers a (t, d) configuration takes (PTD-P's flush schedules)."""
+        sequence_parallel = self.sequence_parallel and t > 1 and bool(profile.arrays["sequence_shardable_bytes"].any())
+        shards = d if self.distributed_optimizer and d > 1 else 1
+        return MemoryOptions(selective=selective, sequence_parallel=sequence_parallel, optimizer_shards=shards,
+                             grad_bucket_bytes=self.grad_bucket_bytes)
 
     def profile_at(self, tp: int) -> Profile:
         if tp in self.tp_profiles:

@@ -82,8 +82,10 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
                                 (best.iteration_time - best.breakdown.get("dp_comm", 0.0)) * best.micro
                                 / best.global_batch, level.bandwidth,
                                 level.latency)
-    stats = rank_stats(inputs.profile_at(best.tp), inputs.cluster, best.tp, best.pp, best.vpp, best.dp,
-                       best.recompute, np.array([best.micro], dtype=float))
+    profile = inputs.profile_at(best.tp)
+    stats = rank_stats(profile, inputs.cluster, best.tp, best.pp, best.vpp, best.dp, best.recompute,
+                       np.array([best.micro], dtype=float),
+                       options=inputs.memory_options(best.tp, best.dp, best.selective_recompute, profile))
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
     return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency)
@@ -103,7 +105,8 @@ def candidate_json(c: Candidate) -> dict:
     return {"algorithm": c.algorithm, "parallel": {"pp": c.pp, "tp": c.tp, "dp": c.dp, "vpp": c.vpp},
             "schedule": c.schedule,
             "batch": {"global": c.global_batch, "micro": c.micro, "num_microbatches": c.num_microbatches},
-            "recompute": "full" if c.recompute else "none",
+            "recompute": c.recompute_granularity, "sequence_parallel": c.sequence_parallel,
+            "distributed_optimizer": c.distributed_optimizer,
             "stages": [{"layers": [s, e], "replicas": len(r) // c.tp} for s, e, r in c.stages],
             "predicted": vars(_predicted(c)), "breakdown_s": c.breakdown, "why_lost": c.why_lost}
 
@@ -138,7 +141,8 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         cluster=ClusterInfo(inputs.cluster.name, inputs.cluster.num_devices, inputs.cluster.devices_per_node),
         parallel=Parallel(best.pp, best.tp, best.dp, best.vpp), schedule=best.schedule,
         batch=Batch(best.global_batch, best.micro, best.num_microbatches),
-        recompute="full" if best.recompute else "none", stages=tuple(_stages(best)), predicted=_predicted(best),
+        recompute=best.recompute_granularity, stages=tuple(_stages(best)), predicted=_predicted(best),
+        sequence_parallel=best.sequence_parallel, distributed_optimizer=best.distributed_optimizer,
         precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,

@@ -1,4 +1,6 @@
-"""PTD-P search (dissertation ch. 4.3): over (p, t, d, b, v, recompute, schedule) with p t d = n.
+"""PTD-P search (dissertation ch. 4.3): over (p, t, d, b, v, recompute, schedule) with p t d = n;
+recompute is none, full or selective, and the memory savers that cost no time in the model
+(sequence parallelism, the distributed optimizer) are taken wherever they apply and are allowed.
 
 Iteration time is (m + (p-1)/v) (t_f + t_b + tensor-parallel and pipeline communication) plus the
 data-parallel all-reduce (eq. 4.1 with ch. 4.2.2's interleaving and ch. 4.3's communication
@@ -42,14 +44,26 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                              and zero_bubble.fits(s, p, len(_blocks(profile)))]
                 if not schedules:
                     continue
-                for rec in inputs.recompute:
-                    stats = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times)
+                for rec, selective in recompute_modes(inputs, profile):
+                    options = inputs.memory_options(t, d, selective, profile)
+                    stats = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, options)
                     if stats is None:
                         continue
                     for schedule in schedules:
                         est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
-                        rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec))
+                        rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec),
+                                 selective_recompute=int(selective), sequence_parallel=int(options.sequence_parallel),
+                                 distributed_optimizer=int(options.optimizer_shards > 1))
     return rank(inputs, "ptdp", rows)
+
+
+def recompute_modes(inputs: Inputs, profile) -> list[tuple[bool, bool]]:
+    """(full, selective) pairs to price: the configured full/none options, and selective recomputation
+    where it is allowed and the profile knows its layers' attention cores."""
+    modes = [(bool(rec), False) for rec in inputs.recompute]
+    if inputs.selective_recompute and profile.arrays["attention_core_bytes"].any():
+        modes.append((False, True))
+    return modes
 
 
 def check_pinned_depth(inputs: Inputs) -> None:

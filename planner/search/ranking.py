@@ -41,6 +41,13 @@ class Candidate:
     breakdown: dict[str, float] = field(default_factory=dict)
     why_lost: str = ""
     model_tflops_per_device: float = 0.0  # forward + backward only (3 passes), whatever is recomputed
+    selective_recompute: bool = False    # recompute.granularity=selective (recompute is then False)
+    sequence_parallel: bool = False      # parallel.sequence_parallel
+    distributed_optimizer: bool = False  # optim.distributed
+
+    @property
+    def recompute_granularity(self) -> str:
+        return "full" if self.recompute else "selective" if self.selective_recompute else "none"
 
     @property
     def fits(self) -> bool:
@@ -48,11 +55,11 @@ class Candidate:
 
     @property
     def key(self) -> tuple:
-        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute)
+        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute_granularity)
 
     def describe(self) -> str:
         v = f" v={self.vpp}" if self.vpp > 1 else ""
-        rec = " recompute" if self.recompute else ""
+        rec = {"full": " recompute", "selective": " selective-recompute", "none": ""}[self.recompute_granularity]
         return f"(p={self.pp} t={self.tp} d={self.dp}{v} b={self.micro} {self.schedule}{rec})"
 
 
@@ -111,7 +118,9 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
         batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
         inputs.hardware_flops(batch, rec) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
         inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
-        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12)
+        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12,
+        **{key: bool(tab[key][i]) for key in ("selective_recompute", "sequence_parallel", "distributed_optimizer")
+           if key in tab})
 
 
 def _block_count(inputs: Inputs) -> int:
@@ -171,8 +180,9 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
             if fastest_oom is None and tab["iteration_time"][i] < best.iteration_time:
                 fastest_oom = _candidate(inputs, algorithm, tab, int(i))
             continue
-        key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i],
-               bool(tab["recompute"][i]))
+        selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
+        granularity = "full" if tab["recompute"][i] else "selective" if selective else "none"
+        key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i], granularity)
         if key in seen or len(alternatives) >= inputs.top_k:
             continue
         seen.add(key)

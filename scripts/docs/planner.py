@@ -51,7 +51,7 @@ def table_section() -> str:
     for preset, gpus, batch, t, p, tflops in TABLE_4_1:
         cfg = compose([f"model={preset}", "cluster=dgx_a100", f"cluster.nodes={gpus // 8}",
                        f"train.global_batch_size={batch}"])
-        inputs = inputs_from_config(cfg)
+        inputs = inputs_from_config(cfg).as_in_the_dissertation()
         ours = ptdp_search(inputs).best
         try:
             theirs = ptdp_search(replace(inputs, pin_tp=t, pin_pp=p, recompute=(True,))).best

@@ -26,7 +26,7 @@ def plan(model: list[str], gpus: int, batch: int, t: int, p: int, recompute: boo
     over = model + ["cluster=dgx_a100", f"cluster.nodes={max(gpus // 8, 1)}", f"train.global_batch_size={batch}"]
     if micro:
         over.append(f"train.micro_batch_size={micro}")
-    inputs = replace(inputs_from_config(compose(over)), pin_tp=t, pin_pp=p, recompute=(recompute,))
+    inputs = replace(inputs_from_config(compose(over)).as_in_the_dissertation(), pin_tp=t, pin_pp=p, recompute=(recompute,))
     if schedules:
         inputs = replace(inputs, schedules=schedules)
     try:

@@ -45,7 +45,7 @@ def table_4_1() -> tuple[list[str], list[float], list[float]]:
     free_errors, pinned_errors = [], []
     for preset, gpus, batch, t, p, paper in TABLE_4_1:
         inputs = inputs_from_config(compose([f"model={preset}", "cluster=dgx_a100", f"cluster.nodes={gpus // 8}",
-                                             f"train.global_batch_size={batch}"]))
+                                             f"train.global_batch_size={batch}"])).as_in_the_dissertation()
         free = ptdp_search(inputs).best
         pinned = plan([f"model={preset}"], gpus, batch, t, p, True)[0]
         free_errors.append(abs(free.tflops_per_device - paper) / paper)
@@ -74,7 +74,7 @@ def two_bw_depths() -> list[str]:
     for label, model, nodes, depth in TWO_BW:
         for batch in (512, 2048):
             inputs = inputs_from_config(compose(model + ["cluster=v100_16gb_x8", f"cluster.nodes={nodes}",
-                                                         f"train.global_batch_size={batch}"]))
+                                                         f"train.global_batch_size={batch}"])).as_in_the_dissertation()
             try:
                 best = make_plan(inputs, "2bw", "relaxed", False).plan
             except PlannerError as err:

@@ -1,5 +1,5 @@
 """Tensor parallelism inside the pipeline runtime: (pp, tp, dp) layouts train exactly like the
-dense single-process model, with scatter/gather on and off and with recomputation, and
+dense single-process model, with scatter/gather on and off, with full and selective recomputation and with sequence parallelism, and
 scatter/gather sends 1/t of the bytes between stages."""
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ VARIANTS = {
     "scatter_gather": SGD,
     "plain_sends": SGD + ["comm.scatter_gather=false"],
     "recompute": SGD + ["recompute.granularity=full"],
+    "selective": SGD + ["recompute.granularity=selective"],   # each rank's heads recompute their cores
+    "sequence_parallel": SGD + ["parallel.sequence_parallel=true"],
 }
 
 
@@ -31,6 +33,9 @@ def test_tensor_parallel_matches_dense_single_process(tmp_path, pp, tp, dp):
     if pp > 1:
         sent = [[r["bytes_sent"] for r in per_rank[0][i]["summary"]["ranks"]] for i in range(2)]
         assert [a * tp for a in sent[0]] == sent[1]   # scatter/gather: exactly 1/t of the bytes
+        sequence_parallel = list(VARIANTS).index("sequence_parallel")
+        # sequence parallelism: each rank sends its own part of the sequence, again 1/t, ungathered
+        assert [r["bytes_sent"] for r in per_rank[0][sequence_parallel]["summary"]["ranks"]] == sent[0]
 
 
 @pytest.mark.slow

@@ -12,7 +12,8 @@ SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" 
                    if p.stem != "__init__")
 TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.schedules.simulate", "pipedream.schedules.stream_model",
               "pipedream.schedules.async_segment", "pipedream.config.plan_file", "pipedream.devices", "models.plugin_config", "planner",
-              "models.families.formulas", "models.facts", "models.families.vision_facts", "planner.cluster.__main__",
+              "models.families.formulas", "models.facts", "models.families.vision_facts", "models.families.llama_facts",
+              "models.families.llama_hf", "planner.cluster.__main__",
               "planner.cluster.simulator", "pipedream.data.checks", "pipedream.checkpoint.integrity",
               "pipedream.observe.run_outputs", "launcher.prechecks", "pipedream.observe.trace_clock",
               "pipedream.config.multi_model", "pipedream.multi_model.feature_plan",

@@ -63,6 +63,30 @@ CATALOGUE = [
     case("lr-inf", "train.lr=inf", "train.lr = inf must be a finite number"),
     case("lr-nan", "train.lr=nan", "train.lr = nan must be a finite number"),
     case("planner-only-preset", "model=gpt_1.7b", "model=gpt_1.7b is planner-only"),
+    case("llama-kv-heads-not-divisor", "model=llama_tiny model.num_kv_heads=3",
+         "model.num_kv_heads=3 does not divide model.num_heads=4"),
+    case("llama-tp-splits-no-kv-heads",
+         "model=llama_tiny model.num_heads=12 model.num_kv_heads=4 model.hidden_size=384 parallel.pp=1 parallel.tp=6",
+         "model.num_kv_heads=4 and parallel.tp=6 neither divide the other"),
+    case("selective-recompute-no-attention", "model=mlp data=synthetic recompute.granularity=selective",
+         "recompute.granularity=selective recomputes attention cores, and model.name=mlp has no attention"),
+    case("selective-recompute-fused", "train.models=2 recompute.granularity=selective",
+         "recompute.granularity=selective with train.models"),
+    case("recompute-unknown", "recompute.granularity=some", "recompute.granularity='some' is not supported"),
+    case("sequence-parallel-without-tp", "parallel.sequence_parallel=true",
+         "parallel.sequence_parallel=true shards the sequence over the tensor-parallel group, but parallel.tp=1"),
+    case("sequence-parallel-bert", "model=bert_tiny parallel.tp=2 parallel.sequence_parallel=true",
+         "parallel.sequence_parallel=true is not available for model=bert"),
+    case("sequence-parallel-odd-sequence", "parallel.tp=2 parallel.sequence_parallel=true model.seq_len=63",
+         "splits model.seq_len=63 into parallel.tp=2 parts"),
+    case("compile-asynchronous", "train.compile=true schedule=pipedream model.tie_embeddings=false",
+         "train.compile=inductor with schedule=pipedream"),
+    case("compile-split-backward", "train.compile=true schedule=zb_h2",
+         "its backward is split into input- and weight-gradient parts"),
+    case("compile-tensor-parallel", "train.compile=true parallel.tp=2",
+         "train.compile=inductor with parallel.tp=2"),
+    case("compile-unknown-backend", "train.compile=fastest",
+         "train.compile='fastest' is not a torch.compile backend"),
     case("models-override-unknown", "train.models=[{momentum:0.9}]", "train.models[0] overrides momentum"),
     case("fusion-groups-not-divisor", "train.models=4 train.fusion_groups=3",
          "train.fusion_groups = 3 must be auto or a positive divisor of the 4 models"),
@@ -115,6 +139,13 @@ CATALOGUE = [
          tool="export"),
     case("export-corrupt-checkpoint", "run_dir={tmp}/ckpt_bit_flip_run step=2", "does not match its checksum",
          tool="export"),
+    case("export-format-unknown", "run_dir={tmp}/ckpt_bit_flip format=onnx", "format=onnx is unknown", tool="export"),
+    # model=hf: a local transformers folder
+    case("hf-path-missing", "model=hf model.path={tmp}/no_model data=synthetic", "does not exist or is not a folder"),
+    case("hf-architecture-unsupported", "model=hf model.path={tmp}/bert_model data=synthetic",
+         "describes BertForMaskedLM, which model=hf cannot split into pipeline layers"),
+    case("hf-tensor-parallel", "model=hf model.path={tmp}/llama_header_only data=synthetic parallel.tp=2 parallel.pp=1",
+         "model=hf has no tensor-parallel form but parallel.tp=2"),
     # device and optional packages
     case("device-tpu", "cluster.device=tpu", "cluster.device='tpu' is not supported"),
     case("device-cuda-missing", "cluster.device=cuda", "no usable CUDA device"),
@@ -152,6 +183,14 @@ def make_fixtures(tmp: Path, other_model_checkpoint: bool = True) -> Path:
     (tmp / "short.bin").write_bytes(b"\x01\x00" * 10)
     (tmp / "big_ids.bin").write_bytes(struct.pack("<H", 300) * 20000)
     (tmp / "a_file").write_text("not a folder")
+    (tmp / "bert_model").mkdir()
+    (tmp / "bert_model" / "config.json").write_text(json.dumps({"model_type": "bert", "architectures": ["BertForMaskedLM"]}))
+    llama = tmp / "llama_header_only"   # its config and a weights file with no tensors: enough to be checked
+    llama.mkdir()
+    (llama / "config.json").write_text(json.dumps({
+        "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 32,
+        "num_attention_heads": 4, "max_position_embeddings": 32, "vocab_size": 64, "tie_word_embeddings": False}))
+    (llama / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     (tmp / "used_run").mkdir()
     (tmp / "used_run" / "metrics.jsonl").write_text('{"step": 1}\n')
     files = {".metadata": bytes(range(200)), "shard.distcp": bytes(range(256)) * 40}

@@ -56,6 +56,8 @@ def test_weights_match_the_built_model_and_terms_scale():
     assert sgd.optimizer == sgd.weights and sgd.activations == adamw.activations
     full, _, _ = estimate(["recompute.granularity=full"])
     assert full.activations < adamw.activations / 5
+    selective, _, _ = estimate(["recompute.granularity=selective"])
+    assert full.activations < selective.activations < adamw.activations   # only the attention cores dropped
     dp2, _, _ = estimate(["parallel.pp=1", "parallel.dp=2"])
     assert dp2.weights == pytest.approx(2 * adamw.weights)   # two whole replicas on this machine
     gpipe, _, _ = estimate(["schedule=gpipe"])

@@ -22,6 +22,8 @@ CONFIGS = {
     "gpt_untied": {**SMALL, "tie_embeddings": False},
     "bert_pre_ln": {**SMALL, "name": "bert", "pre_ln": True},
     "bert_untied": {**SMALL, "name": "bert", "tie_embeddings": False, "num_layers": 3},
+    "llama_tiny": yaml.safe_load((CONF / "llama_tiny.yaml").read_text()),
+    "llama_tied_mha": {**SMALL, "name": "llama", "num_kv_heads": 2, "ffn_hidden_size": 48, "tie_embeddings": True},
 }
 
 
@@ -44,7 +46,7 @@ def test_flops_are_the_runtimes_and_the_planners(name, recompute):
     assert flops_per_sample(cfg, recompute) * batch == pytest.approx(expected, rel=1e-12)
 
 
-@pytest.mark.parametrize("name", [*CONFIGS, "bert_large", "gpt3_175b", "vgg16", "resnet50", "vgg16_small",
+@pytest.mark.parametrize("name", [*CONFIGS, "bert_large", "gpt3_175b", "llama3_405b", "vgg16", "resnet50", "vgg16_small",
                                   "resnet50_small"])
 def test_the_planner_splits_the_same_layers(name):
     cfg = CONFIGS.get(name) or yaml.safe_load((CONF / f"{name}.yaml").read_text())

@@ -22,15 +22,22 @@ PRESETS = [yaml.safe_load(path.read_text()) for path in sorted((ROOT / "conf" / 
 OUTSIDE_MODELS = ("pipedream", "planner", "launcher")
 
 
-def smallest_trainable_preset(name: str) -> dict:
+def smallest_trainable_preset(name: str, files: Path) -> dict:
+    """A family reading its sizes from the model's own files (model=hf) gets a tiny saved model."""
     trainable = [cfg for cfg in PRESETS if cfg.get("name") == name and not cfg.get("planner_only")]
     assert trainable, f"model family {name} has no trainable preset in conf/model/"
+    family = model_family(name)
+    if family.config_from_files is not None:
+        pytest.importorskip("transformers")
+        from tests.support.hf_models import save_tiny
+        with_files = {**trainable[0], "path": str(save_tiny("llama", files / name))}
+        return {**with_files, **family.config_from_files(with_files)}
     return min(trainable, key=parameter_count)
 
 
 @pytest.mark.parametrize("name", MODEL_FAMILIES)
-def test_the_smallest_preset_is_what_the_facts_say(name):
-    cfg = smallest_trainable_preset(name)
+def test_the_smallest_preset_is_what_the_facts_say(name, tmp_path):
+    cfg = smallest_trainable_preset(name, tmp_path)
     model = build_model(cfg)
     assert model.num_layers == pipeline_layer_count(cfg) == len(model_family(name).layer_kinds(model.num_layers))
     # a tied embedding and head are one Parameter in the sequential model, counted once
@@ -41,8 +48,8 @@ def test_the_smallest_preset_is_what_the_facts_say(name):
 
 
 @pytest.mark.parametrize("name", MODEL_FAMILIES)
-def test_the_planner_has_an_analytic_spec_of_the_same_model(name):
-    family, cfg = model_family(name), smallest_trainable_preset(name)
+def test_the_planner_has_an_analytic_spec_of_the_same_model(name, tmp_path):
+    family, cfg = model_family(name), smallest_trainable_preset(name, tmp_path)
     assert family.analytic_spec in SPEC_BUILDERS
     spec = spec_from_config(cfg)
     assert len(spec.layer_specs(1)) == pipeline_layer_count(cfg)
@@ -54,7 +61,7 @@ def test_the_planner_has_an_analytic_spec_of_the_same_model(name):
 
 def test_an_unknown_family_is_one_line_naming_the_known_ones():
     with pytest.raises(ConfigError, match=r"^model.name='gpt4' is not a model family; known: gpt, bert, mlp, "
-                                          r"vgg16, resnet50 ") as error:
+                                          r"vgg16, resnet50, llama, hf ") as error:
         model_family("gpt4")
     assert "\n" not in str(error.value)
     with pytest.raises(ConfigError, match="not a model family"):

@@ -21,7 +21,7 @@ PAPER_TFLOPS = {"gpt_1.7b": 137, "gpt_3.6b": 138, "gpt_7.5b": 142, "gpt_18.4b": 
 
 
 def inputs(*over):
-    return inputs_from_config(compose(list(over)))
+    return inputs_from_config(compose(list(over))).as_in_the_dissertation()
 
 
 def test_reserve_is_3_gib_plus_a_fifth():

@@ -73,11 +73,30 @@ def test_data_parallel_sync_uses_the_measured_allreduce(tmp_path):
     path = tmp_path / "sheet.json"
     write_sheet(path)
     inputs, plan = plan_for(path, "train.micro_batch_size=16", "planner.pp=1", "planner.dp=2",
-                            "planner.schedules=[1f1b]", "planner.recompute=[false]")
+                            "planner.schedules=[1f1b]", "planner.recompute=[false]",
+                            "planner.overlap_grad_reduce=false", "planner.distributed_optimizer=false")
     fwd, bwd = inputs.profile.times(16)
     weights = float(inputs.profile.arrays["parameter_bytes"].sum())
     sync = 2 * AR_LATENCY + weights / AR_BANDWIDTH  # ring of 2: 2 (n-1) steps, 2 (n-1)/n of the bytes
     expected = float((fwd + bwd).sum()) + sync + OPT_OVERHEAD + OPT_PER_BYTE * weights
+    assert plan.predicted.iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_overlapped_reduction_and_the_distributed_optimizer_are_priced(tmp_path):
+    """Overlapped: a rank waits for the larger of its last bucket's reduction and what exceeds the last
+    micro-batch's backward. Distributed optimizer: each rank updates half the parameters."""
+    path = tmp_path / "sheet.json"
+    write_sheet(path)
+    inputs, plan = plan_for(path, "train.micro_batch_size=16", "planner.pp=1", "planner.dp=2",
+                            "planner.schedules=[1f1b]", "planner.recompute=[false]", "planner.grad_bucket_mb=0.01",
+                            "planner.overlap_grad_reduce=true", "planner.distributed_optimizer=true")
+    fwd, bwd = inputs.profile.times(16)
+    weights = float(inputs.profile.arrays["parameter_bytes"].sum())
+    sync = 2 * AR_LATENCY + weights / AR_BANDWIDTH
+    last_bucket = sync * min(1.0, 0.01 * 2**20 / weights)
+    exposed = max(last_bucket, sync - float(bwd.sum()))
+    expected = float((fwd + bwd).sum()) + exposed + OPT_OVERHEAD + OPT_PER_BYTE * weights / 2
+    assert plan.distributed_optimizer and not plan.sequence_parallel
     assert plan.predicted.iteration_time_s == pytest.approx(expected, rel=1e-9)
 
 

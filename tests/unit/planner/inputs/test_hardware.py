@@ -14,7 +14,9 @@ from planner.inputs.profile import analytic_profile
 
 CONF = config_dir()
 CLUSTERS = config_options("cluster")
-MODELS = config_options("model")
+# presets that state their sizes (model=hf reads them from its model.path folder: tests/unit/models/test_hf_family.py)
+MODELS = [name for name in config_options("model")
+          if "path" not in yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text())]
 
 
 def load(group: str, name: str) -> dict:

@@ -1,0 +1,54 @@
+"""The attention core, softmax(QKᵀ/√d)·V with its dropout, as a module of its own: it is the part of
+a transformer layer whose saved activations grow with the square of the sequence (the s x s scores,
+softmax output and dropout mask: 5as/h of the 34 + 5as/h bytes per element of sbh that Korthikanti
+et al. 2022 count for one layer) while costing few FLOPs. Selective recomputation
+(``recompute.granularity=selective``) recomputes only these in the backward and keeps the rest.
+
+Families build their attention with ``CoreAttention``; a plugin model that does the same gets
+selective recomputation too. ``selectively_recompute`` switches it on in built layers."""
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from typing import Callable, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+class CoreAttention(nn.Module):
+    """Scaled dot-product attention of (batch, heads, seq, head_dim) queries, keys and values.
+    Holds no parameters, so adding it changes no state dict. ``recompute`` (off by default) keeps
+    only q, k and v for the backward and recomputes the rest there."""
+
+    def __init__(self, causal: bool = True, dropout: float = 0.0):
+        super().__init__()
+        self.causal = causal
+        self.dropout = dropout
+        self.recompute = False
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                rng: Callable[[], AbstractContextManager] | None = None) -> torch.Tensor:
+        """``rng``: the dropout's random stream (a tensor-parallel rank's own); the recomputation
+        replays it because the checkpoint, entered inside it, restores the state it started from."""
+        dropout = self.dropout if self.training else 0.0
+        with rng() if rng is not None and dropout > 0.0 and not q.is_meta else nullcontext():
+            if self.recompute and torch.is_grad_enabled():
+                return checkpoint(self._attend, q, k, v, dropout, use_reentrant=False)
+            return self._attend(q, k, v, dropout)
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout,
+                                              enable_gqa=k.shape[1] != q.shape[1])
+
+    def extra_repr(self) -> str:
+        return f"causal={self.causal}, dropout={self.dropout}, recompute={self.recompute}"
+
+
+def selectively_recompute(modules: Iterable[nn.Module]) -> int:
+    """Switches recomputation on in every ``CoreAttention`` inside ``modules``; returns how many."""
+    cores = [m for module in modules for m in module.modules() if isinstance(m, CoreAttention)]
+    for core in cores:
+        core.recompute = True
+    return len(cores)

@@ -1,0 +1,122 @@
+"""Training features against their baselines, on this machine: selective recomputation, sequence
+parallelism and compiled stages. Each feature runs paired with its baseline (same model, layout and
+steps, the order alternating between rounds, so both see the same phase of a shared machine); the
+step-time ratio is taken within each round, then its median. Memory is each rank's peak RSS and the
+bytes autograd stashes per micro-batch (the activation memory the features exist to cut), from the
+runs' summary.json. Writes docs/bench_features.json and its section of docs/benchmarks.md.
+
+Run: .venv/bin/python -m scripts.bench.features           (about 10 minutes on a 2-core machine)
+     .venv/bin/python -m scripts.bench.features --quick   (tiny model, writes nothing under docs/)
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scripts import ROOT
+from scripts.bench.runtime_report import machine, replace_section
+from tests.support.training_harness import train_rank
+from tests.support.workers import run_workers
+
+MODEL = ["model=gpt_tiny", "model.num_layers=4", "model.hidden_size=256", "model.num_heads=8", "model.seq_len=256",
+         "model.tie_embeddings=false"]
+QUICK_MODEL = ["model=gpt_tiny", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=2",
+               "model.seq_len=16", "model.tie_embeddings=false"]
+RUN = ["train.global_batch_size=8", "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
+       "train.progress=false", "train.log_every=1000", "trace.enabled=false", "optim=adamw"]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    name: str
+    layout: tuple[str, ...]      # the processes' layout, shared by both sides
+    baseline: tuple[str, ...]
+    feature: tuple[str, ...]
+    what: str
+
+
+COMPARISONS = (
+    Comparison("selective recomputation", ("parallel.pp=2", "schedule=1f1b"), ("recompute.granularity=none",),
+               ("recompute.granularity=selective",), "attention cores recomputed in the backward"),
+    Comparison("sequence parallelism", ("parallel.pp=1", "parallel.tp=2", "schedule=1f1b"),
+               ("parallel.sequence_parallel=false",), ("parallel.sequence_parallel=true",),
+               "tp = 2: LayerNorm/dropout regions on half the sequence"),
+    Comparison("compiled stages", ("parallel.pp=2", "schedule=1f1b"), ("train.compile=false",),
+               ("train.compile=true",), "torch.compile (inductor) per layer; its compile time is excluded "
+                                         "(the median step is after the warm-up steps)"),
+)
+
+
+def one_run(overrides: list[str], steps: int, run_dir: Path) -> dict[str, Any]:
+    per_rank = run_workers(train_rank, 2, [(overrides + [f"train.steps={steps}"], str(run_dir))], timeout=1800)
+    summary = per_rank[0][0]["summary"]
+    ranks = summary["ranks"]
+    return {"step_time_s": summary["median_step_time_s"],
+            "peak_rss_bytes": [r["peak_memory_bytes"].get("rss", 0) for r in ranks],
+            "stash_bytes_per_microbatch": [sum(r["stash_bytes_per_microbatch"].values()) for r in ranks]}
+
+
+def measure(comparison: Comparison, model: list[str], steps: int, rounds: int) -> dict[str, Any]:
+    runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "feature": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for index in range(rounds):
+            order = ("baseline", "feature") if index % 2 == 0 else ("feature", "baseline")
+            for side in order:
+                extra = comparison.baseline if side == "baseline" else comparison.feature
+                overrides = model + RUN + list(comparison.layout) + list(extra)
+                runs[side].append(one_run(overrides, steps, Path(tmp) / f"{side}-{index}"))
+                print(comparison.name, side, runs[side][-1], flush=True)
+    ratios = [f["step_time_s"] / b["step_time_s"] for b, f in zip(runs["baseline"], runs["feature"])]
+    return {"paired_step_time_ratio": {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]},
+            **{side: {"step_time_s": statistics.median(r["step_time_s"] for r in results),
+                      "peak_rss_bytes": [statistics.median(r["peak_rss_bytes"][k] for r in results) for k in (0, 1)],
+                      "stash_bytes_per_microbatch": results[0]["stash_bytes_per_microbatch"]}
+               for side, results in runs.items()}}
+
+
+def markdown(data: dict[str, Any]) -> str:
+    mib = 1024 ** 2
+    lines = ["## Training features against their baselines (CPU)", "",
+             f"Written by `python -m scripts.bench.features` on {data['date']} ({data['machine']['cpu']}, "
+             f"{data['machine']['cores']} cores, torch {data['machine']['torch']}). GPT, {data['model']}; 2 processes "
+             f"(Gloo, one thread each), global batch 8 in micro-batches of 2, AdamW, {data['steps']} steps, median "
+             f"over {data['rounds']} paired runs. Stash: the bytes autograd keeps per micro-batch, summed over a "
+             f"rank's chunks.", "",
+             "| feature | step time, baseline -> feature (ms) | feature / baseline (paired; range) | "
+             "stash per micro-batch, rank 0 / 1 (KiB) | peak RSS, rank 0 / 1 (MiB) |", "|---|---|---|---|---|"]
+    for name, result in data["results"].items():
+        base, feat, ratio = result["baseline"], result["feature"], result["paired_step_time_ratio"]
+        stash = " / ".join(f"{b / 1024:.0f} -> {f / 1024:.0f}" for b, f in
+                           zip(base["stash_bytes_per_microbatch"], feat["stash_bytes_per_microbatch"]))
+        rss = " / ".join(f"{b / mib:.0f} -> {f / mib:.0f}" for b, f in zip(base["peak_rss_bytes"], feat["peak_rss_bytes"]))
+        lines.append(f"| {name} ({result['what']}) | {base['step_time_s'] * 1e3:.0f} -> {feat['step_time_s'] * 1e3:.0f} | "
+                     f"{ratio['median']:.2f} ({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}) | {stash} | {rss} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--out-dir", type=Path, default=None)
+    args = parser.parse_args()
+    model, steps, rounds = (QUICK_MODEL, 6, 1) if args.quick else (MODEL, 16, 3)
+    results = {c.name: {"what": c.what, **measure(c, model, steps, rounds)} for c in COMPARISONS}
+    data = {"date": datetime.date.today().isoformat(), "machine": machine(), "steps": steps, "rounds": rounds,
+            "model": "4 blocks, hidden 256, 8 heads, sequence 256" if not args.quick else "quick",
+            "results": results}
+    out = args.out_dir or (None if args.quick else ROOT / "docs")
+    if out is not None:   # the measurements first: they survive a failure below
+        (out / "bench_features.json").write_text(json.dumps(data, indent=1) + "\n")
+    print(markdown(data))
+    if out is not None:
+        replace_section(out / "benchmarks.md", "bench_features", markdown(data))
+
+
+if __name__ == "__main__":
+    main()
