@@ -54,7 +54,9 @@ def _tflops(c: Candidate, peak_flops: float) -> str:
     if c.model_tflops_per_device <= 0:
         return "n/a (the profile counts no FLOPs: PipeDream's graph.txt has times and sizes only)"
     share = f", {c.tflops_per_device * 1e12 / peak_flops:.0%} of peak" if peak_flops else ""
-    passes = "eq. 4.2, 4 passes with recomputation as Table 4.1" if c.recompute else "3 passes, nothing recomputed"
+    passes = {"full": "eq. 4.2, 4 passes with recomputation as Table 4.1",
+              "selective": "3 passes and the attention cores again", "none": "3 passes, nothing recomputed"}[
+        c.recompute_granularity]
     return (f"{c.tflops_per_device:.4g} hardware ({passes}{share}), "
             f"{c.model_tflops_per_device:.4g} model (3 passes)")
 
