@@ -14,6 +14,9 @@ from omegaconf.errors import OmegaConfBaseException
 from pipedream.config.loading import compose_config, describe_composition_error
 from pipedream.errors import ConfigError
 
+from pipedream.runtime.affinity import ENV as CORE_SETS, format_core_sets
+
+from launcher.binding import core_sets
 from launcher.commands import build_launch
 from launcher.memory_check import check_memory
 from launcher.prechecks import check_before_launch, check_launch_keys
@@ -61,6 +64,8 @@ def main(argv: list[str]) -> int:
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:
                 print(note, file=sys.stderr)
+        cores = core_sets(cfg.launcher.get("bind_cores", "auto"), str(cfg.cluster.get("device", "cpu")),
+                          plan.nproc_per_node, sorted(os.sched_getaffinity(0)))
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
             claim_run_dir(spec, Path(run_dir))
     except ConfigError as error:
@@ -77,7 +82,12 @@ def main(argv: list[str]) -> int:
             print(prefix + shlex.join(command))
         return 0
     command = plan.commands[int(node_rank or 0)]
-    print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}", flush=True)
+    bound = ""
+    if cores is not None:   # each rank pins itself to its set before torch starts (pipedream.runtime.affinity)
+        os.environ[CORE_SETS] = format_core_sets(cores)
+        bound = "; cores per local rank " + " ".join(f"[{','.join(map(str, c))}]" for c in cores)
+    print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}{bound}",
+          flush=True)
     runnable = [sys.executable, "-m", "launcher.agent", *agent_options(preemption), *command[1:]]
     code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
     return job_exit_code(code, Path(run_dir), preemption)

@@ -6,6 +6,8 @@ from typing import Any
 
 from pipedream.errors import ConfigError
 
+from launcher.binding import numa_options
+
 
 @dataclass(frozen=True)
 class LaunchPlan:
@@ -44,7 +46,8 @@ def build_launch(cfg: Any, overrides: list[str], run_dir: str) -> LaunchPlan:
     per_node = world // nnodes
     train_args = ["-m", "pipedream.train", *[o for o in overrides if not o.startswith("train.run_dir=")],
                   f"train.run_dir={run_dir}"]
-    restarts = [f"--max-restarts={int(cfg.launcher.max_restarts)}"]
+    restarts = [f"--max-restarts={int(cfg.launcher.max_restarts)}",
+                *numa_options(cfg.launcher.get("bind_cores", "auto"), str(cfg.cluster.get("device", "cpu")))]
     if nnodes == 1:
         commands = [["torchrun", "--standalone", f"--nproc-per-node={per_node}", *restarts, *train_args]]
     else:

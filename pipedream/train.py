@@ -13,8 +13,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import hydra
-import torch
+from pipedream.runtime.affinity import bind_this_rank
+
+BOUND_CORES = bind_this_rank()   # before torch starts its thread pools: every pool thread inherits the set
+
+import hydra  # noqa: E402
+import torch  # noqa: E402
 from omegaconf import DictConfig
 
 from pipedream.runtime.distributed import init_distributed, shutdown, world_size_from_env
@@ -44,7 +48,7 @@ def run(cfg: Any) -> int:
     except ConfigError as error:
         stderr_line(f"error: {error}")
         return REFUSED_EXIT
-    torch.set_num_threads(spec.train.threads)
+    torch.set_num_threads(len(BOUND_CORES) if BOUND_CORES else spec.train.threads)   # a bound rank: one per core
     # imported late: a refused configuration fails fast
     from pipedream.lifecycle.failures import (AGREED_ERRORS, USER_ERRORS, debug_requested, failure_report,
                                               wait_for_peer_report)

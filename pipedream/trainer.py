@@ -4,6 +4,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -54,6 +55,8 @@ class RankStats:
     optimizer_state_bytes: int      # this rank's optimizer state (its shard with optim.distributed)
     bubble_fraction: float | None = None   # measured in traced iterations (filled on rank 0)
     memory: dict[str, Any] | None = None   # harmony_pp: device budget, peak resident bytes, swap volume
+    cpu_affinity: list[int] | None = None   # the cores this rank may run on (launcher.bind_cores)
+    intra_op_threads: int | None = None
 
 
 @dataclass
@@ -261,7 +264,8 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                             "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
                       optimizer_state_bytes=optimizer_state_bytes(engine.optimizer),
-                      memory=engine.memory_report())
+                      memory=engine.memory_report(), cpu_affinity=sorted(os.sched_getaffinity(0)),
+                      intra_op_threads=torch.get_num_threads())
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)
     traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)

@@ -50,7 +50,8 @@ def run(argv: Sequence[str]) -> int:
     family = known_family(cfg.model.get("name"))
     sequence_model = family is not None and family.sequence and inputs.profile.source != "graph.txt"
     seq = cfg.model.get("seq_len") if sequence_model else None
-    print(training_time(outcome, float(p.train_tokens), seq))
+    tokens = p.get("train_tokens") if p.get("train_tokens") is not None else cfg.model.get("train_tokens")
+    print(training_time(outcome, None if tokens is None else float(tokens), seq))
     if p.get("out"):
         outcome.plan.save(str(p.out))
         model = (f"model._target_={cfg.model._target_} data._target_=..." if cfg.model.get("_target_")

@@ -6,12 +6,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from models.registry import known_family
-from pipedream.config.loading import compose_config, describe_composition_error
+from pipedream.config.loading import compose_config, compose_plain, describe_composition_error
 
 from pipedream.schedules import SCHEDULE_INFOS, planned_schedules
 from planner.errors import PlannerError
 from planner.inputs.cluster_sheet import measured_cluster, measured_profile, measured_runtime, measured_tp_profiles
-from planner.harmony.costs import alone_profile, measured_harmony, sheet_entry
 from planner.inputs.hardware import Cluster, cluster_from_config
 from planner.inputs.search_inputs import Inputs
 from planner.inputs.model_specs import spec_from_config
@@ -21,22 +20,30 @@ PLANNED_SCHEDULES = planned_schedules()
 
 
 def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
-    """``conf/planner.yaml`` with ``overrides``; bad overrides become one-line PlannerErrors."""
-    from hydra.errors import HydraException
+    """``conf/planner.yaml`` with ``overrides``; bad overrides become one-line PlannerErrors. Plain
+    overrides are composed without importing Hydra (``compose_plain``, the same config)."""
     from omegaconf import open_dict
-    from omegaconf.errors import OmegaConfBaseException as OmegaConfError
 
-    from models.errors import ConfigError
+    plain = compose_plain(overrides, config_name)
+    if plain is not None:
+        cfg, choices = plain
+    else:
+        from hydra.errors import HydraException
+        from omegaconf.errors import OmegaConfBaseException as OmegaConfError
 
-    try:
-        cfg = compose_config(overrides, config_name, return_hydra_config=True)
-    except (HydraException, OmegaConfError) as err:   # unknown choice or key, bad override syntax
-        raise PlannerError(describe_composition_error(err, overrides, config_name)) from None
-    except ConfigError as err:   # a model whose own files cannot be read (model=hf)
-        raise PlannerError(str(err)) from None
-    choice = cfg.hydra.runtime.choices.get("model")
+        from models.errors import ConfigError
+
+        try:
+            cfg = compose_config(overrides, config_name, return_hydra_config=True)
+        except (HydraException, OmegaConfError) as err:   # unknown choice or key, bad override syntax
+            raise PlannerError(describe_composition_error(err, overrides, config_name)) from None
+        except ConfigError as err:   # a model whose own files cannot be read (model=hf)
+            raise PlannerError(str(err)) from None
+        choices = dict(cfg.hydra.runtime.choices)
+        with open_dict(cfg):
+            del cfg["hydra"]
+    choice = choices.get("model")
     with open_dict(cfg):
-        del cfg["hydra"]
         if choice and not cfg.model.get("preset") and not cfg.model.get("_target_"):
             cfg.model.preset = choice  # the config's file name (gpt_tiny) labels the model
     return cfg
@@ -78,10 +85,13 @@ def inputs_from_config(cfg: Any) -> Inputs:
     if cfg.planner.get("precision"):
         model_cfg["precision"] = cfg.planner.precision
     target = model_cfg.get("_target_")
-    if target is not None and not (cfg.planner.get("profile") or cfg.planner.get("graph")):
+    if target is not None and not (cfg.planner.get("profile") or cfg.planner.get("graph")
+                                   or measured_profile(cluster, model_cfg) is not None):
         raise PlannerError(f"model._target_={target} has no analytic sizes: measure it first (python -m "
                            f"planner.profile model._target_={target} ... planner.profile_out=profile.json), then "
-                           f"plan with planner.profile=profile.json")
+                           f"plan with planner.profile=profile.json; or calibrate this machine with it (python -m "
+                           f"planner.calibrate model._target_={target} data._target_=...) and plan with "
+                           f"cluster=measured")
     spec = None if target is not None else spec_from_config(model_cfg, cluster.device.default_precision)
     profile = build_profile(cfg, spec, cluster)
     batch = cfg.train.global_batch_size
@@ -97,8 +107,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
     return Inputs(
         model=profile.model if profile.source == "graph.txt" or target else str(cfg.model.get("preset") or cfg.model.name),
         profile=profile, cluster=cluster,
-        global_batch=batch, spec=spec if analytic else None, reserve_gib=float(p.reserve_gib),
-        reserve_fraction=float(p.reserve_fraction),
+        global_batch=batch, spec=spec if analytic else None, **_reserve(p, cfg.cluster),
         max_micro_batch=int(p.max_micro_batch), micro_batch=micro,
         schedules=_schedules(p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
@@ -126,6 +135,22 @@ def _memory_savers(p: Any, spec: Any) -> dict[str, Any]:
             "grad_bucket_bytes": float(bucket_mb) * 2**20 if flags["overlap_grad_reduce"] else None}
 
 
+GPU_RESERVE = {"reserve_gib": 3.0, "reserve_fraction": 0.2}   # docs/planner.md, Memory reserve
+
+
+def _reserve(p: Any, cluster_cfg: Any) -> dict[str, float]:
+    """The memory reserve: ``planner.reserve_*`` where given, else the cluster preset's (a CPU's in the
+    CPU presets), else a GPU's."""
+    out = {}
+    for key, gpu in GPU_RESERVE.items():
+        value = p.get(key)
+        value = cluster_cfg.get(key, gpu) if value is None else value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise PlannerError(f"planner.{key}={value!r} must be a number >= 0 (or null: the cluster's reserve)")
+        out[key] = float(value)
+    return out
+
+
 def _budget(value: Any) -> float | None:
     if value is None:
         return None
@@ -140,6 +165,8 @@ def _calibrated(cfg: Any, cluster, profile: Profile) -> dict:
     profiles for the same model."""
     if profile.source != "measured" or cfg.planner.get("profile") or cfg.planner.get("graph"):
         return {}
+    from planner.harmony.costs import alone_profile, measured_harmony, sheet_entry   # here: a preset's start-up skips it
+
     model_cfg = _plain(cfg.model)
     return {"runtime": measured_runtime(cluster, model_cfg), "tp_profiles": measured_tp_profiles(cluster, model_cfg),
             "harmony_costs": measured_harmony(cluster, model_cfg),

@@ -48,9 +48,16 @@ def count(n: float) -> str:
 
 
 def _tflops(c: Candidate, peak_flops: float) -> str:
-    """Both counts, labelled: Table 4.1's hardware FLOPs (4 passes) and the model's (3 passes)."""
+    """Both counts, labelled: the hardware FLOPs the devices run (eq. 4.2's 4 passes with
+    recomputation, as Table 4.1; 3 without) and the model's (3 passes); none for a profile without
+    FLOP counts (PipeDream's graph.txt)."""
+    if c.model_tflops_per_device <= 0:
+        return "n/a (the profile counts no FLOPs: PipeDream's graph.txt has times and sizes only)"
     share = f", {c.tflops_per_device * 1e12 / peak_flops:.0%} of peak" if peak_flops else ""
-    return (f"{c.tflops_per_device:.4g} hardware (eq. 4.2, 4 passes as Table 4.1{share}), "
+    passes = {"full": "eq. 4.2, 4 passes with recomputation as Table 4.1",
+              "selective": "3 passes and the attention cores again", "none": "3 passes, nothing recomputed"}[
+        c.recompute_granularity]
+    return (f"{c.tflops_per_device:.4g} hardware ({passes}{share}), "
             f"{c.model_tflops_per_device:.4g} model (3 passes)")
 
 
@@ -105,21 +112,25 @@ def alternatives_table(outcome: Outcome) -> str:
     return "\n".join(lines)
 
 
-def training_time(outcome: Outcome, tokens: float, seq_len: int | None) -> str:
-    """Days for a token budget: iterations x predicted iteration time. Eq. 4.4 (8 T P / (n X)) is the
-    same estimate when X counts hardware FLOPs (4 passes) and its dropped terms are small; it is
-    printed beside it as a check, never as a second estimate."""
+def training_time(outcome: Outcome, tokens: float | None, seq_len: int | None) -> str:
+    """Days for a token budget (``None``: no estimate): iterations x predicted iteration time. Eq. 4.4
+    (8 T P / (n X)) is the same estimate when X counts 4 passes and its dropped terms are small; it is
+    printed beside it as a check, never as a second estimate (6 T P / (n X) for a plan that
+    recomputes nothing, whose X counts 3 passes)."""
     c, plan = outcome.result.best, outcome.plan
     if not seq_len:
         return "End-to-end training time: n/a (eq. 4.4 needs a sequence model; this one has no tokens)"
+    if tokens is None:
+        return "End-to-end training time: give a token budget (planner.train_tokens=300e9) for an estimate"
     iterations = tokens / (c.global_batch * seq_len)
     days = iterations * c.iteration_time / 86400
     line = (f"End-to-end training on {count(tokens)} tokens: {days:.1f} days ({iterations:.3g} iterations x "
             f"{c.iteration_time:.3g} s)")
     if c.tflops_per_device > 0:
-        eq44 = training_days(tokens, plan.model.num_parameters, plan.world_size, c.tflops_per_device * 1e12)
-        line += (f"; eq. 4.4 (8TP/(nX), X = {c.tflops_per_device:.3g} hardware TFLOP/s) gives {eq44:.1f} days, "
-                 f"{eq44 / days - 1:+.0%} from dropping s/6h and V/16lh")
+        passes = 4 if c.recompute else 3   # what X counts (eq. 4.4 assumes 4: 8 = 2 x 4)
+        eq44 = training_days(tokens, plan.model.num_parameters, plan.world_size, c.tflops_per_device * 1e12) * passes / 4
+        line += (f"; eq. 4.4 ({2 * passes}TP/(nX), X = {c.tflops_per_device:.3g} hardware TFLOP/s) gives {eq44:.1f} "
+                 f"days, {eq44 / days - 1:+.0%} from dropping s/6h and V/16lh")
     return line
 
 

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import difflib
 import re
-from importlib.resources import files
 from pathlib import Path
 from typing import Any, Sequence
 
 
 def config_dir() -> Path:
-    """The folder holding ``config.yaml``, ``planner.yaml`` and the config groups."""
-    return Path(str(files("conf")))
+    """The folder holding ``config.yaml``, ``planner.yaml`` and the config groups (the package's own
+    folder: ``importlib.resources`` would cost a small run's start-up its zipfile imports)."""
+    import conf
+
+    return Path(conf.__file__).parent
 
 
 def config_options(group: str) -> list[str]:
@@ -57,6 +59,134 @@ def complete_model_config(cfg: Any) -> Any:
             if model.get(key) is None:
                 model[key] = value
     return cfg
+
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_INT = re.compile(r"-?(0|[1-9][0-9]*)$")
+_FLOAT = re.compile(r"-?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?$|-?\d+[eE][+-]?\d+$")
+_WORD = re.compile(r"[A-Za-z_/.][A-Za-z0-9_./-]*$|[0-9][A-Za-z0-9./-]*[A-Za-z][A-Za-z0-9./-]*$")   # 1f1b, not 1_000
+_WORDS_HYDRA_READS_OTHERWISE = {"true", "false", "null", "inf", "nan"}   # in any case
+
+
+class _NotPlain(Exception):
+    """An override or config outside what ``compose_plain`` reproduces: Hydra composes it."""
+
+
+def _plain_scalar(text: str) -> Any:
+    if text in ("true", "false"):
+        return text == "true"
+    if text == "null":
+        return None
+    if _INT.match(text):
+        return int(text)
+    if _FLOAT.match(text):
+        return float(text)
+    if _WORD.match(text) and text.lower() not in _WORDS_HYDRA_READS_OTHERWISE:
+        return text
+    raise _NotPlain(text)
+
+
+def plain_value(text: str) -> Any:
+    """The value of ``key=text`` as Hydra's override grammar reads it, for the plain forms only (an
+    int, a float, true/false/null, a word of letters, digits, ``_./-`` and a list of those);
+    anything else raises ``_NotPlain``."""
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1]
+        return [] if inner == "" else [_plain_scalar(item) for item in inner.split(",")]
+    return _plain_scalar(text)
+
+
+def _yaml_loader() -> Any:
+    """OmegaConf's YAML loader (its float and timestamp rules, duplicate keys refused) on libyaml's
+    parser where PyYAML has it: the same values, parsed several times faster."""
+    import yaml
+    from omegaconf._utils import get_yaml_loader
+
+    loader = get_yaml_loader()
+    if not getattr(yaml, "__with_libyaml__", False):
+        return loader
+
+    class Loader(yaml.CSafeLoader):
+        yaml_implicit_resolvers = loader.yaml_implicit_resolvers
+        yaml_constructors = loader.yaml_constructors
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            keys = [k.value for k, _ in node.value if k.tag == yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG]
+            if len(keys) != len(set(keys)):
+                raise _NotPlain("duplicate key")   # Hydra's loader reports it
+            return super().construct_mapping(node, deep=deep)
+    return Loader
+
+
+def _load_yaml(path: Path, loader: Any) -> Any:
+    import yaml
+    from omegaconf import OmegaConf
+
+    text = path.read_text()
+    if "@package" in text:   # Hydra's package header moves the config: Hydra's job
+        raise _NotPlain(str(path))
+    data = yaml.load(text, Loader=loader)
+    if not isinstance(data, dict):
+        raise _NotPlain(str(path))
+    return OmegaConf.create(data)
+
+
+def compose_plain(overrides: Sequence[str], config_name: str) -> tuple[Any, dict[str, str]] | None:
+    """``compose_config(overrides, config_name)`` without Hydra, for a primary config whose defaults
+    are ``group: option`` entries and ``_self_`` and overrides that are ``group=option`` or a plain
+    ``key=value`` (``plain_value``): the same config (the groups merged in the defaults' order, struct
+    mode, then each value set as Hydra's ``OmegaConf.update(..., merge=True)`` does) and the group
+    choices; None for anything else, which Hydra composes (and reports). Hydra's import and its
+    composition take most of a small planner run's start-up
+    (``tests/unit/config/test_compose_plain.py`` checks the equivalence)."""
+    from omegaconf import OmegaConf
+
+    try:
+        root, loader = config_dir(), _yaml_loader()
+        primary = _load_yaml(root / f"{config_name}.yaml", loader)
+        choices, values, seen = {}, [], set()
+        for override in overrides:
+            key, eq, text = override.partition("=")
+            if not eq or not _KEY.match(key) or key in seen or key.split(".")[0] == "hydra":
+                raise _NotPlain(override)
+            seen.add(key)
+            if "." not in key:   # a group choice
+                if not (root / key).is_dir() or not _WORD.match(text):
+                    raise _NotPlain(override)
+                choices[key] = text
+            else:
+                values.append((key, plain_value(text)))
+        defaults = primary.pop("defaults", None) if "defaults" in primary else None
+        entries = OmegaConf.to_container(defaults) if defaults is not None else None
+        if not isinstance(entries, list) or "_self_" not in entries:
+            raise _NotPlain("defaults")
+        if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries):
+            raise _NotPlain("defaults")   # optional entries, overrides of Hydra's own groups, packages
+        if set(choices) - {next(iter(e)) for e in entries if isinstance(e, dict)}:
+            raise _NotPlain("a group the defaults do not choose")
+        cfg = OmegaConf.create()
+        chosen = {}
+        for entry in entries:
+            if entry == "_self_":
+                cfg.merge_with(primary)
+                continue
+            (group, option), = entry.items()
+            option = choices.get(group, option)
+            path = root / group / f"{option}.yaml"
+            if not isinstance(option, str) or not path.is_file():
+                raise _NotPlain(group)
+            loaded = _load_yaml(path, loader)
+            if "defaults" in loaded:
+                raise _NotPlain(str(path))
+            cfg.merge_with(OmegaConf.create({group: loaded}))
+            chosen[group] = option
+        OmegaConf.set_struct(cfg, True)
+        for key, value in values:
+            OmegaConf.update(cfg, key, value, merge=True)
+        cfg = complete_model_config(cfg)   # as compose_config does
+    except Exception:  # noqa: BLE001 - _NotPlain or any error: Hydra composes it and names the problem
+        return None
+    return cfg, chosen
 
 
 def describe_missing_option(error: Exception) -> str:

@@ -41,6 +41,7 @@ from typing import Any, Sequence
 
 from pipedream.schedules.harmony import FORWARD, harmony_config
 
+from planner.calibrate.runtime import run_overrides
 from planner.harmony.tasks import ProfileCosts
 from planner.inputs.profile import Profile, mean_profile
 
@@ -55,11 +56,11 @@ _RATIOS = ("forward_ratio", "train_ratio")
 def traced_harmony_run(model_overrides: Sequence[str], processes: int, run_dir: Path) -> dict:
     """Train ``STEPS`` steps of harmony_pp on ``processes`` processes: its trace, or the run's one-line error."""
     root = Path(__file__).resolve().parents[2]   # the repository (this file is planner/calibrate/)
-    cmd = [sys.executable, "-m", "launcher", *model_overrides, "cluster=local_cpu", "schedule=harmony_pp",
+    cmd = [sys.executable, "-m", "launcher", *run_overrides(model_overrides), "cluster=local_cpu", "schedule=harmony_pp",
            f"parallel.pp={processes}", "train.grad_clip=0", f"train.global_batch_size={GLOBAL_BATCH}",
            f"train.micro_batch_size={MICRO}", f"train.steps={STEPS}", "train.eval_every=0", "trace.enabled=true",
            f"trace.steps=[{','.join(str(s) for s in TRACED)}]", "trace.timeline=false", "train.progress=false",
-           f"train.log_every={STEPS}", f"train.run_dir={run_dir}", "train.overwrite=true", "data=synthetic",
+           f"train.log_every={STEPS}", f"train.run_dir={run_dir}", "train.overwrite=true",
            "launcher.check_memory=false", f"launcher.master_port={29700 + os.getpid() % 97}"]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:

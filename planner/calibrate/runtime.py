@@ -40,6 +40,7 @@ import numpy as np
 from pipedream.schedules import schedule_info
 
 from planner.costs import closed_form as cost
+from planner.errors import PlannerError
 from planner.inputs.profile import profile_from_json
 from planner.costs.uniform import even_boundaries
 
@@ -49,15 +50,43 @@ GLOBAL_BATCH, MICRO = 32, 4
 _ACTIONS = ("forward", "backward", "send", "recv", "wait")
 
 
+def run_overrides(model_overrides: Sequence[str]) -> list[str]:
+    """The overrides that select the model and its data (``model=``/``model.*``, ``data=``/``data.*``,
+    a plugin's ``_target_`` included), as the traced runs pass them to the launcher; the synthetic
+    data unless they choose data."""
+    chosen = [o for o in model_overrides if o.lstrip("+~").partition("=")[0].split(".")[0] in ("model", "data")]
+    has_data = any(o.lstrip("+~").partition("=")[0].split(".")[0] == "data" for o in chosen)
+    return chosen if has_data else [*chosen, "data=synthetic"]
+
+
+def check_as_launcher(overrides: Sequence[str]) -> None:
+    """A plugin model or data (``model._target_``, ``data._target_``) composed and checked as
+    ``python -m launcher`` does before it launches: the launcher's one-line refusals (a ConfigError),
+    before anything is measured."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    from models.plugin_config import plugin_target
+    from pipedream.config.loading import compose_config, describe_composition_error
+    from pipedream.config.run_spec import build_run_spec
+
+    try:
+        cfg = compose_config(overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise PlannerError(describe_composition_error(err, overrides)) from None
+    if plugin_target(cfg.model) is not None or plugin_target(cfg.data) is not None:
+        build_run_spec(cfg)
+
+
 def traced_run(model_overrides: Sequence[str], schedule: str, layers: list[int], run_dir: Path) -> dict:
     """Train ``STEPS`` steps of the model as a 2-stage pipeline; its trace and summary."""
     root = Path(__file__).resolve().parents[2]   # the repository (this file is planner/calibrate/)
-    cmd = [sys.executable, "-m", "launcher", *model_overrides, "cluster=local_cpu", "parallel.pp=2",
+    cmd = [sys.executable, "-m", "launcher", *run_overrides(model_overrides), "cluster=local_cpu", "parallel.pp=2",
            f"parallel.layers_per_stage=[{','.join(str(n) for n in layers)}]", f"schedule={schedule}",
            f"train.global_batch_size={GLOBAL_BATCH}", f"train.micro_batch_size={MICRO}", f"train.steps={STEPS}",
            "train.eval_every=0", "trace.enabled=true", f"trace.steps=[{','.join(str(s) for s in TRACED)}]",
            "train.progress=false", f"train.log_every={STEPS}", f"train.run_dir={run_dir}", "train.overwrite=true",
-           "data=synthetic", "launcher.check_memory=false", f"launcher.master_port={29900 + os.getpid() % 97}"]
+           "launcher.check_memory=false", f"launcher.master_port={29900 + os.getpid() % 97}"]
     proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")] or proc.stderr.splitlines()

@@ -5,7 +5,8 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.inputs.
 
 * per-layer forward and backward times of the model at ``planner.calibrate_micro_batches``, on
   ``planner.calibrate_threads`` threads as the trainer runs (``planner.calibrate.measure``), in every process
-  of the node at once (as they contend in training) and averaged over them;
+  of the node at once (as they contend in training; each on its own cores where there are enough, as
+  the launcher binds training ranks, ``launcher.bind_cores``) and averaged over them;
 * fp32 matmul FLOP/s and copy bandwidth of one process, and how much slower the same matmuls run
   while every process of the node computes at once (``matmul_slowdown_all_busy``, over 0.3 s
   windows so that more processes than cores show their time slicing; Harmony's estimator takes
@@ -38,7 +39,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from planner.calibrate.harmony import measure_harmony, print_harmony
-from planner.calibrate.runtime import measure_runtime
+from planner.calibrate.runtime import check_as_launcher, measure_runtime, run_overrides
 from planner.inputs.cluster_sheet import SCHEMA, fit_line, model_fingerprint
 from planner.errors import PlannerError
 from planner.inputs.profile import mean_profile
@@ -140,10 +141,14 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
     """One of ``world`` processes: joins a Gloo group, then ping-pong, all-reduce, concurrent matmul
     and the model's layer profile while every other process profiles it too (as in training)."""
     from planner.calibrate.measure import measure_profile
+    from pipedream.runtime.affinity import even_sets
 
     import torch
     import torch.distributed as dist
 
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) >= world:   # on its own cores, as the launcher binds a training rank (launcher.bind_cores=auto)
+        os.sched_setaffinity(0, even_sets(cores, world)[rank])
     torch.set_num_threads(threads)
     import models  # noqa: F401  what a training process holds before its model
     import pipedream.trainer  # noqa: F401
@@ -253,7 +258,8 @@ def _own_cpu_s() -> float:
 
 def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, threads: int, repeats: int,
               previous: dict | None = None, model_overrides: Sequence[str] | None = None) -> dict[str, Any]:
-    """``model_overrides``: the Hydra overrides that select the model, for the traced runs (None: none run)."""
+    """``model_overrides``: the Hydra overrides that select the model and its data, for the traced runs
+    (None: none run)."""
     import torch
 
     from omegaconf import OmegaConf
@@ -284,8 +290,8 @@ def calibrate(model_cfg: Any, micro_batches: Sequence[int], processes: int, thre
     own_cpu = _own_cpu_s() - own0
     other = max(0.0, (busy1 - busy0 - own_cpu * ticks) / (total1 - total0)) if total1 > total0 else None
     data["machine_load"] = {"other_cpu_share": other, "workers_excluded": True, "load_average": list(os.getloadavg())}
-    entry = {"model": str(plain.get("preset") or plain["name"]), "config": plain, "profile": net["profile"],
-             "profiles_tp": net["profiles_tp"]}
+    label = plain.get("preset") or plain.get("name") or plain.get("_target_")   # a plugin: its target
+    entry = {"model": str(label), "config": plain, "profile": net["profile"], "profiles_tp": net["profiles_tp"]}
     if model_overrides is not None:  # traced real runs: what the runtime spends beyond the layers
         entry["runtime"] = measure_runtime(model_overrides, net["profile"], data["optimizer"],
                                            data["process_base_bytes"])
@@ -307,8 +313,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if processes < 2:
             raise PlannerError(f"cluster.devices_per_node={processes}: calibration measures messages between "
                                f"processes; use at least 2")
-        overrides = ([a for a in (sys.argv[1:] if argv is None else argv) if a.lstrip("+~").startswith("model")]
-                     if p.calibrate_runtime else None)
+        selected = run_overrides(sys.argv[1:] if argv is None else argv)   # the model and its data
+        check_as_launcher(selected)
+        overrides = selected if p.calibrate_runtime else None
         data = calibrate(cfg.model, list(p.calibrate_micro_batches), processes, int(p.calibrate_threads),
                          int(p.calibrate_repeats), previous, overrides)
     except (PlannerError, ValueError) as err:

@@ -102,10 +102,15 @@ class Inputs:
         """Model FLOPs: forward and backward (3 passes), the same for every plan."""
         return self.profile.flops_per_sample * samples
 
-    def hardware_flops(self, samples: float) -> float:
-        """Table 4.1's count (eq. 4.2): 4 passes, the forward again as with full recomputation, for
-        every plan, so plans with and without recomputation compare on one scale."""
-        return self.profile.flops_per_sample_recompute * samples
+    def hardware_flops(self, samples: float, recompute: bool = True, selective: bool = False) -> float:
+        """The FLOPs the devices execute: eq. 4.2's 4 passes (Table 4.1's count) where the forward is
+        recomputed, the model's 3 without, plus the attention cores' forward again under selective
+        recomputation. Counting a pass a plan does not run would claim work never done, above the
+        device's peak for a plan near it (Harmony recomputes: the default)."""
+        if recompute:
+            return self.profile.flops_per_sample_recompute * samples
+        again = float(self.profile.arrays["attention_core_flops"].sum()) if selective else 0.0
+        return (self.profile.flops_per_sample + again) * samples
 
 
 def memory_reserve(capacity: float, gib: float, fraction: float) -> float:

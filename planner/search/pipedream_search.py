@@ -96,7 +96,7 @@ def _candidate(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     return Candidate(
         label, len(stages), 1, first, 1, "pipedream", micro, microbatches // first, batch, recompute,
         tuple((st.start, st.end, st.ranks) for st in stages), time, batch / time,
-        inputs.hardware_flops(batch) / (time * devices) / 1e12, 0.0, mem, inputs.capacity,
+        inputs.hardware_flops(batch, recompute) / (time * devices) / 1e12, 0.0, mem, inputs.capacity,
         _breakdown(inputs, stages, micro, recompute, per_input, microbatches),
         model_tflops_per_device=inputs.model_flops(batch) / (time * devices) / 1e12)
 

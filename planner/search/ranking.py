@@ -111,12 +111,13 @@ def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int) -> tuple[tupl
 def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: int) -> Candidate:
     p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
     rec = bool(tab["recompute"][i])
+    selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
     time = float(tab["iteration_time"][i])
     batch = inputs.global_batch
     return Candidate(
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
         batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
-        inputs.hardware_flops(batch) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
+        inputs.hardware_flops(batch, rec, selective) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
         inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
         model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12,
         **{key: bool(tab[key][i]) for key in ("selective_recompute", "sequence_parallel", "distributed_optimizer")

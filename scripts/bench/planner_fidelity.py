@@ -1,6 +1,7 @@
 """Planner fidelity on this machine: predicted vs measured step time and peak memory (RSS).
 
-For each configuration of the grid (two GPT sizes; pipeline, data and tensor parallelism; gpipe,
+For each configuration of the grid (two GPT sizes and a plugin model, the example project's
+``maskseq`` with its own data; pipeline, data and tensor parallelism; gpipe,
 1f1b, interleaved, 2bw and pipedream schedules; several micro-batch sizes) the planner, pinned to
 the configuration and planning with ``cluster=measured`` (this machine as ``python -m
 planner.calibrate.sheet`` measured it), writes a plan; the launcher then trains that plan for real (two
@@ -50,7 +51,12 @@ GLOBAL_BATCH = 32
 MODELS = {
     "gpt_tiny": ("model=gpt_tiny", "model.tie_embeddings=false"),
     "gpt_tiny_h256": ("model=gpt_tiny", "model.tie_embeddings=false", "model.hidden_size=256", "model.num_heads=8"),
+    "maskseq": ("model._target_=maskseq.model.build", "model.width=128"),   # examples/masked_sequences
 }
+# the data each model trains on (calibrated and run with); a plugin model brings its own
+DATA = {"maskseq": ("data._target_=maskseq.data.build", "data.num_samples=4096")}
+SYNTHETIC = ("data=synthetic",)
+PLUGIN_PATH = ROOT / "examples" / "masked_sequences"   # the plugin's package, importable by the subprocesses
 TARGET_MEDIAN, TARGET_WORST, TARGET_CHOICE = 0.10, 0.25, 0.05
 
 
@@ -98,8 +104,19 @@ def grid(quick: bool) -> list[Config]:
         Config(a, pp=1, dp=2, micro=16), Config(a, schedule="2bw", algorithm="2bw"),
         Config(a, schedule="pipedream", algorithm="pipedream"), Config(a, pp=1, tp=2, micro=8),
         Config(b), Config(b, micro=8), Config(b, schedule="gpipe", micro=8), Config(b, pp=1, dp=2, micro=16),
-        Config(b, schedule="2bw", algorithm="2bw", micro=8),
+        Config(b, schedule="2bw", algorithm="2bw", micro=8), Config("maskseq"),
     ]
+
+
+def model_and_data(model: str) -> list[str]:
+    """The overrides that select the model and its data, as the launcher and the calibration take them."""
+    return [*MODELS[model], *DATA.get(model, SYNTHETIC)]
+
+
+def plugin_env() -> dict[str, str]:
+    """This environment with the example plugin's package on PYTHONPATH."""
+    path = os.pathsep.join(p for p in (str(PLUGIN_PATH), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path}
 
 
 def plan(cfg: Config, calibration: Path, out: Path) -> dict:
@@ -133,7 +150,7 @@ def config_of(model: str, plan_json: dict) -> Config:
 
 def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
     """One real run of the plan; (median step s, peak RSS per rank, other processes' CPU share)."""
-    out = launch_plan(list(MODELS[cfg.model]), plan_path, run_dir, steps, 29600, 900)
+    out = launch_plan(model_and_data(cfg.model), plan_path, run_dir, steps, 29600, 900)
     if "error" in out:
         return {"error": out["error"]}
     summary = out.pop("summary")
@@ -142,15 +159,18 @@ def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
 
 
 def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, port_base: int, timeout: int) -> dict:
-    """Train ``plan_path`` with the launcher on synthetic data: its summary, the wall time and the other
-    processes' CPU share, or the run's one-line error."""
+    """Train ``plan_path`` with the launcher (``model``: the overrides of the model and its data, the
+    synthetic data unless they choose one): its summary, the wall time and the other processes' CPU
+    share, or the run's one-line error."""
+    if not any(o.lstrip("+~").startswith("data") for o in model):
+        model = [*model, *SYNTHETIC]
     cmd = [sys.executable, "-m", "launcher", *model, "cluster=local_cpu", f"parallel.plan={plan_path}",
            f"train.steps={steps}", "train.eval_every=0", "trace.enabled=false", "train.progress=false",
-           f"train.log_every={steps}", f"train.run_dir={run_dir}", "train.overwrite=true", "data=synthetic",
+           f"train.log_every={steps}", f"train.run_dir={run_dir}", "train.overwrite=true",
            "launcher.check_memory=false", f"launcher.master_port={port_base + os.getpid() % 300}"]
     before, child = cpu_busy_jiffies(), resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=ROOT, env=plugin_env(), capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:  # recorded, not fatal: one failing configuration must not lose the others
@@ -162,12 +182,12 @@ def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, po
 
 
 def calibrate(path: Path, repeats: int, models: set[str]) -> None:
-    for model, overrides in MODELS.items():
+    for model in MODELS:
         if model not in models:
             continue
-        cmd = [sys.executable, "-m", "planner.calibrate", *overrides, f"planner.calibration_out={path}",
+        cmd = [sys.executable, "-m", "planner.calibrate", *model_and_data(model), f"planner.calibration_out={path}",
                f"planner.calibrate_repeats={repeats}"]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+        proc = subprocess.run(cmd, cwd=ROOT, env=plugin_env(), capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:
             raise SystemExit(f"calibration of {model} failed: {proc.stderr.strip()}")
         print(proc.stdout.strip(), flush=True)

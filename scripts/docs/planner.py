@@ -72,9 +72,10 @@ def table_section() -> str:
                 reason += "; the paper always recomputes activations, we recompute only when memory needs it"
         rows.append(f"| {preset} | {gpus} | {batch} | ({t}, {p}) | {tflops} | {_config(ours)} | "
                     f"{ours.tflops_per_device:.0f} | {theirs_cell} | {reason} |")
-    rows += ["", "TFLOP/s are hardware FLOPs as Table 4.1 counts them (eq. 4.2: 4 passes, for every plan), so "
-             "they compare plans with and without recomputation on one scale. The paper's (t, p) is pinned with "
-             "recomputation, as the paper ran it."]
+    rows += ["", "TFLOP/s are hardware FLOPs, the passes the devices run: eq. 4.2's 4 with recomputation (as "
+             "Table 4.1 counts them; the paper recomputed in every row), 3 for a plan that recomputes nothing "
+             "(a 4th pass it never runs would be claimed work, above the device's peak for a plan near it). The "
+             "paper's (t, p) is pinned with recomputation, as the paper ran it."]
     return "\n".join(rows)
 
 

@@ -108,7 +108,8 @@ def pipedream_configs() -> list[str]:
 def paper_tables_section() -> str:
     t41, free, pinned = table_4_1()
     t42, e42 = table_4_2()
-    out = ["**Table 4.1** (DGX A100 preset, hardware TFLOP/s per GPU as the paper counts them):", ""] + t41 + [
+    out = ["**Table 4.1** (DGX A100 preset, hardware TFLOP/s per GPU: the passes run, 4 with recomputation as the "
+           "paper counts them, 3 for a free plan that recomputes nothing):", ""] + t41 + [
         "", f"Mean |error|: free {statistics.fmean(free) * 100:.1f}% (worst {max(free) * 100:.1f}%), at the paper's "
         f"(t, p) {statistics.fmean(pinned) * 100:.1f}% (worst {max(pinned) * 100:.1f}%).", "",
         "**Table 4.2**, PTD-P rows (the paper's model-parallel sizes 96 = (8, 12) and 280 = (8, 35)):", ""] + t42 + [

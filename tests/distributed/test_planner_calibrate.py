@@ -3,6 +3,7 @@ measured profile, network and optimizer numbers are what the prediction is built
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,37 @@ def test_planner_only_model_is_refused_in_one_line(tmp_path):
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "is planner-only" in proc.stderr
+
+
+EXAMPLE = ROOT / "examples" / "masked_sequences"
+PLUGIN = ["model._target_=maskseq.model.build", "model.width=16"]
+
+
+def test_a_plugin_model_calibrates_and_plans_on_the_sheet(tmp_path, capsys, monkeypatch):
+    """The example project's model and data, given as to the launcher; refused in the launcher's one
+    line without its data, measured with it, then planned with cluster=measured."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))   # the in-process planner and ...
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(EXAMPLE), os.environ.get("PYTHONPATH", "")])}  # ... calibrate
+    sheet_path = tmp_path / "sheet.json"
+    base = [sys.executable, "-m", "planner.calibrate", *PLUGIN, f"planner.calibration_out={sheet_path}"]
+    refused = subprocess.run(base, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        "error: model._target_=maskseq.model.build needs its data as a plugin too: give "
+        "data._target_=my_pkg.my_module.build_datasets (docs/models.md)"]
+    cmd = [*base, "data._target_=maskseq.data.build", "planner.calibrate_micro_batches=[2]",
+           "planner.calibrate_repeats=2", "planner.calibrate_runtime=false"]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    (entry,) = json.loads(sheet_path.read_text())["profiles"].values()
+    assert entry["model"] == "maskseq.model.build" and len(entry["profile"]["layers"]) == 4
+
+    plan_path = tmp_path / "plan.json"
+    code = planner_main([*PLUGIN, "cluster=measured", f"cluster.calibration={sheet_path}", "train.global_batch_size=4",
+                         "train.micro_batch_size=2", "planner.algorithm=ptdp", "planner.pp=2", "planner.dp=1",
+                         "planner.schedules=[1f1b]", "planner.recompute=[false]", f"planner.out={plan_path}"])
+    assert code == 0, capsys.readouterr().err
+    plan = load_plan(plan_path)
+    assert plan.planner["profile_source"] == "measured" and plan.parallel.pp == 2
+    layers = entry["profile"]["layers"]
+    compute = sum(la["forward_s"][0] + la["backward_s"][0] for la in layers)   # b = 2, the one size
+    assert compute <= plan.predicted.iteration_time_s <= 3 * compute + 1.0

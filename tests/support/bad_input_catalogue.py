@@ -47,6 +47,8 @@ CATALOGUE = [
     case("seed-not-a-number", "train.seed=abc", "train.seed = 'abc' must be an integer >= 0"),
     case("grad-clip-not-a-number", "train.grad_clip=yes", "train.grad_clip = 'yes' must be a finite number"),
     case("max-restarts-negative", "launcher.max_restarts=-1", "launcher.max_restarts = -1 must be an integer >= 0"),
+    case("bind-cores-shared", "launcher.bind_cores=[[0],[0]]", "core 0 is in two sets"),
+    case("bind-cores-count", "launcher.bind_cores=[[0]]", "has 1 core sets for 2 processes on this node"),
     case("node-rank-out-of-range", "launcher.nnodes=2 launcher.node_rank=2", "launcher.node_rank = 2 must be a node"),
     case("grace-negative", "launcher.grace_s=-1", "launcher.grace_s = -1 must be >= 0"),
     case("port-out-of-range", "launcher.master_port=70000", "launcher.master_port = 70000 is not a TCP port"),
@@ -136,6 +138,8 @@ CATALOGUE = [
          "planner.out={tmp}/a_file/plan.json", "planner.out=", tool="planner"),
     case("planner-out-missing-folder", "model=gpt_tiny cluster=local_cpu train.global_batch_size=32 "
          "planner.out={tmp}/no_folder/plan.json", "does not exist", tool="planner"),
+    case("planner-reserve-negative", "model=gpt_tiny cluster=local_cpu planner.reserve_gib=-1",
+         "planner.reserve_gib=-1 must be a number >= 0", tool="planner"),
     case("harmony-budget-below-a-layer", "model=gpt_tiny cluster=local_cpu train.global_batch_size=8 "
          "planner.algorithm=harmony planner.device_budget_bytes=1000", "alone needs", tool="planner"),
     case("harmony-several-nodes", "model=gpt_tiny cluster=h200_x8 train.global_batch_size=8 planner.algorithm=harmony",

@@ -172,3 +172,20 @@ def write_profiles(root: Path) -> dict[str, Path]:
         path.write_text(build())
         paths[folder.rsplit("/", 1)[1]] = path
     return paths
+
+
+def chain_graph(layers: int = 98, width: int = 4096) -> str:
+    """A straight chain of ``layers`` nodes after the input (``layers / 2`` Linear + ReLU pairs, every
+    other Linear four times as wide): deep enough that PipeDream's DP and the memory check work over
+    many split points."""
+    g = GraphWriter()
+    x = g.node("Input", width)
+    for i in range(layers // 2):
+        fout = 4 * width if i % 2 == 0 else width
+        fin = width if i % 2 == 0 else 4 * width
+        x = g.node(f"Linear(in_features={fin}, out_features={fout}, bias=True)", fout, fin * fout + fout,
+                   2 * fin * fout, inputs=(x,))
+        x = g.node("ReLU(inplace)", fout, inputs=(x,))
+    if layers % 2:
+        x = g.node("Dropout(p=0.1)", width, inputs=(x,))
+    return g.text()

@@ -31,3 +31,28 @@ def test_repredict_plans_the_saved_rows_again(tmp_path):
     assert got[0]["now_s"] == pytest.approx(now)  # both sheets are the same: the median is either
     assert got[0]["now_error"] == pytest.approx(now / 0.1 - 1)
     assert "| gpt_tiny p=2 d=1 t=1 b=4 1f1b | 100.0 ms | 50.0 ms | -50% |" in bench.repredict_markdown(got)
+
+
+def test_the_plugin_row_is_calibrated_and_run_with_its_own_data(monkeypatch, tmp_path):
+    assert bench.Config("maskseq") in bench.grid(quick=False)
+    commands = []
+
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    def record(cmd, **kwargs):
+        commands.append((cmd, kwargs["env"]["PYTHONPATH"].split(":")[0]))
+        return Done()
+    monkeypatch.setattr(bench.subprocess, "run", record)
+    bench.calibrate(tmp_path / "sheet.json", 2, {"maskseq"})
+    (calibrate, path), = commands
+    assert calibrate[3:7] == ["model._target_=maskseq.model.build", "model.width=128",
+                              "data._target_=maskseq.data.build", "data.num_samples=4096"]
+    assert path == str(bench.PLUGIN_PATH) and (bench.PLUGIN_PATH / "maskseq" / "model.py").exists()
+    launch = ["model._target_=maskseq.model.build", "data._target_=maskseq.data.build"]
+    (tmp_path / "summary.json").write_text("{}")
+    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: commands.append((cmd, "")) or Done())
+    bench.launch_plan(launch, tmp_path / "plan.json", tmp_path, 2, 29600, 10)
+    assert "data=synthetic" not in commands[-1][0]
+    bench.launch_plan(["model=gpt_tiny"], tmp_path / "plan.json", tmp_path, 2, 29600, 10)
+    assert "data=synthetic" in commands[-1][0]

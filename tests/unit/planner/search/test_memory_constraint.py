@@ -10,7 +10,7 @@ from planner.errors import DoesNotFitError
 from planner.report import plan_table
 from planner.search.auto import make_plan
 from planner.search.pipedream_search import pipedream_search
-from tests.support.graph_txt_profiles import vgg16_graph
+from tests.support.graph_txt_profiles import chain_graph, vgg16_graph
 
 # (nodes, GPUs per node, micro-batch): VGG-16 at this micro-batch needs more than a 16 GB V100
 # in every PipeDream partition on these clusters
@@ -70,3 +70,28 @@ def test_why_lost_names_memory_of_a_slower_over_capacity_alternative():
     assert slower.startswith("100.0% slower") and slower.endswith("needs 30.0 GiB per device > 16.0 GiB")
     assert why_lost(cand(200.0, 30.0), best).startswith("100% faster but needs 30.0 GiB")
     assert "GiB per device" not in why_lost(cand(50.0, 10.0), best)
+
+
+BIG_GRAPHS = {"vgg16": vgg16_graph, "chain98": chain_graph}   # 40 and 98 layers
+CLUSTERS = {"4 x V100": ["cluster.devices_per_node=4"], "16 x 8 V100": ["cluster.nodes=16", "cluster.devices_per_node=8"]}
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("graph", BIG_GRAPHS)
+def test_constraint_off_plans_big_graphs_with_released_costs(tmp_path, graph, cluster):
+    """As ``python -m planner planner.graph=.../graph.txt cluster=pipedream_cluster_a ...
+    planner.pipedream_costs=released planner.memory_constraint=false``: a plan over every layer,
+    never a refusal, marked where it is over the device's memory."""
+    path = tmp_path / graph / "graph.txt"
+    path.parent.mkdir()
+    path.write_text(BIG_GRAPHS[graph]())
+    inputs = inputs_from_config(compose([f"planner.graph={path}", "cluster=pipedream_cluster_a", *CLUSTERS[cluster],
+                                         "planner.pipedream_costs=released", "planner.memory_constraint=false"]))
+    outcome = make_plan(inputs, "auto", simulate=False)
+    best = outcome.result.best
+    assert best.algorithm == "pipedream" and best.samples_per_s > 0
+    assert inputs.profile.num_layers == {"vgg16": 40, "chain98": 98}[graph]
+    starts, ends = [s[0] for s in best.stages], [s[1] for s in best.stages]
+    assert starts[0] == 0 and starts[1:] == ends[:-1] and ends[-1] == inputs.profile.num_layers   # every layer once
+    over = "OVER CAPACITY" in plan_table(outcome, inputs.cluster.device.flops("fp16"))
+    assert over == (not best.fits)

@@ -1,0 +1,79 @@
+"""``compose_plain``: the planner's start-up path composes plain overrides without Hydra, and must
+give exactly Hydra's config: every value form it reads as Hydra's override grammar does, every
+preset and override set below composed to the same YAML, struct flag and group choices, and
+everything else left to Hydra (None)."""
+from __future__ import annotations
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import OmegaConf, open_dict
+
+from pipedream.config.loading import _NotPlain, compose_config, compose_plain, config_options, plain_value
+
+VALUES = ["1", "0", "-3", "12", "1.", ".5", "-.5", "1.5", "1e5", "1E-3", "300.0e9", "4e9", "1.0e-9", "1e5x", "1f1b",
+          "2bw", "zb_h2", "true", "false", "null", "infx", "nanx", "gpt_1.7b", "/tmp/a/graph.txt", "./x", ".", "a-b",
+          "a.b.c", "x/y-z.json", "1.5e3.txt", "e5", "_x", "5-a", "v100_16gb", "[]", "[1]", "[1,2]", "[1f1b,gpipe]",
+          "[true,false]", "[1,2.5,x]"]
+LEFT_TO_HYDRA = ["0123", "1_000", "1_0e5", "True", "NULL", "inf", "-inf", "nan", "NaN", "-a", "+5", "[1, 2]",
+                 "[a,[b]]", "", "a b", "a:b", "${x}", "'q'", "a,b", "1.5.2", "1-2"]
+
+
+def _typed(value):
+    return [_typed(v) for v in value] if isinstance(value, list) else (type(value), value)
+
+
+@pytest.mark.parametrize("text", VALUES)
+def test_plain_values_read_as_hydra_reads_them(text):
+    hydra = OverridesParser.create().parse_override(f"k={text}").value()
+    assert _typed(plain_value(text)) == _typed(list(hydra) if isinstance(hydra, list) else hydra)
+
+
+@pytest.mark.parametrize("text", LEFT_TO_HYDRA)
+def test_other_values_are_left_to_hydra(text):
+    with pytest.raises(_NotPlain):
+        plain_value(text)
+
+
+def _hydra(overrides):
+    cfg = compose_config(overrides, "planner", return_hydra_config=True)
+    choices = dict(cfg.hydra.runtime.choices)
+    with open_dict(cfg):
+        del cfg["hydra"]
+    return cfg, {k: choices[k] for k in ("model", "data", "cluster")}
+
+
+OVERRIDES = [[f"model={m}"] for m in config_options("model")] + [[f"cluster={c}"] for c in config_options("cluster")] + [
+    [],
+    ["model=gpt_small", "cluster=dgx_a100", "cluster.nodes=4", "planner.schedules=[1f1b,gpipe]",
+     "train.global_batch_size=32", "planner.out=/tmp/x.json", "planner.reserve_gib=1e3", "planner.tp=null"],
+    ["planner.graph=/tmp/vgg16/graph.txt", "cluster=pipedream_cluster_a", "cluster.devices_per_node=4",
+     "planner.pipedream_costs=released", "planner.memory_constraint=false", "planner.recompute=[false]"],
+    ["model.hidden_size=256", "model.num_heads=8", "data=pydoc", "planner.calibrate_micro_batches=[]"],
+]
+
+
+@pytest.mark.parametrize("overrides", OVERRIDES, ids=" ".join)
+def test_the_same_config_as_hydra(overrides):
+    plain = compose_plain(overrides, "planner")
+    if plain is None:   # only where Hydra's composition fails too (model=hf without model.path): its error
+        with pytest.raises(Exception):
+            _hydra(overrides)
+        return
+    cfg, choices = plain
+    reference, reference_choices = _hydra(overrides)
+    assert OmegaConf.to_yaml(cfg) == OmegaConf.to_yaml(reference)
+    assert choices == reference_choices and OmegaConf.is_struct(cfg) and OmegaConf.is_struct(reference)
+
+
+@pytest.mark.parametrize("overrides", [
+    ["model._target_=my_pkg.build"],   # a plugin: Hydra's ~model ++model... form
+    ["planner.algoritm=ptdp"],         # an unknown key: Hydra's error names it
+    ["model=nope"], ["+planner.x=1"], ["planner.top_k=1,2"], ["hydra.job.name=x"],
+    ["train.global_batch_size=8", "train.global_batch_size=16"],
+])
+def test_anything_else_is_left_to_hydra(overrides):
+    assert compose_plain(overrides, "planner") is None
+
+
+def test_a_primary_config_with_hydra_entries_is_left_to_hydra():
+    assert compose_plain([], "config") is None   # config.yaml overrides hydra/job_logging
