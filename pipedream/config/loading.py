@@ -30,8 +30,13 @@ def config_options(group: str) -> list[str]:
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
                    return_hydra_config: bool = False) -> Any:
     """``conf/<config_name>.yaml`` with ``overrides`` applied, through Hydra's Compose API (no
-    working-directory change, no outputs/ folder). Raises Hydra's and OmegaConf's errors.
+    working-directory change, no outputs/ folder), or ``compose_plain`` where it gives the same
+    config without Hydra. Raises Hydra's and OmegaConf's errors.
     ``model._target_=...`` / ``data._target_=...`` replace the preset (``plugin_config``)."""
+    if not return_hydra_config:   # plain overrides: the same config without importing Hydra
+        plain = compose_plain(overrides, config_name, without_hydra_node=True)
+        if plain is not None:
+            return plain[0]
     from hydra import compose, initialize_config_dir
 
     from models.plugin_config import plugin_overrides
@@ -131,14 +136,18 @@ def _load_yaml(path: Path, loader: Any) -> Any:
     return OmegaConf.create(data)
 
 
-def compose_plain(overrides: Sequence[str], config_name: str) -> tuple[Any, dict[str, str]] | None:
+def compose_plain(overrides: Sequence[str], config_name: str,
+                  without_hydra_node: bool = False) -> tuple[Any, dict[str, str]] | None:
     """``compose_config(overrides, config_name)`` without Hydra, for a primary config whose defaults
     are ``group: option`` entries and ``_self_`` and overrides that are ``group=option`` or a plain
     ``key=value`` (``plain_value``): the same config (the groups merged in the defaults' order, struct
     mode, then each value set as Hydra's ``OmegaConf.update(..., merge=True)`` does) and the group
     choices; None for anything else, which Hydra composes (and reports). Hydra's import and its
     composition take most of a small planner run's start-up
-    (``tests/unit/config/test_compose_plain.py`` checks the equivalence)."""
+    (``tests/unit/config/test_compose_plain.py`` checks the equivalence). ``without_hydra_node``: the
+    config as ``compose_config`` returns it without ``return_hydra_config``, so the primary config's
+    ``hydra`` node and its overrides of Hydra's own groups (``override hydra/job_logging: none``),
+    which only shape that node, are left out."""
     from omegaconf import OmegaConf
 
     try:
@@ -158,6 +167,11 @@ def compose_plain(overrides: Sequence[str], config_name: str) -> tuple[Any, dict
                 values.append((key, plain_value(text)))
         defaults = primary.pop("defaults", None) if "defaults" in primary else None
         entries = OmegaConf.to_container(defaults) if defaults is not None else None
+        if without_hydra_node and isinstance(entries, list):
+            if "hydra" in primary:
+                primary.pop("hydra")
+            entries = [e for e in entries if not (isinstance(e, dict) and len(e) == 1
+                                                  and next(iter(e)).startswith("override hydra/"))]
         if not isinstance(entries, list) or "_self_" not in entries:
             raise _NotPlain("defaults")
         if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries):

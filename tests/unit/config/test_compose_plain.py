@@ -77,3 +77,39 @@ def test_anything_else_is_left_to_hydra(overrides):
 
 def test_a_primary_config_with_hydra_entries_is_left_to_hydra():
     assert compose_plain([], "config") is None   # config.yaml overrides hydra/job_logging
+
+
+def _hydra_training(overrides):
+    from hydra import compose, initialize_config_dir
+
+    from pipedream.config.loading import complete_model_config, config_dir
+    with initialize_config_dir(str(config_dir()), version_base=None):
+        return complete_model_config(compose("config", overrides=list(overrides)))
+
+
+TRAINING = [[f"{group}={option}"] for group in ("model", "data", "optim", "cluster", "schedule", "precision")
+            for option in config_options(group) if option != "hf"] + [
+    [],
+    ["model=llama_tiny", "parallel.pp=4", "parallel.tp=2", "parallel.sequence_parallel=true", "train.steps=3",
+     "recompute.granularity=selective", "train.models=2"],
+    ["schedule=interleaved", "parallel.vpp=2", "parallel.layers_per_stage=[1,2,3]", "train.compile=aot_eager",
+     "checkpoint.every=5", "train.resume=auto", "optim.distributed=true", "launcher.bind_cores=false"],
+]
+
+
+@pytest.mark.parametrize("overrides", TRAINING, ids=" ".join)
+def test_training_configs_are_hydras_without_its_node(overrides):
+    """``compose_config`` (no Hydra node asked for) composes plain overrides of ``config.yaml`` without
+    Hydra: the config Hydra's compose returns, which leaves its own node out."""
+    plain = compose_plain(overrides, "config", without_hydra_node=True)
+    reference = _hydra_training(overrides)
+    assert plain is not None
+    assert OmegaConf.to_yaml(plain[0]) == OmegaConf.to_yaml(reference)
+    assert OmegaConf.is_struct(plain[0]) and OmegaConf.is_struct(reference)
+    assert OmegaConf.to_yaml(compose_config(overrides)) == OmegaConf.to_yaml(reference)
+
+
+@pytest.mark.parametrize("overrides", [["train.models=[{lr:0.1}]"], ["launcher.bind_cores=[[0],[1]]"],
+                                       ["model._target_=examples.masked_sequences.model.build"]])
+def test_training_overrides_outside_the_plain_grammar_go_to_hydra(overrides):
+    assert compose_plain(overrides, "config", without_hydra_node=True) is None
