@@ -77,10 +77,11 @@ class Inputs:
         return replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
                        grad_bucket_bytes=None)
 
-    def memory_options(self, t: int, d: int, selective: bool, profile: Profile) -> MemoryOptions:
+    def memory_options(self, t: int, d: int, selective: bool, profile: Profile,
+                       distributed_optimizer: bool = False) -> MemoryOptions:
         """The memory savers a (t, d) configuration takes (PTD-P's flush schedules)."""
         sequence_parallel = self.sequence_parallel and t > 1 and bool(profile.arrays["sequence_shardable_bytes"].any())
-        shards = d if self.distributed_optimizer and d > 1 else 1
+        shards = d if distributed_optimizer and self.distributed_optimizer and d > 1 else 1
         # the distributed optimizer reduce-scatters at the flush, in one piece: nothing overlaps
         return MemoryOptions(selective=selective, sequence_parallel=sequence_parallel, optimizer_shards=shards,
                              grad_bucket_bytes=self.grad_bucket_bytes if shards == 1 else None)

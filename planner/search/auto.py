@@ -85,7 +85,8 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
     profile = inputs.profile_at(best.tp)
     stats = rank_stats(profile, inputs.cluster, best.tp, best.pp, best.vpp, best.dp, best.recompute,
                        np.array([best.micro], dtype=float),
-                       options=inputs.memory_options(best.tp, best.dp, best.selective_recompute, profile))
+                       options=inputs.memory_options(best.tp, best.dp, best.selective_recompute, profile,
+                                                     best.distributed_optimizer))
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
     return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency)

@@ -1,6 +1,6 @@
 """PTD-P search (dissertation ch. 4.3): over (p, t, d, b, v, recompute, schedule) with p t d = n;
-recompute is none, full or selective, and the memory savers that cost no time in the model
-(sequence parallelism, the distributed optimizer) are taken wherever they apply and are allowed.
+recompute is none, full or selective, the optimizer distributed or not (d > 1), and sequence
+parallelism, which costs no time in the model, is taken wherever it applies and is allowed.
 
 Iteration time is (m + (p-1)/v) (t_f + t_b + tensor-parallel and pipeline communication) plus the
 data-parallel all-reduce (eq. 4.1 with ch. 4.2.2's interleaving and ch. 4.3's communication
@@ -8,6 +8,8 @@ volumes); memory follows each schedule's in-flight micro-batches. Every (t, p, v
 vectorised evaluation over all micro-batch sizes, so thousands of devices plan in well under a second.
 """
 from __future__ import annotations
+
+import itertools
 
 import numpy as np
 
@@ -44,8 +46,9 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                              and zero_bubble.fits(s, p, len(_blocks(profile)))]
                 if not schedules:
                     continue
-                for rec, selective in recompute_modes(inputs, profile):
-                    options = inputs.memory_options(t, d, selective, profile)
+                for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
+                                                                   optimizer_modes(inputs, d)):
+                    options = inputs.memory_options(t, d, selective, profile, sharded)
                     stats = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, options)
                     if stats is None:
                         continue
@@ -64,6 +67,12 @@ def recompute_modes(inputs: Inputs, profile) -> list[tuple[bool, bool]]:
     if inputs.selective_recompute and profile.arrays["attention_core_bytes"].any():
         modes.append((False, True))
     return modes
+
+
+def optimizer_modes(inputs: Inputs, d: int) -> tuple[bool, ...]:
+    """With the distributed optimizer allowed and d > 1, both: it saves memory but its reduce-scatter
+    is not overlapped with the backward, so it can cost time."""
+    return (False, True) if inputs.distributed_optimizer and d > 1 else (False,)
 
 
 def check_pinned_depth(inputs: Inputs) -> None:

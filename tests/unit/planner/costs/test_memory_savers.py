@@ -68,7 +68,7 @@ def test_gpt3_on_1024_a100s_is_planned_with_the_savers_and_says_which():
     assert (plan.sequence_parallel, plan.distributed_optimizer) == (best.sequence_parallel, best.distributed_optimizer)
     assert plan.to_json()["sequence_parallel"] == plan.sequence_parallel
     assert plan.sequence_parallel == (plan.parallel.tp > 1)   # free in the model where it applies
-    assert plan.distributed_optimizer == (plan.parallel.dp > 1)
+    assert plan.parallel.dp > 1 or not plan.distributed_optimizer
     text = plan_table(outcome, inputs.cluster.device.flops("bf16"))
     assert f"recomputation          {plan.recompute}" in text and "memory savers" in text
     # without them (the dissertation's options) the same search plans no better
