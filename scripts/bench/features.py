@@ -1,5 +1,5 @@
 """Training features against their baselines, on this machine: selective recomputation, sequence
-parallelism and compiled stages. Each feature runs paired with its baseline (same model, layout and
+parallelism, the distributed optimizer and compiled stages. Each feature runs paired with its baseline (same model, layout and
 steps, the order alternating between rounds, so both see the same phase of a shared machine); the
 step-time ratio is taken within each round, then its median. Memory is each rank's peak RSS and the
 bytes autograd stashes per micro-batch (the activation memory the features exist to cut), from the
@@ -47,6 +47,8 @@ COMPARISONS = (
     Comparison("sequence parallelism", ("parallel.pp=1", "parallel.tp=2", "schedule=1f1b"),
                ("parallel.sequence_parallel=false",), ("parallel.sequence_parallel=true",),
                "tp = 2: LayerNorm/dropout regions on half the sequence"),
+    Comparison("distributed optimizer", ("parallel.pp=1", "parallel.dp=2", "schedule=1f1b"), ("optim.distributed=false",),
+               ("optim.distributed=true",), "dp = 2: AdamW state sharded over the two replicas"),
     Comparison("compiled stages", ("parallel.pp=2", "schedule=1f1b"), ("train.compile=false",),
                ("train.compile=true",), "torch.compile (inductor) per layer; its compile time is excluded "
                                          "(the median step is after the warm-up steps)"),
@@ -59,7 +61,8 @@ def one_run(overrides: list[str], steps: int, run_dir: Path) -> dict[str, Any]:
     ranks = summary["ranks"]
     return {"step_time_s": summary["median_step_time_s"],
             "peak_rss_bytes": [r["peak_memory_bytes"].get("rss", 0) for r in ranks],
-            "stash_bytes_per_microbatch": [sum(r["stash_bytes_per_microbatch"].values()) for r in ranks]}
+            "stash_bytes_per_microbatch": [sum(r["stash_bytes_per_microbatch"].values()) for r in ranks],
+            "optimizer_state_bytes": [r["optimizer_state_bytes"] for r in ranks]}
 
 
 def measure(comparison: Comparison, model: list[str], steps: int, rounds: int) -> dict[str, Any]:
@@ -76,7 +79,8 @@ def measure(comparison: Comparison, model: list[str], steps: int, rounds: int) -
     return {"paired_step_time_ratio": {"median": statistics.median(ratios), "range": [min(ratios), max(ratios)]},
             **{side: {"step_time_s": statistics.median(r["step_time_s"] for r in results),
                       "peak_rss_bytes": [statistics.median(r["peak_rss_bytes"][k] for r in results) for k in (0, 1)],
-                      "stash_bytes_per_microbatch": results[0]["stash_bytes_per_microbatch"]}
+                      "stash_bytes_per_microbatch": results[0]["stash_bytes_per_microbatch"],
+                      "optimizer_state_bytes": results[0]["optimizer_state_bytes"]}
                for side, results in runs.items()}}
 
 
@@ -89,14 +93,17 @@ def markdown(data: dict[str, Any]) -> str:
              f"over {data['rounds']} paired runs. Stash: the bytes autograd keeps per micro-batch, summed over a "
              f"rank's chunks.", "",
              "| feature | step time, baseline -> feature (ms) | feature / baseline (paired; range) | "
-             "stash per micro-batch, rank 0 / 1 (KiB) | peak RSS, rank 0 / 1 (MiB) |", "|---|---|---|---|---|"]
+             "stash per micro-batch, rank 0 / 1 (KiB) | optimizer state, rank 0 / 1 (KiB) | "
+             "peak RSS, rank 0 / 1 (MiB) |", "|---|---|---|---|---|---|"]
     for name, result in data["results"].items():
         base, feat, ratio = result["baseline"], result["feature"], result["paired_step_time_ratio"]
         stash = " / ".join(f"{b / 1024:.0f} -> {f / 1024:.0f}" for b, f in
                            zip(base["stash_bytes_per_microbatch"], feat["stash_bytes_per_microbatch"]))
         rss = " / ".join(f"{b / mib:.0f} -> {f / mib:.0f}" for b, f in zip(base["peak_rss_bytes"], feat["peak_rss_bytes"]))
+        state = " / ".join(f"{b / 1024:.0f} -> {f / 1024:.0f}" for b, f in
+                           zip(base["optimizer_state_bytes"], feat["optimizer_state_bytes"]))
         lines.append(f"| {name} ({result['what']}) | {base['step_time_s'] * 1e3:.0f} -> {feat['step_time_s'] * 1e3:.0f} | "
-                     f"{ratio['median']:.2f} ({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}) | {stash} | {rss} |")
+                     f"{ratio['median']:.2f} ({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}) | {stash} | {state} | {rss} |")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,5 @@
 """The distributed optimizer (``optim.distributed=true``, ZeRO-1): AdamW with clipping trains as
-single-process training does at (pp, dp) = (2, 2); bf16 and fp16 (loss scaling) match the
+single-process training does at (pp, dp) = (2, 2) and (1, 4); bf16 and fp16 (loss scaling) match the
 undistributed runs of the same precision; each rank holds half the optimizer state at dp = 2; a
 checkpoint taken at (1, 2) resumes into dp = 1 (undistributed) and into (1, 4) (distributed) and
 both continue exactly as single-process training."""
@@ -21,6 +21,7 @@ FP16 = ["parallel.pp=2", "parallel.dp=2", "precision=fp16", "precision.initial_s
         "model.tie_embeddings=false"]
 RUNS = {
     "pp2-dp2": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2"],
+    "pp1-dp4": ADAMW + DISTRIBUTED + ["parallel.pp=1", "parallel.dp=4"],
     "bf16": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     "bf16-undistributed": ADAMW + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     # fp16: the loss scaler unscales and checks the shards; a small scale that grows every 2 steps
@@ -33,8 +34,9 @@ RUNS = {
 def test_sharded_state_trains_as_one_process(tmp_path: Path) -> None:
     per_rank = run_workers(train_rank, 4, [(overrides, str(tmp_path / name)) for name, overrides in RUNS.items()])
     results = {name: [rank[index] for rank in per_rank] for index, name in enumerate(RUNS)}
-    assert_matches_reference({"params": merge_params(results["pp2-dp2"]), "losses": results["pp2-dp2"][0]["losses"]},
-                             reference_training(RUNS["pp2-dp2"]), atol=1e-5)
+    for name in ("pp2-dp2", "pp1-dp4"):
+        assert_matches_reference({"params": merge_params(results[name]), "losses": results[name][0]["losses"]},
+                                 reference_training(RUNS[name]), atol=1e-5)
     # half precision rounds differently in a pipeline than in one process (Adam makes that 1e-4 in a
     # few weights); against the same run undistributed, sharding changes at most the norm's rounding
     for name in ("bf16", "fp16"):
