@@ -136,6 +136,17 @@ def _load_yaml(path: Path, loader: Any) -> Any:
     return OmegaConf.create(data)
 
 
+def _register_hydra_now_resolver() -> None:
+    """``${now:...}`` (``train.run_dir``'s default) resolves as in a Hydra-composed config: the
+    resolver Hydra registers when it composes (``hydra.core.utils.setup_globals``, the same
+    definition, so either may register it first)."""
+    from datetime import datetime
+
+    from omegaconf import OmegaConf
+    if not OmegaConf.has_resolver("now"):
+        OmegaConf.register_new_resolver("now", lambda pattern: datetime.now().strftime(pattern), use_cache=True)
+
+
 def compose_plain(overrides: Sequence[str], config_name: str,
                   without_hydra_node: bool = False) -> tuple[Any, dict[str, str]] | None:
     """``compose_config(overrides, config_name)`` without Hydra, for a primary config whose defaults
@@ -168,6 +179,7 @@ def compose_plain(overrides: Sequence[str], config_name: str,
         defaults = primary.pop("defaults", None) if "defaults" in primary else None
         entries = OmegaConf.to_container(defaults) if defaults is not None else None
         if without_hydra_node and isinstance(entries, list):
+            _register_hydra_now_resolver()
             if "hydra" in primary:
                 primary.pop("hydra")
             entries = [e for e in entries if not (isinstance(e, dict) and len(e) == 1

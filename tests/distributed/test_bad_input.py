@@ -39,7 +39,7 @@ CASES = [
     (["model=resnet50_small", "data=synthetic_images", "train.micro_batch_size=1"], "one value per channel"),
     (["model=vgg16_small", "data=image_folder", "data.path=/no/such/folder"], "is not a folder"),
     (["parallel.tp=3", "parallel.pp=1"], "model.num_heads=4 is not divisible by parallel.tp=3"),
-    (["recompute.granularity=selective"], "recompute.granularity='selective' is not supported"),
+    (["recompute.granularity=partial"], "recompute.granularity='partial' is not supported"),
     (["train.weight_grads_delay=-1"], "train.weight_grads_delay = -1 must be an integer >= 0"),
 ]
 

@@ -42,10 +42,10 @@ def test_harmony_runs_give_the_estimator_its_costs():
 
 
 def test_a_model_harmony_pp_refuses_is_recorded():
-    model = ["model=gpt_tiny", "model.num_layers=2"]   # tied embeddings: refused before launch
+    model = ["model=resnet50_small", "data=synthetic_images"]   # BatchNorm: refused before launch
     section = measure_harmony(model, compose_config(model).model, SHEET)
     assert sorted(section) == ["errors"] and sorted(section["errors"]) == ["1", "2"]
-    assert all("tie" in reason for reason in section["errors"].values()), section
+    assert all("model=resnet50 is not supported" in reason for reason in section["errors"].values()), section
 
 
 def test_harmony_pp_is_also_traced_at_the_sheets_own_process_count(monkeypatch):

@@ -113,3 +113,10 @@ def test_training_configs_are_hydras_without_its_node(overrides):
                                        ["model._target_=examples.masked_sequences.model.build"]])
 def test_training_overrides_outside_the_plain_grammar_go_to_hydra(overrides):
     assert compose_plain(overrides, "config", without_hydra_node=True) is None
+
+
+def test_the_run_dir_timestamp_resolves_without_hydra():
+    """``train.run_dir: runs/${now:...}``: the plain path registers Hydra's ``now`` resolver itself."""
+    OmegaConf.clear_resolver("now")
+    cfg, _ = compose_plain([], "config", without_hydra_node=True)
+    assert str(OmegaConf.to_container(cfg, resolve=True)["train"]["run_dir"]).startswith("runs/2")
