@@ -6,6 +6,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The tests start hundreds of Python processes that import this project: let them share compiled
+# bytecode (__pycache__, ignored by git) instead of compiling every module again in each one.
+unset PYTHONDONTWRITEBYTECODE
 # The unit tier starts no processes of its own, so its tests can share the cores; the distributed
 # tier's tests start 2-8 ranks each and run one at a time so those ranks do not starve each other.
 unit_workers=$(.venv/bin/python -c "import os; print(max(1, min(4, len(os.sched_getaffinity(0)))))")
