@@ -111,8 +111,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--out-dir", type=Path, default=None)
+    parser.add_argument("--rounds", type=int, default=None, help="paired rounds per feature (default 3; 1 with --quick)")
     args = parser.parse_args()
     model, steps, rounds = (QUICK_MODEL, 6, 1) if args.quick else (MODEL, 16, 3)
+    rounds = args.rounds or rounds
     results = {c.name: {"what": c.what, **measure(c, model, steps, rounds)} for c in COMPARISONS}
     data = {"date": datetime.date.today().isoformat(), "machine": machine(), "steps": steps, "rounds": rounds,
             "model": "4 blocks, hidden 256, 8 heads, sequence 256" if not args.quick else "quick",
