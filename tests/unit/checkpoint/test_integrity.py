@@ -8,20 +8,18 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from pipedream.checkpoint.store import (MARKER, CheckpointError, complete_checkpoints, layers_module, load_verified,
                                   save_checkpoint, step_dir)
 from pipedream.checkpoint.integrity import CHUNK, crc32_of
+from tests.support.single_process import world_of_one as one_rank_world
 
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_world():
+        yield
 
 
 class Trained:

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from pipedream.checkpoint.integrity import manifest
 from pipedream.checkpoint.plain import NotPlainFileError, load_plain
 from pipedream.checkpoint.store import (MARKER, complete_checkpoints, layers_module, load_checkpoint, load_verified,
                                         rng_state, save_checkpoint, step_dir)
+from tests.support.single_process import world_of_one as one_rank_world
 
 
 class RunsCode:
@@ -35,10 +35,8 @@ def poisoned(path: Path, marker: Path) -> Path:
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    if not dist.is_initialized():
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_world():
+        yield
 
 
 def test_rng_file_round_trips_as_plain_data(tmp_path):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from pipedream.config.specs import OptimSpec
 from pipedream.numerics.optim import build_optimizer, build_sharded_optimizer, optimizer_state_bytes
+from tests.support.single_process import world_of_one as one_rank_world
 
 ADAMW = OptimSpec(name="adamw", weight_decay=0.1, fused=True, impl="torch", distributed=True, betas=(0.9, 0.95),
                   eps=1e-8)
@@ -16,9 +16,8 @@ ADAMW = OptimSpec(name="adamw", weight_decay=0.1, fused=True, impl="torch", dist
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_world():
+        yield
 
 
 def _model(seed: int = 0) -> nn.Sequential:

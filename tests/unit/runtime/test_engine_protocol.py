@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from models import build_model
 from pipedream.config.run_spec import build_run_spec
@@ -19,6 +18,7 @@ from pipedream.runtime.engine import PipelineEngine
 from pipedream.runtime.engine_protocol import Engine
 from pipedream.runtime.groups import build_groups
 from tests.support.training_harness import TINY_GPT, compose_config
+from tests.support.single_process import world_of_one as one_rank_world
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
        "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=2"]
@@ -54,9 +54,8 @@ def test_each_engine_class_has_the_protocols_methods_and_properties(engine_class
 
 @pytest.fixture(scope="module")
 def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_world():
+        yield
 
 
 def _built(overrides: list[str]) -> Engine:

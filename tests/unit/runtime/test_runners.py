@@ -5,7 +5,6 @@ from datetime import timedelta
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from models import build_model
 from pipedream.runtime.async_runner import AsyncRunner
@@ -16,6 +15,7 @@ from pipedream.config.run_spec import build_run_spec
 from pipedream.runtime.runner import FlushRunner
 from pipedream.schedules import schedule_info
 from tests.support.training_harness import compose_config
+from tests.support.single_process import world_of_one as one_rank_world
 
 MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8", "parallel.pp=1",
        "train.global_batch_size=8", "train.micro_batch_size=2", "train.steps=4", "train.warmup_steps=1"]
@@ -23,9 +23,8 @@ MLP = ["model=mlp", "data=synthetic", "model.num_layers=2", "model.hidden_size=8
 
 @pytest.fixture(scope="module", autouse=True)
 def world_of_one():
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
+    with one_rank_world():
+        yield
 
 
 def _engine(schedule: str) -> PipelineEngine:
