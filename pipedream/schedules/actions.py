@@ -26,6 +26,10 @@ class Kind(enum.Enum):
     SWAP_OUT = "SO"      # pack state off the device (gradients to the host); with a micro-batch: a stash
     PREFETCH = "PF"      # start the next task's weight swap-in early (side stream on CUDA)
 
+    # Members are singletons compared by identity, so the identity hash is valid; Enum's own
+    # hashes the name in Python, which every set and dict of actions pays on each lookup.
+    __hash__ = object.__hash__
+
 
 COMPUTE_KINDS = frozenset({Kind.FWD, Kind.BWD, Kind.WEIGHT})
 COMM_KINDS = frozenset({Kind.SEND_ACT, Kind.RECV_ACT, Kind.SEND_GRAD, Kind.RECV_GRAD})

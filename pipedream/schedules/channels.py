@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Callable
 
-from pipedream.schedules.actions import Action, Kind
+from pipedream.schedules.actions import COMM_KINDS, Action, Kind
 from pipedream.schedules.common import peer_stage
 from pipedream.schedules.actions import ScheduleError
 
@@ -58,6 +58,35 @@ def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: P
     NCCL matches point-to-point messages by order, so any other order pairs the wrong tensors.
     Checks matching first; raises ChannelError.
     """
+    checked_peers(schedule, pp, vpp, peer)
+
+
+def checked_peers(schedule: list[list[Action]], pp: int, vpp: int,
+                  peer: PeerFn = peer_stage) -> list[list[tuple[int, int] | None]]:
+    """``check_channel_order``, returning each action's ``peer`` (None for a non-comm action), so
+    that the simulator need not ask again."""
+    peers = [[peer(rank, a, pp, vpp) if a.kind in COMM_KINDS else None for a in actions]
+             for rank, actions in enumerate(schedule)]
+    # messages as (receive kind, microbatch, chunk) per channel: equal lists on both sides leave
+    # nothing to report, and the common case compares them without building actions or counters
+    sends: dict[tuple[int, int], list[tuple]] = {}
+    recvs: dict[tuple[int, int], list[tuple]] = {}
+    for rank, (actions, ends) in enumerate(zip(schedule, peers)):
+        for action, end in zip(actions, ends):
+            if end is None:
+                continue
+            receive = RECEIVE_OF.get(action.kind)
+            if receive is not None:
+                sends.setdefault((rank, end[0]), []).append((receive, action.microbatch, end[1]))
+            else:
+                recvs.setdefault((end[0], rank), []).append((action.kind, action.microbatch, action.chunk))
+    if sends != recvs:
+        _raise_channel_error(schedule, pp, vpp, peer)
+    return peers
+
+
+def _raise_channel_error(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn) -> None:
+    """Names the first unmatched or out-of-order message."""
     sends, recvs = _messages(schedule, pp, vpp, peer)
     _check_matching(sends, recvs)
     for channel in sorted(sends):

@@ -8,8 +8,10 @@ simulator, the schedule generators and the runtime's communication all read peer
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Hashable
 
 from pipedream.schedules.actions import Action, Kind
@@ -40,9 +42,20 @@ class ReplicatedPipeline:
 
     @property
     def world_size(self) -> int:
-        return sum(self.replicas)
+        return self._first_ranks[-1]
+
+    @cached_property
+    def _first_ranks(self) -> tuple[int, ...]:
+        """first_rank of every stage, then the world size (the simulator asks for them per action)."""
+        return tuple(itertools.accumulate(self.replicas, initial=0))
+
+    @cached_property
+    def _stage_of_rank(self) -> tuple[int, ...]:
+        return tuple(stage for stage, count in enumerate(self.replicas) for _ in range(count))
 
     def first_rank(self, stage: int) -> int:
+        if 0 <= stage <= len(self.replicas):
+            return self._first_ranks[stage]
         return sum(self.replicas[:stage])
 
     def ranks(self, stage: int) -> range:
@@ -52,10 +65,7 @@ class ReplicatedPipeline:
     def stage_of(self, rank: int) -> int:
         if not 0 <= rank < self.world_size:
             raise ValueError(f"rank {rank} outside a pipeline of {self.world_size} ranks")
-        stage = 0
-        while rank >= self.first_rank(stage) + self.replicas[stage]:
-            stage += 1
-        return stage
+        return self._stage_of_rank[rank]
 
     def replica_of(self, rank: int) -> int:
         return rank - self.first_rank(self.stage_of(rank))

@@ -14,8 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Union
 
-from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
-from pipedream.schedules.channels import RECEIVE_OF, PeerFn, check_channel_order
+from pipedream.schedules.actions import COMM_KINDS, COMPUTE_KINDS, Action, Kind
+from pipedream.schedules.channels import PeerFn, check_channel_order, checked_peers  # noqa: F401 (re-exported)
 from pipedream.schedules.common import needed_receive, peer_stage
 from pipedream.schedules.actions import ScheduleError
 from pipedream.schedules.weight_hold import held_until_activation_send
@@ -128,8 +128,8 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
     if needs is None:
         def needs(rank: int, action: Action) -> Action | None:
             return needed_receive(rank, action, pp, vpp)
-    check_channel_order(schedule, pp, vpp, peer)
-    simulation = _Simulation(schedule, costs or Costs(), vpp, peer, needs, sync_groups, weight_grads_delay)
+    peers = checked_peers(schedule, pp, vpp, peer)
+    simulation = _Simulation(schedule, costs or Costs(), vpp, peer, needs, sync_groups, weight_grads_delay, peers)
     simulation.run()
     return _result(pp, vpp, simulation.ranks)
 
@@ -140,8 +140,9 @@ class _Rank:
 
     pc: int = 0                      # index of the next action
     clock: float = 0.0
-    posted: dict[Action, tuple[int, int]] = field(default_factory=dict)   # recv -> (src, index on that channel)
-    n_posted: Counter = field(default_factory=Counter)                    # src -> receives posted so far
+    # recv, as (kind, microbatch, chunk) -> (src, index on that channel)
+    posted: dict[tuple[Kind, int, int], tuple[int, int]] = field(default_factory=dict)
+    n_posted: dict[int, int] = field(default_factory=dict)                # src -> receives posted so far
     timeline: list[Interval] = field(default_factory=list)
     waits: list[Interval] = field(default_factory=list)
     starts: list[float] = field(default_factory=list)
@@ -174,15 +175,42 @@ class _Rank:
             self.clock += duration
 
 
+class _PerChunk(dict):
+    """``costs.of(name, rank, chunk)`` by (rank, chunk), each asked for once (Costs is frozen)."""
+
+    def __init__(self, costs: Costs, name: str) -> None:
+        super().__init__()
+        self.costs, self.name = costs, name
+
+    def __missing__(self, key: tuple[int, int]) -> float:
+        value = self[key] = self.costs.of(self.name, *key)
+        return value
+
+
+_NOT_ASKED = object()   # a compute whose ``needs`` has not been asked yet
+
+
 class _Simulation:
     """One iteration in progress: every rank runs its actions in turn until it is blocked (an input
-    not yet sent, an all-reduce whose members have not all arrived) or done."""
+    not yet sent, an all-reduce whose members have not all arrived) or done.
+
+    A blocked rank is tried again on every pass, so what an action needs (its peer, the receive it
+    consumes, its durations) is worked out once per action, not once per try."""
 
     def __init__(self, schedule: list[list[Action]], costs: Costs, vpp: int, peer: PeerFn, needs: NeedsFn,
-                 sync_groups: SyncGroupFn | None, weight_grads_delay: int) -> None:
+                 sync_groups: SyncGroupFn | None, weight_grads_delay: int,
+                 peers: list[list[tuple[int, int] | None]] | None = None) -> None:
         self.schedule, self.costs, self.pp, self.vpp = schedule, costs, len(schedule), vpp
         self.peer, self.needs, self.sync_groups = peer, needs, sync_groups
         self.weight_grads_delay = weight_grads_delay
+        self.peers = peers if peers is not None else [
+            [peer(rank, a, self.pp, vpp) if a.kind in COMM_KINDS else None for a in actions]
+            for rank, actions in enumerate(schedule)]
+        # per rank and action index: the receive (action, posted key) a compute consumes, or None
+        self.needed: list[list] = [[_NOT_ASKED] * len(actions) for actions in schedule]
+        self.forward_cost, self.backward_cost = _PerChunk(costs, "forward"), _PerChunk(costs, "backward")
+        self.weight_cost, self.stash_cost = _PerChunk(costs, "weight_grad"), _PerChunk(costs, "stash_bytes")
+        self.act_bytes, self.grad_bytes = _PerChunk(costs, "act_bytes"), _PerChunk(costs, "grad_bytes")
         self.ranks = [_Rank() for _ in schedule]
         self.arrivals: dict[tuple[int, int], list[float]] = {}  # channel -> arrival time of each sent message
         self.channel_free: dict[tuple[int, int], float] = {}    # channel -> when its link is free again
@@ -204,32 +232,35 @@ class _Simulation:
     def run(self) -> None:
         while any(state.pc < len(actions) for state, actions in zip(self.ranks, self.schedule)):
             if not self._run_until_blocked():
-                raise DeadlockError(_describe_deadlock(self.schedule, [s.pc for s in self.ranks],
-                                                       [s.posted for s in self.ranks], self.pp, self.vpp,
-                                                       self.peer, self.needs))
+                posted = [{Action(*key): entry for key, entry in s.posted.items()} for s in self.ranks]
+                raise DeadlockError(_describe_deadlock(self.schedule, [s.pc for s in self.ranks], posted,
+                                                       self.pp, self.vpp, self.peer, self.needs))
         for state in self.ranks:
             state.run_weight_grads(0)
 
     def _run_until_blocked(self) -> bool:
         """One pass over the ranks; False when none of them could run anything."""
         progressed = False
+        advance = self._advance
         for rank, (state, actions) in enumerate(zip(self.ranks, self.schedule)):
-            while state.pc < len(actions) and self._advance(rank, actions[state.pc]):
+            end = len(actions)
+            while state.pc < end and advance(rank, actions[state.pc]):
                 state.pc += 1
                 progressed = True
         return progressed
 
     def _advance(self, rank: int, action: Action) -> bool:
         """Run ``action`` on ``rank`` if its input is there; False when blocked."""
-        if action.kind in (Kind.RECV_ACT, Kind.RECV_GRAD):
+        kind = action.kind
+        if kind is Kind.RECV_ACT or kind is Kind.RECV_GRAD:
             self._post_receive(rank, action)
             return True
-        if action.kind in RECEIVE_OF:
+        if kind is Kind.SEND_ACT or kind is Kind.SEND_GRAD:
             self._send(rank, action)
             return True
-        if action.kind in COMPUTE_KINDS:
+        if kind is Kind.FWD or kind is Kind.BWD or kind is Kind.WEIGHT:
             return self._compute(rank, action)
-        if action.kind is Kind.SYNC_GRADS:
+        if kind is Kind.SYNC_GRADS:
             return self._sync_grads(rank, action)
         state = self.ranks[rank]
         state.run(action, state.clock, self.costs.step)
@@ -239,19 +270,20 @@ class _Simulation:
         """Posting costs nothing; the compute that consumes the message waits for it."""
         state = self.ranks[rank]
         state.starts.append(state.clock)
-        src, _ = self.peer(rank, action, self.pp, self.vpp)
-        state.posted[action] = (src, state.n_posted[src])
-        state.n_posted[src] += 1
+        src = self.peers[rank][state.pc][0]
+        count = state.n_posted.get(src, 0)
+        state.posted[(action.kind, action.microbatch, action.chunk)] = (src, count)
+        state.n_posted[src] = count + 1
 
     def _send(self, rank: int, action: Action) -> None:
         """Never blocks the sender; the message queues behind earlier ones on its channel."""
         state, costs = self.ranks[rank], self.costs
         state.starts.append(state.clock)
-        dst, _ = self.peer(rank, action, self.pp, self.vpp)
-        size = costs.of("act_bytes" if action.kind is Kind.SEND_ACT else "grad_bytes", rank, action.chunk)
-        start = max(state.clock, self.channel_free.get((rank, dst), 0.0))
-        self.channel_free[(rank, dst)] = start + size / costs.bandwidth
-        self.arrivals.setdefault((rank, dst), []).append(start + size / costs.bandwidth + costs.latency)
+        channel = (rank, self.peers[rank][state.pc][0])
+        size = (self.act_bytes if action.kind is Kind.SEND_ACT else self.grad_bytes)[(rank, action.chunk)]
+        start = max(state.clock, self.channel_free.get(channel, 0.0))
+        self.channel_free[channel] = start + size / costs.bandwidth
+        self.arrivals.setdefault(channel, []).append(start + size / costs.bandwidth + costs.latency)
         if action.kind is Kind.SEND_GRAD:
             state.run_weight_grads(self.weight_grads_delay)
         else:
@@ -276,32 +308,40 @@ class _Simulation:
     def _input_arrival(self, rank: int, action: Action) -> float | None:
         """When ``action`` can start: now, or when the message it consumes arrives; None if not sent yet."""
         state = self.ranks[rank]
-        need = self.needs(rank, action)
+        needed = self.needed[rank]
+        need = needed[state.pc]
+        if need is _NOT_ASKED:
+            receive = self.needs(rank, action)
+            need = needed[state.pc] = None if receive is None else (
+                receive, (receive.kind, receive.microbatch, receive.chunk))
         if need is None:
             return state.clock
-        if need not in state.posted:
-            raise ScheduleError(f"rank {rank}: {action} consumes {need}, which is not posted before it")
-        src, index = state.posted[need]
-        if index >= len(self.arrivals.get((src, rank), [])):
+        receive, key = need
+        posted = state.posted.get(key)
+        if posted is None:
+            raise ScheduleError(f"rank {rank}: {action} consumes {receive}, which is not posted before it")
+        src, index = posted
+        arrivals = self.arrivals.get((src, rank))
+        if arrivals is None or index >= len(arrivals):
             return None
-        del state.posted[need]
-        return max(state.clock, self.arrivals[(src, rank)][index])
+        del state.posted[key]
+        return max(state.clock, arrivals[index])
 
     def _forward(self, rank: int, action: Action) -> float:
         state = self.ranks[rank]
         state.in_flight.add((action.microbatch, action.chunk))
-        state.stash += self.costs.of("stash_bytes", rank, action.chunk)
+        state.stash += self.stash_cost[(rank, action.chunk)]
         state.peak = max(state.peak, len(state.in_flight))
         state.peak_stash = max(state.peak_stash, state.stash)
-        return self.costs.of("forward", rank, action.chunk)
+        return self.forward_cost[(rank, action.chunk)]
 
     def _backward(self, rank: int, action: Action) -> float:
         """The backward's duration now; its weight-gradient part is held back if it sends a gradient."""
         state, key = self.ranks[rank], (action.microbatch, action.chunk)
         if key not in state.in_flight:
             raise ScheduleError(f"rank {rank}: {action} runs without an earlier forward")
-        duration = self.costs.of("backward", rank, action.chunk)
-        weight_grad = self.costs.of("weight_grad", rank, action.chunk)
+        duration = self.backward_cost[(rank, action.chunk)]
+        weight_grad = self.weight_cost[(rank, action.chunk)]
         if (rank, *key) in self.explicit_weight:
             state.backed.add(key)
             return duration - weight_grad
@@ -318,11 +358,11 @@ class _Simulation:
             raise ScheduleError(f"rank {rank}: {action} runs without an earlier backward")
         state.backed.remove(key)
         self._release(state, rank, key)
-        return self.costs.of("weight_grad", rank, action.chunk)
+        return self.weight_cost[(rank, action.chunk)]
 
     def _release(self, state: _Rank, rank: int, key: tuple[int, int]) -> None:
         state.in_flight.remove(key)
-        state.stash -= self.costs.of("stash_bytes", rank, key[1])
+        state.stash -= self.stash_cost[(rank, key[1])]
 
     def _sync_grads(self, rank: int, action: Action) -> bool:
         """Held-back weight gradients run first; in a sync group, every member must have arrived."""
