@@ -105,21 +105,22 @@ def add_communication(compute: list[list[Action]], pp: int, vpp: int, placement=
     result = []
     for dst, actions in enumerate(with_sends):
         cursor: dict[int, int] = {}
-        posted: set[Action] = set()
+        posted: set[tuple[Kind, int, int]] = set()   # receives as (kind, microbatch, chunk): cheap to hash
         out = []
         for action in actions:
             need = placement.needs(dst, action)
-            if need is not None and need not in posted:
+            if need is not None and (wanted := (need.kind, need.microbatch, need.chunk)) not in posted:
                 src = placement.peer(dst, need)[0]
                 queue = incoming.get((src, dst), [])
                 while True:
                     i = cursor.get(src, 0)
                     if i >= len(queue):
                         raise ScheduleError(f"rank {dst}: {action} needs {need} but rank {src} never sends it")
-                    out.append(queue[i])
-                    posted.add(queue[i])
+                    receive = queue[i]
+                    out.append(receive)
+                    posted.add(key := (receive.kind, receive.microbatch, receive.chunk))
                     cursor[src] = i + 1
-                    if queue[i] == need:
+                    if key == wanted:
                         break
             out.append(action)
         result.append(out)

@@ -11,6 +11,7 @@ Pure data: schedules, the simulator and the stream model take ``peer``/``needs``
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from pipedream.schedules.actions import Action, Kind, ScheduleError
 
@@ -51,8 +52,21 @@ class Placement:
     def is_last(self, rank: int, chunk: int) -> bool:
         return self.virtual_stage(rank, chunk) == self.num_virtual_stages - 1
 
+    @cached_property
+    def _answers(self) -> dict[tuple, object]:
+        """Answers of ``peer``/``sends``/``needs`` by (what, rank, kind, chunk): schedule builders, the
+        simulator and the stream model ask the same few of them once per action."""
+        return {}
+
     def peer(self, rank: int, action: Action, pp: int | None = None, vpp: int | None = None) -> tuple[int, int]:
         """(rank, chunk) at the other end of a comm action; the simulator's ``peer`` signature."""
+        key = ("peer", rank, action.kind, action.chunk)
+        answer = self._answers.get(key)
+        if answer is None:
+            answer = self._answers[key] = self._peer(rank, action)   # raises for a missing peer: not kept
+        return answer
+
+    def _peer(self, rank: int, action: Action) -> tuple[int, int]:
         if action.kind in _DOWNSTREAM:
             step = 1
         elif action.kind in _UPSTREAM:
@@ -73,20 +87,28 @@ class Placement:
 
     def sends(self, rank: int, action: Action) -> Action | None:
         """The send that follows compute ``action``, or None (last/first stage, a local hand-over, WEIGHT)."""
-        if action.kind is Kind.FWD and not self.is_last(rank, action.chunk) \
-                and not self.is_local(rank, action.chunk, 1):
-            return Action(Kind.SEND_ACT, action.microbatch, action.chunk)
-        if action.kind is Kind.BWD and not self.is_first(rank, action.chunk) \
-                and not self.is_local(rank, action.chunk, -1):
-            return Action(Kind.SEND_GRAD, action.microbatch, action.chunk)
-        return None
+        key = ("sends", rank, action.kind, action.chunk)
+        kind = self._answers.get(key)
+        if kind is None:
+            kind = self._answers[key] = self._message_kind(rank, action, sending=True)
+        return None if kind is False else Action(kind, action.microbatch, action.chunk)
 
     def needs(self, rank: int, action: Action) -> Action | None:
         """The RECV whose message ``action`` consumes, or None (WEIGHT never needs one)."""
-        if action.kind is Kind.FWD and not self.is_first(rank, action.chunk) \
-                and not self.is_local(rank, action.chunk, -1):
-            return Action(Kind.RECV_ACT, action.microbatch, action.chunk)
-        if action.kind is Kind.BWD and not self.is_last(rank, action.chunk) \
-                and not self.is_local(rank, action.chunk, 1):
-            return Action(Kind.RECV_GRAD, action.microbatch, action.chunk)
-        return None
+        key = ("needs", rank, action.kind, action.chunk)
+        kind = self._answers.get(key)
+        if kind is None:
+            kind = self._answers[key] = self._message_kind(rank, action, sending=False)
+        return None if kind is False else Action(kind, action.microbatch, action.chunk)
+
+    def _message_kind(self, rank: int, action: Action, sending: bool) -> Kind | bool:
+        """The kind of the send after (``sending``) or the receive before compute ``action``, or False."""
+        if action.kind is Kind.FWD:
+            edge, step = (self.is_last, 1) if sending else (self.is_first, -1)
+            if not edge(rank, action.chunk) and not self.is_local(rank, action.chunk, step):
+                return Kind.SEND_ACT if sending else Kind.RECV_ACT
+        if action.kind is Kind.BWD:
+            edge, step = (self.is_first, -1) if sending else (self.is_last, 1)
+            if not edge(rank, action.chunk) and not self.is_local(rank, action.chunk, step):
+                return Kind.SEND_GRAD if sending else Kind.RECV_GRAD
+        return False

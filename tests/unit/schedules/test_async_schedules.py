@@ -82,27 +82,28 @@ def test_two_bw(pp: int) -> None:
         build_schedule("2bw", 2, 1, 1, 3)
 
 
-def test_every_replica_pattern_up_to_eight_ranks() -> None:
-    for replicas in PATTERNS:
+@pytest.mark.parametrize("steps", (1, 4))
+@pytest.mark.parametrize("ranks", range(1, 9))
+def test_every_replica_pattern_up_to_eight_ranks(ranks: int, steps: int) -> None:
+    for replicas in compositions(ranks):
         topology = ReplicatedPipeline(replicas)
         m = functools.reduce(math.lcm, replicas, 1)
-        for steps in (1, 4):
-            total = m * steps
-            schedule = pipedream_replicated(replicas, m, steps)
-            for costs in COSTS:
-                result = simulate_pipeline(schedule, topology, costs)   # raises on deadlock or bad channels
-            for stage in range(topology.pp):
-                seen = []
-                for rank in topology.ranks(stage):
-                    forwards = [a.microbatch for a in schedule[rank] if a.kind is Kind.FWD]
-                    backwards = [a.microbatch for a in schedule[rank] if a.kind is Kind.BWD]
-                    assert forwards == backwards == list(topology.microbatches_of(rank, total))  # round-robin
-                    seen += forwards
-                    assert result.peak_in_flight[rank] == min(topology.in_flight(stage), len(forwards))
-                    stash = stash_versions(schedule[rank])
-                    assert footprint(schedule[rank], stash, rank) <= result.peak_in_flight[rank]
-                    footprint(schedule[rank], vertical_versions(schedule, topology, rank), rank)
-                assert sorted(seen) == list(range(total))
+        total = m * steps
+        schedule = pipedream_replicated(replicas, m, steps)
+        for costs in COSTS:
+            result = simulate_pipeline(schedule, topology, costs)   # raises on deadlock or bad channels
+        for stage in range(topology.pp):
+            seen = []
+            for rank in topology.ranks(stage):
+                forwards = [a.microbatch for a in schedule[rank] if a.kind is Kind.FWD]
+                backwards = [a.microbatch for a in schedule[rank] if a.kind is Kind.BWD]
+                assert forwards == backwards == list(topology.microbatches_of(rank, total))  # round-robin
+                seen += forwards
+                assert result.peak_in_flight[rank] == min(topology.in_flight(stage), len(forwards))
+                stash = stash_versions(schedule[rank])
+                assert footprint(schedule[rank], stash, rank) <= result.peak_in_flight[rank]
+                footprint(schedule[rank], vertical_versions(schedule, topology, rank), rank)
+            assert sorted(seen) == list(range(total))
 
 
 def test_noam_and_routing() -> None:

@@ -25,19 +25,19 @@ def test_issue_order_posts_receives_one_compute_ahead() -> None:
     assert issue_order(actions) == parse_actions("RA0 RA1 F0 SA0 RG0 F1 SA1 RG1 B0 SG0 B1 SG1 SYNC STEP")
 
 
-def test_every_flush_schedule_and_size_is_deadlock_free_on_directed_streams() -> None:
+@pytest.mark.parametrize("pp", range(1, 9))
+@pytest.mark.parametrize("schedule", FLUSH)
+def test_every_flush_schedule_and_size_is_deadlock_free_on_directed_streams(schedule: str, pp: int) -> None:
     checked = 0
-    for schedule in FLUSH:
-        for pp in range(1, 9):
-            for m in range(1, 33):
-                for vpp in range(1, 5 if schedule == "interleaved" else 2):
-                    try:
-                        per_rank = orders(schedule, pp, m, vpp)
-                    except ScheduleError:
-                        continue
-                    check_stream_order(per_rank, pp, vpp, streams="direction")
-                    checked += 1
-    assert checked > 900
+    for m in range(1, 33):
+        for vpp in range(1, 5 if schedule == "interleaved" else 2):
+            try:
+                per_rank = orders(schedule, pp, m, vpp)
+            except ScheduleError:
+                continue
+            check_stream_order(per_rank, pp, vpp, streams="direction")
+            checked += 1
+    assert checked >= 32   # every m with one chunk, and more interleaved
 
 
 @pytest.mark.parametrize("schedule,replicas,m", [
