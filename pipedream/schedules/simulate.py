@@ -9,12 +9,11 @@ mismatched communication before any process is started. Used by tests, the plann
 from __future__ import annotations
 
 import math
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Callable, Hashable, Union
 
-from pipedream.schedules.actions import COMM_KINDS, COMPUTE_KINDS, Action, Kind
+from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
 from pipedream.schedules.channels import PeerFn, check_channel_order, checked_peers  # noqa: F401 (re-exported)
 from pipedream.schedules.common import needed_receive, peer_stage
 from pipedream.schedules.actions import ScheduleError
@@ -168,6 +167,8 @@ class _Rank:
 
     def run_held_until(self, send: Action, held_until: dict[Action, Action]) -> None:
         """Runs the weight-gradient parts held until ``send`` (a first stage's), leaving the others."""
+        if not self.held:
+            return
         for entry in [e for e in self.held if held_until.get(e[0]) == send]:
             self.held.remove(entry)
             action, duration = entry
@@ -199,13 +200,11 @@ class _Simulation:
 
     def __init__(self, schedule: list[list[Action]], costs: Costs, vpp: int, peer: PeerFn, needs: NeedsFn,
                  sync_groups: SyncGroupFn | None, weight_grads_delay: int,
-                 peers: list[list[tuple[int, int] | None]] | None = None) -> None:
+                 peers: list[list[tuple[int, int] | None]]) -> None:
         self.schedule, self.costs, self.pp, self.vpp = schedule, costs, len(schedule), vpp
         self.peer, self.needs, self.sync_groups = peer, needs, sync_groups
         self.weight_grads_delay = weight_grads_delay
-        self.peers = peers if peers is not None else [
-            [peer(rank, a, self.pp, vpp) if a.kind in COMM_KINDS else None for a in actions]
-            for rank, actions in enumerate(schedule)]
+        self.peers = peers   # per rank and action index: peer(rank, action), None for a non-comm action
         # per rank and action index: the receive (action, posted key) a compute consumes, or None
         self.needed: list[list] = [[_NOT_ASKED] * len(actions) for actions in schedule]
         self.forward_cost, self.backward_cost = _PerChunk(costs, "forward"), _PerChunk(costs, "backward")
@@ -220,14 +219,16 @@ class _Simulation:
             if group is not None:
                 self.members.setdefault(group, []).append(rank)
         self.sync_arrivals: dict[tuple[Hashable, int], dict[int, float]] = {}  # (group, n-th sync) -> rank -> time
+        # only a positive weight-gradient part is ever held back: without one, nothing below is read
+        holds = isinstance(costs.weight_grad, Mapping) or costs.weight_grad > 0
         # backwards that send an input gradient: only those hold their weight-gradient part back
         self.sends_grad = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
-                           for a in actions if a.kind is Kind.SEND_GRAD}
+                           for a in actions if a.kind is Kind.SEND_GRAD} if holds else set()
         self.explicit_weight = {(rank, a.microbatch, a.chunk) for rank, actions in enumerate(schedule)
                                 for a in actions if a.kind is Kind.WEIGHT}
         # backwards that send none (the first stage's) but precede a forward's activation send: held
         # until that send, as the executor does (``schedules.weight_hold``)
-        self.held_until = [held_until_activation_send(actions) for actions in schedule]
+        self.held_until = [held_until_activation_send(actions) if holds else {} for actions in schedule]
 
     def run(self) -> None:
         while any(state.pc < len(actions) for state, actions in zip(self.ranks, self.schedule)):
