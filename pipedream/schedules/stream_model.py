@@ -48,7 +48,7 @@ IssueOrder = list[Optional[Action]]
 """One rank's actions in issue order; None marks a collective of every rank."""
 
 
-@dataclass
+@dataclass(slots=True)
 class _Call:
     """One send or receive of one rank."""
 
@@ -97,8 +97,10 @@ def check_stream_order(orders: list[IssueOrder], pp: int, vpp: int, *, streams: 
 
     def compute_ready(r: int) -> bool:
         rank = ranks[r]
-        if not all(rank.calls[i].done for i in rank.waits[rank.computed]):
-            return False
+        calls = rank.calls
+        for i in rank.waits[rank.computed]:
+            if not calls[i].done:
+                return False
         group = collective(r, rank.computes[rank.computed])
         if group is None:
             return True
@@ -141,25 +143,31 @@ def _build(orders: list[IssueOrder], pp: int, vpp: int, streams: str, peer: Peer
     ranks = [_Rank() for _ in orders]
     sent: dict[tuple[int, int], list[tuple[int, int]]] = {}       # channel -> (rank, call) per send
     posted: dict[tuple[int, int], list[tuple[int, int]]] = {}     # channel -> (rank, call) per receive
+    stream_of: dict[tuple[int, tuple[int, int]], Hashable] = {}   # (rank, channel) -> its stream
     for r, order in enumerate(orders):
         rank = ranks[r]
-        holder: dict[Action, int] = {}       # receive -> its call
+        holder: dict[tuple[Kind, int, int], int] = {}   # receive, as (kind, microbatch, chunk) -> its call
         for action in order:
             if action is not None and action.kind in COMM_KINDS:
                 other, _ = peer(r, action, pp, vpp)
-                channel = (r, other) if action.kind in _SENDS else (other, r)
-                (sent if action.kind in _SENDS else posted).setdefault(channel, []).append((r, len(rank.calls)))
-                if action.kind not in _SENDS:
-                    holder[action] = len(rank.calls)
-                rank.calls.append(_Call(action, _stream_key(streams, r, channel), len(rank.computes)))
+                sends = action.kind in _SENDS
+                channel = (r, other) if sends else (other, r)
+                (sent if sends else posted).setdefault(channel, []).append((r, len(rank.calls)))
+                if not sends:
+                    holder[(action.kind, action.microbatch, action.chunk)] = len(rank.calls)
+                stream = stream_of.get((r, channel))
+                if stream is None:
+                    stream = stream_of[(r, channel)] = _stream_key(streams, r, channel)
+                rank.calls.append(_Call(action, stream, len(rank.computes)))
                 continue
             wait: list[int] = []
             if action is None or (action.kind is Kind.SYNC_GRADS and sends_before_sync):
                 wait = list(range(len(rank.calls)))
             elif action.kind in COMPUTE_KINDS and (need := needs(r, action)) is not None:
-                if need not in holder:
+                call = holder.get((need.kind, need.microbatch, need.chunk))
+                if call is None:
                     raise DeadlockError(f"rank {r}: {action} consumes {need}, which is not posted before it")
-                wait = [holder[need]]
+                wait = [call]
             rank.computes.append(action)
             rank.waits.append(wait)
     for channel in sorted(set(sent) | set(posted)):
