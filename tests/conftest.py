@@ -5,12 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 DISTRIBUTED = Path(__file__).resolve().parent / "distributed"
 
 
+# torch is imported where it is used: pytest-xdist's controlling process, which runs no test,
+# loads this file too
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     for item in items:
         if DISTRIBUTED in Path(item.path).resolve().parents:
@@ -23,6 +26,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def one_thread():
     """One intra-op thread: the tensors are tiny, and several threads per test process only
     contend for the cores with each other and with the worker processes of other tests."""
+    import torch
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield
