@@ -164,19 +164,46 @@ def _kept_activations(col: dict[str, np.ndarray], rec: np.ndarray, recompute: bo
     return kept, 0.0
 
 
+def _buckets(param_bytes: np.ndarray, bucket: float) -> np.ndarray:
+    return np.maximum(1, np.ceil(param_bytes / bucket)).astype(int)
+
+
 def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.ndarray) -> np.ndarray:
     """(nb,) seconds of the data-parallel reduction after the flush that no backward hides. Blocking
-    (no ``grad_bucket_bytes``): all of it. Overlapped: the buckets launch as the last micro-batch's
-    backward produces them, so a rank waits for the larger of its last bucket's reduction and what
-    exceeds that backward (its backward being two thirds of the forward-plus-backward compute)."""
+    (no ``grad_bucket_bytes``): all of it. Overlapped: n = ceil(params / bucket) equal buckets become
+    ready evenly over the last micro-batch's backward B and go one at a time, so a rank waits for
+    max(R/n, R - B (1 - 1/n)) of its reduction R: the last bucket's, or what the chain started
+    after the first 1/n of B leaves over (the simulator's ``Costs.grad_reduce`` model; the backward
+    being its share of the forward-plus-backward ``compute``)."""
     per_rank = allreduce_time(cluster, stats.param_bytes, d, stats.t)   # (p,)
     bucket = stats.options.grad_bucket_bytes
     if bucket is None:
         return np.full(len(stats.micro_batches), float(per_rank.max()))
-    last_bucket = per_rank * np.minimum(1.0, bucket / np.maximum(stats.param_bytes, 1.0))
+    share = 1.0 / _buckets(stats.param_bytes, bucket)   # 1/n
     backward = stats.backward if compute is None else compute * stats.backward / np.maximum(stats.compute, 1e-30)
-    exposed = np.maximum(last_bucket[None, :], per_rank[None, :] - backward)
+    exposed = np.maximum((per_rank * share)[None, :], per_rank[None, :] - backward * (1.0 - share[None, :]))
     return exposed.max(axis=1)
+
+
+@dataclass(frozen=True)
+class OverlappedReduction:
+    """The data-parallel reduction overlapping the backward, as the simulator takes it
+    (``Costs.grad_reduce``): per rank, each of its v chunks' seconds (an even share) and buckets,
+    and the planner's exposed seconds for the same micro-batch row."""
+
+    seconds: np.ndarray   # (p,) per chunk
+    buckets: np.ndarray   # (p,) per chunk
+    exposed: float
+
+
+def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 0) -> OverlappedReduction | None:
+    """None where the reduction blocks (no ``grad_bucket_bytes``) or there is none (d = 1)."""
+    bucket = stats.options.grad_bucket_bytes
+    if bucket is None or d <= 1:
+        return None
+    per_rank = allreduce_time(cluster, stats.param_bytes, d, stats.t)
+    buckets = _buckets(stats.param_bytes / stats.v, bucket)
+    return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]))
 
 
 @dataclass(frozen=True)

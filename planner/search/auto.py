@@ -18,7 +18,7 @@ from planner.search.ranking import Candidate, SearchResult
 from planner.check.simcheck import SimCheck, available_schedules, check_uniform
 from planner.check.simcheck_async import check_replicated
 from planner.search.two_bw import two_bw_search
-from planner.costs.uniform import rank_stats
+from planner.costs.uniform import overlapped_reduction, rank_stats
 
 SEARCHES: dict[str, Callable[[Inputs], SearchResult]] = {
     "ptdp": ptdp_search, "2bw": two_bw_search, "pipedream": pipedream_search}
@@ -89,7 +89,8 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
                                                      best.distributed_optimizer))
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
-    return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency)
+    return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency,
+                         overlapped_reduction(stats, inputs.cluster, best.dp))
 
 
 def _stages(c: Candidate, with_ranks: bool = True) -> list[Stage]:
