@@ -7,6 +7,7 @@ import time
 from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import torch
@@ -68,15 +69,17 @@ class PipelineEngine:
             for module in built.values():
                 use_apex_layer_norm(module)
         chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
-        if spec.selective_recompute:
-            selectively_recompute(chunks)
+        if spec.selective_recompute:   # recompute.num_layers = k: the cores of each chunk's first k layers
+            selectively_recompute(chunks if spec.recompute_layers is None
+                                  else [layer for chunk in chunks for layer in islice(chunk, spec.recompute_layers)])
         if train.compile is not None:   # layer by layer: the schedule still runs each stage's actions
             for module in built.values():
                 module.compile(backend=train.compile)
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
-                           autocast=precision.autocast if precision.enabled else nullcontext)
+                           autocast=precision.autocast if precision.enabled else nullcontext,
+                           recompute_layers=spec.recompute_layers)
         # fused layers run their Linears under vmap; compiled ones leave the weight gradients to the compiler
         if train.fuse_grad_accumulation and multi is None and train.compile is None:
             for chunk in chunks:
