@@ -120,6 +120,7 @@ def check_uniform(schedule: str, stats: RankStats, row: int, m: int, bandwidth: 
     if reduction is not None and not info.asynchronous:
         costs["grad_reduce"] = {(r, c): float(reduction.seconds[r]) for r in range(p) for c in range(v)}
         costs["grad_buckets"] = {(r, c): int(reduction.buckets[r]) for r in range(p) for c in range(v)}
+        costs["sync"] = reduction.after
         grad_sync_formula = reduction.exposed
     if info.asynchronous:   # the run's one fill and drain; the steady state has none
         formula = (p - 1) / (m_sim * steps)

@@ -46,7 +46,8 @@ class MemoryOptions:
     forward FLOPs spent again in the backward); ``sequence_parallel`` shards the LayerNorm/dropout
     regions t ways (same communication volume); ``optimizer_shards`` = d with the distributed
     optimizer (optimizer state and fp32 master weights split over the data-parallel group, the
-    update 1/d as long, the reduce-scatter + all-gather as long as the all-reduce);
+    update 1/d as long, the reduce-scatter + all-gather as long as the all-reduce, the reduce-scatter
+    overlapping the backward like the all-reduce where ``grad_bucket_bytes`` is set);
     ``grad_bucket_bytes`` (not None) overlaps the data-parallel reduction with the last
     micro-batch's backward in buckets of that size; ``recompute_layers`` = k (recompute.num_layers)
     limits full or selective recomputation to the first k layers of each chunk, the rest keeping
@@ -206,10 +207,20 @@ def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.nd
     bucket = stats.options.grad_bucket_bytes
     if bucket is None:
         return np.full(len(stats.micro_batches), float(per_rank.max()))
+    per_rank, gather = _overlapped_and_after(stats, per_rank)
     share = 1.0 / _buckets(stats.param_bytes, bucket)   # 1/n
     backward = stats.backward if compute is None else compute * stats.backward / np.maximum(stats.compute, 1e-30)
     exposed = np.maximum((per_rank * share)[None, :], per_rank[None, :] - backward * (1.0 - share[None, :]))
-    return exposed.max(axis=1)
+    return exposed.max(axis=1) + gather
+
+
+def _overlapped_and_after(stats: RankStats, allreduce: np.ndarray) -> tuple[np.ndarray, float]:
+    """The overlappable part of each rank's reduction and the blocking part after it (the slowest
+    rank's): the whole all-reduce and nothing, or with the distributed optimizer its reduce-scatter
+    and its parameters' all-gather after the step, each half of the all-reduce's time."""
+    if stats.options.optimizer_shards > 1:
+        return allreduce / 2, float(allreduce.max()) / 2
+    return allreduce, 0.0
 
 
 @dataclass(frozen=True)
@@ -221,6 +232,7 @@ class OverlappedReduction:
     seconds: np.ndarray   # (p,) per chunk
     buckets: np.ndarray   # (p,) per chunk
     exposed: float
+    after: float = 0.0    # blocking seconds after the reduction (the distributed optimizer's all-gather)
 
 
 def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 0) -> OverlappedReduction | None:
@@ -228,9 +240,10 @@ def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 
     bucket = stats.options.grad_bucket_bytes
     if bucket is None or d <= 1:
         return None
-    per_rank = allreduce_time(cluster, stats.param_bytes, d, stats.t)
+    per_rank, after = _overlapped_and_after(stats, allreduce_time(cluster, stats.param_bytes, d, stats.t))
     buckets = _buckets(stats.param_bytes / stats.v, bucket)
-    return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]))
+    return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]),
+                               after)
 
 
 @dataclass(frozen=True)

@@ -84,9 +84,9 @@ class Inputs:
         ``partial_recompute`` (the asynchronous schedules) recomputation covers every layer."""
         sequence_parallel = self.sequence_parallel and t > 1 and bool(profile.arrays["sequence_shardable_bytes"].any())
         shards = d if distributed_optimizer and self.distributed_optimizer and d > 1 else 1
-        # the distributed optimizer reduce-scatters at the flush, in one piece: nothing overlaps
+        # the distributed optimizer's reduce-scatter overlaps the backward bucket by bucket, as the all-reduce does
         return MemoryOptions(selective=selective, sequence_parallel=sequence_parallel, optimizer_shards=shards,
-                             grad_bucket_bytes=self.grad_bucket_bytes if shards == 1 else None,
+                             grad_bucket_bytes=self.grad_bucket_bytes,
                              recompute_layers=self.recompute_layers if partial_recompute else None)
 
     def profile_at(self, tp: int) -> Profile:
