@@ -86,7 +86,7 @@ step() {
     fi
     if [ -n "$ONLY" ] && [[ " $ONLY " != *" $name "* ]]; then
         echo "    -> not run: not in GPU_CHECK_ONLY"
-        "${REPORT[@]}" record --manifest "$MANIFEST" --name "$name" --kind "$kind" --status skipped \
+        "${REPORT[@]}" record --manifest "$MANIFEST" --name "$name" --kind "$kind" --status excluded \
             --timeout "$limit" --run-dir "$run_dir" -- "$@"
         return
     fi

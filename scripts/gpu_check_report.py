@@ -186,6 +186,8 @@ def fmt(value: Any, spec: str = ".3g", scale: float = 1.0, unit: str = "") -> st
 def outcome_of(step: dict) -> str:
     if step["status"] == "dry_run":
         return "not run (dry run)"
+    if step["status"] == "excluded":
+        return "not run (not in GPU_CHECK_ONLY)"
     if step["status"] == "skipped":
         return "not run (the check's time budget was spent)"
     if step["rc"] == 0:
@@ -218,14 +220,16 @@ def comparisons(steps: list[dict]) -> list[dict]:
         if not base or not run or not base.get("median_step_time_s") or not run.get("median_step_time_s"):
             continue
         models = len(run["models"]) if isinstance(run.get("models"), list) else 1
+        run_loss = run.get("final_train_loss")
+        if models > 1 and all(m.get("final_train_loss") is not None for m in run["models"]):
+            run_loss = sum(m["final_train_loss"] for m in run["models"]) / models   # the summary's is their sum
         base_mem = (base.get("peak_memory_bytes") or {}).get("allocated")
         run_mem = (run.get("peak_memory_bytes") or {}).get("allocated")
         rows.append({"what": what, "baseline": base_name, "run": name, "models": models,
                      "speedup": models * base["median_step_time_s"] / run["median_step_time_s"],
                      "peak_allocated_ratio": (run_mem / base_mem) if base_mem and run_mem else None,
-                     "loss_difference": (run["final_train_loss"] - base["final_train_loss"])
-                     if run.get("final_train_loss") is not None and base.get("final_train_loss") is not None
-                     else None})
+                     "loss_difference": (run_loss - base["final_train_loss"])
+                     if run_loss is not None and base.get("final_train_loss") is not None else None})
     return rows
 
 
@@ -298,7 +302,7 @@ def markdown(report: dict) -> str:
     if report.get("comparisons"):
         lines += ["## Comparisons", "", "*speed-up*: the baseline's step time over the run's (times the number of "
                   "fused models); *peak allocated*: the run's over the baseline's.", "",
-                  "| what | baseline | run | speed-up | peak allocated | final loss, run - baseline |",
+                  "| what | baseline | run | speed-up | peak allocated | final loss, run - baseline (fused: their mean) |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for row in report["comparisons"]:
             lines.append(f"| {row['what']} | {row['baseline']} | {row['run']} | {fmt(row['speedup'], '.2f', unit='x')} | "
@@ -353,7 +357,7 @@ def main(argv: list[str]) -> int:
     rec.add_argument("--manifest", required=True)
     rec.add_argument("--name", required=True)
     rec.add_argument("--kind", required=True, choices=("facts", "pytest", "train"))
-    rec.add_argument("--status", required=True, choices=("ran", "dry_run", "skipped"))
+    rec.add_argument("--status", required=True, choices=("ran", "dry_run", "skipped", "excluded"))
     rec.add_argument("--rc", type=int)
     rec.add_argument("--seconds", type=float)
     rec.add_argument("--timeout", type=int)
