@@ -73,10 +73,15 @@ class Inputs:
 
     def as_in_the_dissertation(self) -> "Inputs":
         """Without the memory savers the dissertation's PTD-P did not have (selective recomputation,
-        sequence parallelism, the distributed optimizer, overlapped reduction): its tables are
-        reproduced so."""
-        return replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
-                       grad_bucket_bytes=None, recompute_layers=None)
+        sequence parallelism, the distributed optimizer, overlapped reduction) and with its attention
+        memory (the scores, softmax and dropout mask stored, as before fused attention kernels): its
+        tables are reproduced so."""
+        inputs = replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
+                         grad_bucket_bytes=None, recompute_layers=None)
+        if getattr(self.spec, "fused_attention", False):
+            spec = replace(self.spec, fused_attention=False)
+            inputs = replace(inputs, spec=spec, profile=analytic_profile(spec, self.cluster.device, 1))
+        return inputs
 
     def memory_options(self, t: int, d: int, selective: bool, profile: Profile,
                        distributed_optimizer: bool = False, partial_recompute: bool = True) -> MemoryOptions:
