@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from models.tensor_parallel.flat_collectives import all_gather_flat, reduce_scatter_flat
+
 from pipedream.errors import ConfigError
 from pipedream.numerics.grad_buckets import Bucket, BucketedReduction, ReductionRecorder, make_bucket
 
@@ -138,7 +140,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def reduce_scatter(self, bucket: ShardedBucket, flat: torch.Tensor) -> dist.Work:
         """Sums ``flat`` over the group into this rank's part of the shard, asynchronously."""
         out = self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
-        return dist.reduce_scatter_single(out, flat, group=self.group, async_op=True)
+        return reduce_scatter_flat(out, flat, group=self.group, async_op=True)
 
     def land(self, bucket: ShardedBucket) -> None:
         """The bucket's reduce-scatter is done: average it and drop the whole gradients (nothing
@@ -240,7 +242,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _all_gathered(self) -> torch.Tensor:
         """Every rank's ``_mine``, in the flat order: rank r's part of each bucket back in its place."""
         gathered = self._new_flat()
-        dist.all_gather_single(gathered, self._mine, group=self.group)
+        all_gather_flat(gathered, self._mine, group=self.group)
         if len(self.buckets) == 1:   # one range: the ranks' parts are already in order
             return gathered
         per_rank = gathered.view(self.dp, self.shard_numel)

@@ -97,9 +97,9 @@ def test_buckets_are_sharded_one_by_one_and_gathered_back_in_place(monkeypatch) 
         for piece in opt.pieces:
             opt._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
 
-    def all_gather(out, _mine, group=None):
+    def all_gather(out, _mine, group=None, async_op=False):
         out.copy_(torch.cat([opt._mine for opt in ranks]))
-    monkeypatch.setattr(sharded_optim.dist, "all_gather_single", all_gather)
+    monkeypatch.setattr(sharded_optim, "all_gather_flat", all_gather)
     flat = ranks[1]._all_gathered()
     for param in params:
         offset = ranks[1].offsets[id(param)]
