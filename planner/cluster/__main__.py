@@ -64,13 +64,33 @@ def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet):
 
 
 def problem_for(jobs, T: np.ndarray, fleet, colocation=None):
+    from planner.cluster.fleet import entity_arrays
     from planner.cluster.policies import Problem
 
     pairs, pair_T = colocation.among(np.arange(len(jobs))) if colocation is not None else (None, None)
+    entity, entity_weights = entity_arrays(jobs)
     return Problem(T, np.array(fleet.counts), np.array([j.scale_factor for j in jobs]),
                    np.array([j.weight for j in jobs]), np.array([j.steps for j in jobs]), np.array(fleet.prices),
                    deadline_s=np.array([j.slo_hours * 3600 if j.slo_hours else np.inf for j in jobs]),
-                   pairs=pairs, pair_T=pair_T)
+                   pairs=pairs, pair_T=pair_T, entity=np.array(entity), entity_weights=np.array(entity_weights))
+
+
+def policy_of(cfg: Any) -> str:
+    """``policy``, with ``policy=hierarchical`` named by its level within entities (``within``)."""
+    from planner.cluster.hierarchical import WITHIN
+    from planner.cluster.policies import POLICIES
+
+    policy = str(cfg.policy)
+    if policy == "hierarchical":
+        within = str(cfg.get("within"))
+        if within not in WITHIN:
+            raise PlannerError(f"within={within!r} is unknown: policy=hierarchical shares each entity's weight among "
+                               f"its jobs by fairness or fifo")
+        policy = f"hierarchical_{within}"
+    if policy not in POLICIES:
+        raise PlannerError(f"policy={policy!r} is unknown: choose one of {', '.join(POLICIES)} (or hierarchical "
+                           f"with within=fairness|fifo)")
+    return policy
 
 
 def run_allocate(cfg: Any) -> int:
@@ -80,8 +100,9 @@ def run_allocate(cfg: Any) -> int:
     fleet, table, jobs = load_setup(cfg)
     T = table.matrix(jobs)
     problem = problem_for(jobs, T, fleet, colocation_for(cfg, jobs, T, fleet))
-    alloc = allocate(str(cfg.policy), problem, str(cfg.heterogeneity))
-    other = allocate(str(cfg.policy), problem, "agnostic" if alloc.heterogeneity == "aware" else "aware")
+    policy = policy_of(cfg)
+    alloc = allocate(policy, problem, str(cfg.heterogeneity))
+    other = allocate(policy, problem, "agnostic" if alloc.heterogeneity == "aware" else "aware")
     print(f"{alloc.policy} ({alloc.heterogeneity}) on {fleet.name}: "
           + ", ".join(f"{c} x {n}" for n, c in zip(fleet.type_names, fleet.counts))
           + f"; {len(jobs)} jobs, T from {table.plans_made} planner runs (steps/s)")
@@ -114,12 +135,9 @@ def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list
 
 def run_simulate(cfg: Any) -> int:
     from planner.cluster.fleet import jobs_to_json
-    from planner.cluster.policies import POLICIES
     from planner.cluster.report import comparison_table, plot_results
 
-    policy = str(cfg.policy)
-    if policy not in POLICIES:
-        raise PlannerError(f"policy={policy!r} is unknown: choose one of {', '.join(POLICIES)}")
+    policy = policy_of(cfg)
     fleet, table, jobs = load_setup(cfg)
     results, rows, window = simulate_both(cfg, fleet, table, jobs, policy)
     print(f"{len(jobs)} jobs on {fleet.name} ({', '.join(f'{c} x {n}' for n, c in zip(fleet.type_names, fleet.counts))}), "
