@@ -48,9 +48,10 @@ def load_setup(cfg: Any):
     return fleet, table, jobs
 
 
-def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet):
+def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet, throughputs=None):
     """Space sharing's pairs (planner/cluster/colocation.py) when ``space_sharing`` is on, in
-    conf/gavel.yaml or the jobs file; None when it is off."""
+    conf/gavel.yaml or the jobs file; None when it is off. ``throughputs`` (the ThroughputTable T
+    came from) gives the plans' memory that the estimate checks pairs against."""
     from planner.cluster.colocation import colocation_from, read_jobs_file_colocation
 
     in_file, table = read_jobs_file_colocation(str(cfg.jobs)) if cfg.get("jobs") else (False, [])
@@ -60,7 +61,8 @@ def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet):
     if not table and factor is None:
         raise PlannerError("space_sharing=true needs co-located throughputs: a colocated: table in the jobs file "
                            "(docs/cluster.md, Space sharing) or colocation_factor=0.6 (an estimate)")
-    return colocation_from(table, factor, jobs, T, fleet)
+    memory = throughputs.memory(jobs) if factor is not None and throughputs is not None else None
+    return colocation_from(table, factor, jobs, T, fleet, memory)
 
 
 def problem_for(jobs, T: np.ndarray, fleet, colocation=None):
@@ -99,7 +101,7 @@ def run_allocate(cfg: Any) -> int:
 
     fleet, table, jobs = load_setup(cfg)
     T = table.matrix(jobs)
-    problem = problem_for(jobs, T, fleet, colocation_for(cfg, jobs, T, fleet))
+    problem = problem_for(jobs, T, fleet, colocation_for(cfg, jobs, T, fleet, table))
     policy = policy_of(cfg)
     alloc = allocate(policy, problem, str(cfg.heterogeneity))
     other = allocate(policy, problem, "agnostic" if alloc.heterogeneity == "aware" else "aware")
@@ -127,7 +129,7 @@ def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list
     mechanism = str(cfg.mechanism)
     if mechanism not in ("rounds", "ideal"):
         raise PlannerError(f"mechanism={mechanism!r} is unknown: choose rounds (Gavel's) or ideal (exactly X)")
-    colocation = colocation_for(cfg, jobs, T, fleet)
+    colocation = colocation_for(cfg, jobs, T, fleet, table)
     results = [simulate(jobs, T, fleet, policy, h, float(cfg.round_minutes) * 60, float(cfg.resolve_minutes) * 60,
                         mechanism, float(cfg.max_hours), colocation) for h in ("aware", "agnostic")]
     return results, [r.metrics(jobs, window) for r in results], window

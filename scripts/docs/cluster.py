@@ -84,7 +84,7 @@ def run_space(overrides: list[str]) -> dict:
     window = (int(lo * len(jobs)), int(hi * len(jobs)))
     args = (float(cfg.round_minutes) * 60, float(cfg.resolve_minutes) * 60, str(cfg.mechanism), float(cfg.max_hours))
     results = [simulate(jobs, T, fleet, policy, "aware", *args, colocation)
-               for colocation in (None, colocation_for(cfg, jobs, T, fleet))]
+               for colocation in (None, colocation_for(cfg, jobs, T, fleet, table))]
     plot_results(results, window, str(ROOT / "docs" / "img" / f"cluster_{name}.png"),
                  f"{policy} without / with space sharing, {len(jobs)} jobs on {fleet.name}")
     rows = [dict(r.metrics(jobs, window), space_sharing=shared) for r, shared in zip(results, (False, True))]
