@@ -9,10 +9,11 @@ import yaml
 from scipy.optimize import linprog
 
 from planner.cluster.__main__ import policy_of, problem_for
-from planner.cluster.fleet import Fleet, GpuType, entity_arrays, load_jobs
+from planner.cluster.fleet import Fleet, GpuType, Job, entity_arrays, load_jobs
 from planner.cluster.hierarchical import job_weights, normalised_share
 from planner.cluster.policies import Problem, allocate, validity_errors
 from planner.cluster.report import allocation_table
+from planner.cluster.simulator import simulate
 from planner.config import compose
 from planner.errors import PlannerError
 from tests.unit.planner.cluster.test_water_filling import idle_while_waiting
@@ -159,3 +160,17 @@ def test_policy_hierarchical_takes_within():
         policy_of(compose(["policy=hierarchical", "within=lifo"], config_name="gavel"))
     with pytest.raises(PlannerError, match="policy='nope' is unknown"):
         policy_of(compose(["policy=nope"], config_name="gavel"))
+
+
+def test_a_trace_runs_under_the_hierarchical_policies():
+    """Six single-GPU jobs of two entities arriving over an hour on 2 GPUs: every job finishes, and
+    under FIFO within entities the earliest job of each finishes first."""
+    fleet = Fleet("f", (GpuType("v100", "v100_16gb_x8", 2, 1.0),))
+    jobs = [Job(f"j{i}", "m", 1, 3600.0, arrival_hours=0.2 * i, entity=("a", "b")[i % 2], entity_weight=(1.0, 2.0)[i % 2])
+            for i in range(6)]
+    T = np.ones((6, 1))
+    results = {policy: simulate(jobs, T, fleet, policy, mechanism="ideal")
+               for policy in ("hierarchical_fairness", "hierarchical_fifo")}
+    assert all(np.all(np.isfinite(r.jct_h)) for r in results.values())
+    fifo = results["hierarchical_fifo"].finish_h
+    assert fifo[0] < fifo[2] < fifo[4] and fifo[1] < fifo[3] < fifo[5]
