@@ -16,20 +16,26 @@ from planner.search.ranking import Candidate, SearchResult
 from planner.check.simcheck import SimCheck, available_schedules, check_uniform
 from planner.costs.uniform import rank_stats
 
-SEARCHES = ("ptdp", "2bw", "pipedream")
-ALGORITHMS = ("auto", *SEARCHES, "harmony")
+
+def _ptdp() -> Callable[[Inputs], SearchResult]:
+    from planner.search.ptdp import ptdp_search
+    return ptdp_search
 
 
-def search_function(algorithm: str) -> Callable[[Inputs], SearchResult]:
-    """The search's function, imported when chosen: a plan runs one search, and start-up pays for it alone."""
-    if algorithm == "ptdp":
-        from planner.search.ptdp import ptdp_search
-        return ptdp_search
-    if algorithm == "2bw":
-        from planner.search.two_bw import two_bw_search
-        return two_bw_search
+def _two_bw() -> Callable[[Inputs], SearchResult]:
+    from planner.search.two_bw import two_bw_search
+    return two_bw_search
+
+
+def _pipedream() -> Callable[[Inputs], SearchResult]:
     from planner.search.pipedream_search import pipedream_search
     return pipedream_search
+
+
+# each search's function, imported when chosen: a plan runs one search, and start-up pays for it alone
+SEARCHES: dict[str, Callable[[], Callable[[Inputs], SearchResult]]] = {
+    "ptdp": _ptdp, "2bw": _two_bw, "pipedream": _pipedream}
+ALGORITHMS = ("auto", *SEARCHES, "harmony")
 
 
 @dataclass(frozen=True)
@@ -129,7 +135,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
     if algorithm == "auto":
         algorithm, reason = choose_algorithm(inputs, semantics)
         try:
-            result = search_function(algorithm)(inputs)
+            result = SEARCHES[algorithm]()(inputs)
         except DoesNotFitError as err:
             if inputs.cluster.nodes > 1:
                 raise
@@ -141,7 +147,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                 raise DoesNotFitError(f"{err}; nor does a Harmony plan ({harmony_err})") from None
     else:
         reason = f"planner.algorithm={algorithm} was asked for"
-        result = search_function(algorithm)(inputs)
+        result = SEARCHES[algorithm]()(inputs)
     best = result.best
     sim = _sim_check(inputs, best) if simulate else SimCheck(False, "simulator check off (planner.simulate=false)")
     notes = list(result.notes)
