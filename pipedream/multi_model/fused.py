@@ -66,10 +66,12 @@ def model_slice(value: Any, start: int, stop: int) -> Any:
     return value[start:stop]
 
 
-def model_item(value: Any, index: int) -> Any:
+def model_items(value: Any) -> list[Any]:
+    """Each model's part, by ``unbind`` (its backward writes all K gradients at once, where K
+    indexings would each fill a zero tensor of the whole stack)."""
     if isinstance(value, (tuple, list)):
-        return tuple(model_item(v, index) for v in value)
-    return value[index]
+        return list(zip(*(model_items(v) for v in value)))
+    return list(value.unbind(MODEL_DIM))
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -204,8 +206,11 @@ class FusedLayer(nn.Module):
 
     # --- the forward ---------------------------------------------------------------------------
     def _state(self, start: int, stop: int) -> dict[str, torch.Tensor]:
-        state = {name: p[start:stop] for name, p in self.body.named_parameters()}
-        state.update({name: b[start:stop] for name, b in self.body.named_buffers()})
+        """The stacks, or their slices for a group (all models: the stacks themselves, since a
+        slice's backward fills a zero tensor of the whole stack)."""
+        whole = start == 0 and stop == self.count
+        state = {name: p if whole else p[start:stop] for name, p in self.body.named_parameters()}
+        state.update({name: b if whole else b[start:stop] for name, b in self.body.named_buffers()})
         return state
 
     def _folds(self, inputs: tuple) -> bool:
@@ -253,12 +258,12 @@ class FusedLayer(nn.Module):
             return torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *inputs)
 
     def _run_group(self, start: int, stop: int, inputs: tuple) -> Any:
-        group_inputs = tuple(model_slice(x, start, stop) for x in inputs)
+        whole = start == 0 and stop == self.count
+        group_inputs = inputs if whole else tuple(model_slice(x, start, stop) for x in inputs)
         run = self._folded if self.folds else self._vmapped
         memory = self.__dict__.get("memory")   # a device budget: pipedream.multi_model.memory
         if memory is None:
-            whole = stop - start == self.count and self.folds
-            return run(None if whole else self._state(start, stop), *group_inputs)
+            return run(None if whole and self.folds else self._state(start, stop), *group_inputs)
         return memory.run(self.layer_index, start // (stop - start), run, lambda: self._state(start, stop),
                           group_inputs, list(self.parameters()))
 
@@ -303,7 +308,7 @@ def fused_loss(loss_fn: Callable[[Any, Any], torch.Tensor], count: int, losses: 
                ) -> Callable[[Any, Any], torch.Tensor]:
     """Model k's loss on its own slice; the sum backpropagates each model's gradient alone."""
     def loss(outputs: Any, targets: Any) -> torch.Tensor:
-        per_model = [loss_fn(model_item(outputs, k), model_item(targets, k)) for k in range(count)]
+        per_model = [loss_fn(o, t) for o, t in zip(model_items(outputs), model_items(targets))]
         losses.add(per_model)
         return torch.stack(per_model).sum()
     return loss

@@ -22,27 +22,33 @@ from pipedream.config.multi_model import MultiModelSpec
 class StepsStacks:
     """An optimizer over model k's views of the stacks (``fused.model_views``), two groups per
     model with its own learning rate and weight decay: torch's own update, per model, in place in
-    the stacks. The stacks' gradients are handed to the views (``grad[k]``, no copy) before each
-    step; clearing gradients clears the stacks'."""
+    the stacks. Each view's gradient is model k's slice of its stack's gradient (no copy), linked
+    again only when the stack has a new gradient tensor: clearing gradients zeroes the stacks'
+    in place, which clears the views' too."""
 
     stacks: list[nn.Parameter]
 
-    def step(self, closure: Any = None) -> Any:
+    def _link_gradients(self) -> None:
+        linked = self.__dict__.setdefault("_linked", {})
         for stacked in self.stacks:
-            if stacked.grad is not None:
+            grad = stacked.grad
+            if grad is not None and linked.get(id(stacked)) is not grad:
                 for k, view in enumerate(model_views(stacked)):
-                    view.grad = stacked.grad[k]
+                    view.grad = grad[k]
+                linked[id(stacked)] = grad
+
+    def step(self, closure: Any = None) -> Any:
+        self._link_gradients()
         return super().step(closure)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for stacked in self.stacks:
-            if set_to_none:
-                stacked.grad = None
-            elif stacked.grad is not None:
+            if stacked.grad is not None:
                 stacked.grad.zero_()
-        super().zero_grad(set_to_none)
-
-
+        for group in self.param_groups:   # views with gradients of their own (not the stacks')
+            for view in group["params"]:
+                if view.grad is not None and view.grad._base is None:
+                    view.grad = None
 class StackedAdamW(StepsStacks, torch.optim.AdamW):
     pass
 

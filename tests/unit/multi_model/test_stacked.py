@@ -121,10 +121,16 @@ def test_the_optimizer_on_the_stacks_is_torchs_update_of_each_model(name):
     for step in range(3):
         grads = [torch.randn_like(s) for s in stacks]
         for stack, grad in zip(stacks, grads):
-            stack.grad = grad.clone()
+            if stack.grad is None:
+                stack.grad = grad.clone()
+            else:
+                stack.grad.add_(grad)
         stacked_optimizer.step()
-        stacked_optimizer.zero_grad()
-        assert all(s.grad is None for s in stacks)
+        stacked_optimizer.zero_grad()   # in place: the views stay linked to the stacks' gradients
+        assert all(torch.count_nonzero(s.grad) == 0 for s in stacks)
+        if step == 1:   # a new gradient tensor (set_to_none by other code) is linked again
+            for stack in stacks:
+                stack.grad = None
         for k in range(2):
             for param, grad in zip(alone[k], grads):
                 param.grad = grad[k].clone()
