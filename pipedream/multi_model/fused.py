@@ -121,7 +121,7 @@ def model_views(param: torch.Tensor) -> list[nn.Parameter]:
     """Model k's parameter as a Parameter sharing the stack's memory (one list per stack, so a
     stack tied between layers has one set of views)."""
     views = getattr(param, "_model_views", None)
-    if views is None:
+    if views is None or views[0].data_ptr() != param.data_ptr():   # none yet, or the stack has moved (.to)
         views = [nn.Parameter(param.detach()[k], requires_grad=param.requires_grad) for k in range(param.shape[0])]
         param._model_views = views
     return views

@@ -151,3 +151,32 @@ def test_each_model_is_clipped_by_its_own_norm():
     torch.testing.assert_close(stacks[0].grad[0], torch.tensor([3.0, 0.0, 0.0]) / (5.0 + 1e-6))
     torch.testing.assert_close(stacks[1].grad[0], torch.tensor([0.0, 4.0, 0.0, 0.0]) / (5.0 + 1e-6))
     assert torch.equal(stacks[0].grad[1], torch.tensor([0.1, 0.0, 0.0]))   # below the limit: untouched
+
+
+class Tally(nn.Module):
+    """A buffer updated in place and a parameter used directly: no twin."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(5))
+        self.register_buffer("seen", torch.zeros(5))
+
+    def forward(self, x):
+        self.seen.add_(x.detach().sum(0))
+        return x * self.scale
+
+
+def test_a_module_without_a_twin_runs_under_vmap_on_the_stacks():
+    """vmap over the stacks: each model's buffer updated in place in the stacked buffer."""
+    members = _members(Tally, count=2)
+    alone = [copy.deepcopy(m) for m in members]
+    fused = FusedLayer(members, 0)
+    x = torch.randn(2, 6, 5, generator=torch.Generator().manual_seed(2))
+    for _ in range(2):
+        out = fused(x)
+    assert fused.folds is False
+    for k, module in enumerate(alone):
+        for _ in range(2):
+            expected = module(x[k])
+        torch.testing.assert_close(out[k], expected)
+        torch.testing.assert_close(fused.body.seen[k], module.seen)
