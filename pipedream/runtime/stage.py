@@ -93,6 +93,7 @@ class Stage:
         self.loss_fn = loss_fn
         self.recompute = recompute
         self.stash: dict[tuple[int, int], _Stashed] = {}
+        self.split_graphs = True   # train.split_weight_graphs: a split backward splits stock layers' graphs too
         self.stats = StashStats()
         self.weight_grads = WeightGradQueue()
         self._awaiting_weight: dict[tuple[int, int], int] = {}   # split backwards -> bytes held until W
@@ -169,7 +170,7 @@ class Stage:
         (microbatch, chunk), for the caller to run. ``split`` (a zero-bubble schedule's B) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
-        if split and self._splits_graph(chunk):
+        if split and self.split_graphs and self._splits_graph(chunk):
             self._split_backward(microbatch, chunk, stashed, grad_output)
         elif defer_weight_grads or split:
             with self.weight_grads.deferred((microbatch, chunk)):

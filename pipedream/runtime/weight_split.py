@@ -18,7 +18,9 @@ flows on towards the stage input. The split walks the chunk's graph once per bac
 Each intermediate's parameters must be reachable from it alone (checked): then no W reaches
 another's parameters, and every gradient is the single backward's, summed into ``.grad`` in the
 order the W actions run. Graphs that break the rule (a parameter used on two branches, an output
-that does not depend on the input) return None: the caller runs the whole backward in B instead.
+that does not depend on the input) or that would run a Python ``autograd.Function``'s backward in
+W (a second time, or later than B: its side effects, e.g. a tensor-parallel collective, would
+move) return None: the caller runs the whole backward in B instead.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import torch
+from torch.autograd.function import BackwardCFunction
 from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 
 ParamNodes = dict[Node, torch.Tensor]   # a parameter's AccumulateGrad node -> the parameter
@@ -91,12 +94,16 @@ def input_half(outputs: list[torch.Tensor], grads: list[torch.Tensor | None], in
         if not on_path[node]:
             reach = set().union(*(below[c] for c in children)) if children else set()
             below[node] = frozenset(reach | ({node} if node in split_params else set()))
+            if reach and isinstance(node, BackwardCFunction):
+                return None   # a Python backward in W: its side effects (a collective) would move
             continue
         off = set().union(*(below[c] for c in children if not on_path[c])) if children else set()
         if not off:
             continue
-        if off & claimed or not off <= split_params.keys():
-            return None   # a parameter reached from two places, or one the split does not own
+        if off & claimed or not off <= split_params.keys() or isinstance(node, BackwardCFunction):
+            # a parameter reached from two places or one the split does not own, or a Python
+            # backward that W would run a second time (with its side effects)
+            return None
         claimed |= off
         groups.append((node, tuple(off)))
     recorded: dict[Node, list] = {}

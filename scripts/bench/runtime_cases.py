@@ -49,6 +49,9 @@ VARIANTS = {
     # the global check a clipped step makes before the update (gradient norm over every rank) with a
     # bound no gradient reaches: what post-validation (step first, check after) could save at most
     "global check": ("train.grad_clip=1e9",),
+    # the zero-bubble schedules on the stock modules with W holding the Linear GEMMs only (the
+    # attention projections' and norms' weight gradients computed in B)
+    "no graph split": ("train.split_weight_graphs=false",),
 }
 CHECKED = ("zb_h2", "zbv")   # on the small GPT, where a synchronisation weighs most
 
@@ -107,8 +110,9 @@ def cases(workload: str = "mlp", targets_only: bool = False) -> list[Case]:
     if targets_only:
         return single + flush + zero_bubble
     checked = [Case("pipedream", s, "global check") for s in CHECKED] if workload == "gpt" else []
-    return (single + flush + [Case("pipedream", "1f1b", v) for v in VARIANTS if v != "global check"]
-            + [Case("pipedream", s) for s in ASYNC_SCHEDULES] + zero_bubble + checked)
+    unsplit = [Case("pipedream", s, "no graph split") for s in ZERO_BUBBLE["pipedream"]] if workload == "stock" else []
+    return (single + flush + [Case("pipedream", "1f1b", v) for v in VARIANTS if v not in ("global check", "no graph split")]
+            + [Case("pipedream", s) for s in ASYNC_SCHEDULES] + zero_bubble + checked + unsplit)
 
 
 # The cases the targets compare run back to back, so each round's ratios see the same machine speed.

@@ -223,6 +223,10 @@ def rows_note(cases: set[str]) -> str:
                  "train.weight_grads_after_send=false`), the send-first split (`train.weight_grads_after_send=false`), "
                  "and only the holding back of weight gradients behind the next backward's send "
                  "(`train.weight_grads_delay=0`).")
+    if any(name.endswith("[no graph split]") for name in cases):
+        text += (" Rows *[no graph split]* are our zero-bubble schedules on the stock modules with "
+                 "`train.split_weight_graphs=false`: W holds only the fused Linear GEMMs, and the other weight "
+                 "gradients (attention projections, norms) are computed in B.")
     if BOTH_CORES in cases:
         text += (" Row *single-process [both cores]* runs a copy of the single process on each core at the same "
                  "time (rank 0's time): one core's speed while both work.")
