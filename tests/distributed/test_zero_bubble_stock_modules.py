@@ -1,8 +1,8 @@
 """A model of torch's own modules (``nn.TransformerEncoderLayer`` blocks, whose attention
 projections no fused Linear covers) given as a plugin trains under the zero-bubble schedules with
 its weight gradients split off into W (``pipedream/runtime/weight_split.py``), and equals
-single-process training (fp32): zb_h2 and zbv at pp=2, and zb_h2 with the fused Linear off (every
-weight through the split)."""
+single-process training (fp32): zb_h2 and zbv at pp=2, zb_h2 with the fused Linear off (every
+weight through the split), and zb_h2 at pp=2, dp=2 with gradient buckets reduced during the backward."""
 from __future__ import annotations
 
 import pytest
@@ -28,3 +28,14 @@ def test_stock_module_plugin_zero_bubble_matches_single_process(tmp_path):
         assert any(".self_attn.in_proj_weight" in name for name in result)
         assert_matches_reference({"params": result, "losses": per_rank[0][index]["losses"]},
                                  reference_training(BASE + extra))
+
+
+@pytest.mark.slow
+def test_stock_module_split_with_data_parallel_buckets_matches_single_process(tmp_path):
+    """dp = 2 with the buckets reduced during the backward (the default): the split parameters'
+    gradients arrive in W through autograd and the fused layers' biases in B by hand; the averaged
+    gradients equal one process's."""
+    extra = ["schedule=zb_h2", "parallel.dp=2", "train.global_batch_size=16", "train.overlap_grad_reduce=true"]
+    per_rank = run_workers(train_rank, 4, [(BASE + extra, str(tmp_path / "dp2"))])
+    result = merge_params([rank_results[0] for rank_results in per_rank])
+    assert_matches_reference({"params": result, "losses": per_rank[0][0]["losses"]}, reference_training(BASE + extra))
