@@ -211,7 +211,8 @@ class Stage:
         with self.weight_grads.deferred(key):
             half = input_half(outputs, grads, leaves, parameter_nodes(split), parameter_nodes(fused),
                               self.weight_grads.after_accumulate) if outputs else None
-            if half is None:   # a graph the split does not handle: all of it now
+            if half is None:   # a graph the split does not handle: all of it now, and from now on
+                self._split_params[chunk] = None   # (the chunk's graph has the same shape every time)
                 self._backpropagate(chunk, stashed, grad_output)
         if half is not None:
             self._weight_halves[key] = half

@@ -47,3 +47,47 @@ def test_a_parameter_on_two_branches_or_an_output_without_the_input_is_refused()
     alone = weight * 2.0
     assert input_half([alone, x * 2.0], [torch.ones(4, 4), torch.ones(2, 4)], [x],
                       parameter_nodes([weight]), {}) is None
+
+
+class _SquaredWeight(nn.Module):
+    """One weight matrix used twice on the input's path: a graph the split refuses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(4, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x @ self.weight) @ self.weight
+
+
+def _stage_backward(chunk: nn.Module, x: torch.Tensor, grad: torch.Tensor):
+    from pipedream.runtime.stage import Stage
+
+    stage = Stage([chunk], is_first=[False], is_last=[False], loss_fn=lambda out, target: out.sum())
+    stage.forward(0, 0, x)
+    input_grad = stage.backward(0, 0, grad, split=True)
+    held = {name: p.grad is None for name, p in chunk.named_parameters()}
+    stage.weight_grad(0, 0)
+    return stage, input_grad, held
+
+
+def test_the_stage_splits_a_stock_chunk_and_runs_a_refused_graph_whole_in_b() -> None:
+    reference, chunk = _blocks(), _blocks()
+    x, grad = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    x_ref = x.clone().requires_grad_()
+    reference(x_ref).backward(grad)
+    stage, input_grad, held = _stage_backward(chunk, x, grad)
+    assert torch.equal(input_grad, x_ref.grad) and stage._split_params[0] is not None
+    assert held["0.self_attn.in_proj_weight"]   # left to W
+    for (name, p_ref), p in zip(reference.named_parameters(), chunk.parameters()):
+        assert torch.equal(p_ref.grad, p.grad), name
+    torch.manual_seed(1)
+    twice = _SquaredWeight()
+    x = torch.randn(3, 4)
+    x_ref = x.clone().requires_grad_()
+    twice(x_ref).backward(torch.ones(3, 4))
+    expected = twice.weight.grad.clone()
+    twice.weight.grad = None
+    stage, input_grad, held = _stage_backward(twice, x, torch.ones(3, 4))
+    assert stage._split_params[0] is None and not held["weight"]   # computed in B, not split again
+    assert torch.equal(input_grad, x_ref.grad) and torch.equal(twice.weight.grad, expected)
