@@ -66,13 +66,10 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
     from planner.inputs.model_specs import spec_from_config
 
     model = spec_from_config({**dict(model_cfg), "precision": "fp32"})
-    layers = model.layer_specs(1)
-    parameters = sum(layer.parameters for layer in layers)
-    per_sample = sum(layer.activation_bytes_recompute if spec.recompute else
-                     layer.activation_bytes - (layer.attention_core_bytes if spec.selective_recompute else 0.0)
-                     for layer in layers)
+    parameters = sum(layer.parameters for layer in model.layer_specs(1))
     pp, tp = spec.layout.pp, spec.layout.tp
     share = processes / (pp * tp)
+    per_sample = activation_bytes_per_sample(model.layer_specs(tp), spec) * tp   # per tp group, as weights
     weights = parameters * FP32 * share
     in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
     return MemoryEstimate(
@@ -83,6 +80,20 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
         optimizer=weights * optimizer_states(spec.optim) / (spec.layout.dp if spec.optim.distributed else 1),
         activations=per_sample * spec.micro_batch * in_flight * share,
         runtime=RUNTIME_BYTES_PER_PROCESS * processes)
+
+
+def activation_bytes_per_sample(layers: list, spec: Any) -> float:
+    """Bytes one tensor-parallel rank keeps per sample over all layers, as the planner prices them
+    (``planner.costs.uniform.kept_activation_bytes``): full recomputation keeps each recomputed
+    layer's input, selective drops the attention cores, both only in each chunk's first
+    ``recompute.num_layers`` layers; sequence parallelism keeps 1/t of the LayerNorm and dropout
+    regions."""
+    from planner.costs.uniform import MemoryOptions, kept_activation_bytes
+
+    options = MemoryOptions(selective=spec.selective_recompute, sequence_parallel=spec.sequence_parallel,
+                            recompute_layers=spec.recompute_layers)
+    bounds = spec.bounds if len(layers) == spec.num_layers else ()
+    return float(kept_activation_bytes(layers, spec.layout.tp, spec.recompute, options, bounds).sum())
 
 
 def available_memory() -> tuple[float, str]:

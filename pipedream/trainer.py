@@ -120,7 +120,8 @@ class ShardedData:
 def _throughput(spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops | None]:
     """Only rank 0 logs, so only rank 0 looks up (or measures once, then caches) the peak."""
     peak = peak_flops(ctx.device, torch.get_num_threads(), precision=spec.precision.name) if ctx.rank == 0 else None
-    flops = model_flops_per_iteration(spec.model_config, spec.global_batch, spec.seq_len, spec.recompute)
+    recomputes_all = spec.recompute and spec.recompute_layers is None   # recompute.num_layers: model FLOPs only
+    flops = model_flops_per_iteration(spec.model_config, spec.global_batch, spec.seq_len, recomputes_all)
     return Throughput(spec.global_batch, spec.seq_len, flops, ctx.world_size, peak.flops if peak else 0.0), peak
 
 

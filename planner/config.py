@@ -129,7 +129,12 @@ def _memory_savers(p: Any, spec: Any) -> dict[str, Any]:
     bucket_mb = p.get("grad_bucket_mb", 25)
     if isinstance(bucket_mb, bool) or not isinstance(bucket_mb, (int, float)) or bucket_mb <= 0:
         raise PlannerError(f"planner.grad_bucket_mb = {bucket_mb!r} must be a positive number of MiB")
+    layers = p.get("recompute_num_layers")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 0):
+        raise PlannerError(f"planner.recompute_num_layers = {layers!r} must be an integer >= 0 (layers recomputed "
+                           f"at the start of each chunk) or null for all")
     return {"selective_recompute": flags["selective_recompute"] and (family is None or family.attention_core),
+            "recompute_layers": layers,
             "sequence_parallel": flags["sequence_parallel"] and family is not None and family.sequence_parallel,
             "distributed_optimizer": flags["distributed_optimizer"],
             "grad_bucket_bytes": float(bucket_mb) * 2**20 if flags["overlap_grad_reduce"] else None}

@@ -34,9 +34,13 @@ def _sim_line(sim, m: int) -> str:
     if sim.microbatches != m:
         steps += f" (not {m}, to stay interactive)"
     ok = "matches" if sim.peak_in_flight == sim.peak_in_flight_formula else "DIFFERS from"
+    grad_sync = ""
+    if sim.grad_sync_simulated is not None:
+        grad_sync = (f"; overlapped gradient reduction exposed {sim.grad_sync_simulated:.4g} s (formula "
+                     f"{sim.grad_sync_formula:.4g} s)")
     return (f"idle {sim.bubble_simulated:.2%} of busy time at m={sim.microbatches}{steps} (formula "
             f"{sim.bubble_formula:.2%}; the rest is stage imbalance and messages); peak in-flight "
-            f"{max(sim.peak_in_flight)} {ok} the formula ({max(sim.peak_in_flight_formula)})")
+            f"{max(sim.peak_in_flight)} {ok} the formula ({max(sim.peak_in_flight_formula)}){grad_sync}")
 
 
 def count(n: float) -> str:

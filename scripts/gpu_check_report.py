@@ -186,6 +186,8 @@ def fmt(value: Any, spec: str = ".3g", scale: float = 1.0, unit: str = "") -> st
 def outcome_of(step: dict) -> str:
     if step["status"] == "dry_run":
         return "not run (dry run)"
+    if step["status"] == "excluded":
+        return "not run (not in GPU_CHECK_ONLY)"
     if step["status"] == "skipped":
         return "not run (the check's time budget was spent)"
     if step["rc"] == 0:
@@ -195,6 +197,40 @@ def outcome_of(step: dict) -> str:
     if step["rc"] in (124, 137):
         return f"timed out ({step['timeout_s']} s)"
     return f"failed (exit {step['rc']})"
+
+
+# (name, baseline step, step, what the ratio says); each row is written where both runs have a summary
+COMPARISONS = (
+    ("compiled layers (train.compile)", "train_bf16", "train_bf16_compile"),
+    ("selective recomputation", "train_bf16", "train_bf16_selective"),
+    ("4 fused models vs one model alone (x4 for training them one after another)", "single_model_bf16",
+     "multi_model_4"),
+    ("harmony_pp: bf16 vs fp32", "harmony_pp", "harmony_pp_bf16"),
+)
+
+
+def comparisons(steps: list[dict]) -> list[dict]:
+    """Each pair's step-time and memory ratios, read from the two runs' summaries. For fused models,
+    the speed-up over training the K models one after another is K x the single model's step time
+    over the fused step time."""
+    summaries = {s["name"]: s["summary"] for s in steps if s["kind"] == "train" and s.get("summary")}
+    rows = []
+    for what, base_name, name in COMPARISONS:
+        base, run = summaries.get(base_name), summaries.get(name)
+        if not base or not run or not base.get("median_step_time_s") or not run.get("median_step_time_s"):
+            continue
+        models = len(run["models"]) if isinstance(run.get("models"), list) else 1
+        run_loss = run.get("final_train_loss")
+        if models > 1 and all(m.get("final_train_loss") is not None for m in run["models"]):
+            run_loss = sum(m["final_train_loss"] for m in run["models"]) / models   # the summary's is their sum
+        base_mem = (base.get("peak_memory_bytes") or {}).get("allocated")
+        run_mem = (run.get("peak_memory_bytes") or {}).get("allocated")
+        rows.append({"what": what, "baseline": base_name, "run": name, "models": models,
+                     "speedup": models * base["median_step_time_s"] / run["median_step_time_s"],
+                     "peak_allocated_ratio": (run_mem / base_mem) if base_mem and run_mem else None,
+                     "loss_difference": (run_loss - base["final_train_loss"])
+                     if run_loss is not None and base.get("final_train_loss") is not None else None})
+    return rows
 
 
 def markdown(report: dict) -> str:
@@ -263,6 +299,15 @@ def markdown(report: dict) -> str:
             if s.get("models"):
                 lines += [f"- {step['name']} models: `{json.dumps(s['models'])[:1500]}`"]
         lines.append("")
+    if report.get("comparisons"):
+        lines += ["## Comparisons", "", "*speed-up*: the baseline's step time over the run's (times the number of "
+                  "fused models); *peak allocated*: the run's over the baseline's.", "",
+                  "| what | baseline | run | speed-up | peak allocated | final loss, run - baseline (fused: their mean) |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for row in report["comparisons"]:
+            lines.append(f"| {row['what']} | {row['baseline']} | {row['run']} | {fmt(row['speedup'], '.2f', unit='x')} | "
+                         f"{fmt(row['peak_allocated_ratio'], '.2f', unit='x')} | {fmt(row['loss_difference'], '+.4f')} |")
+        lines.append("")
     failed = [s for s in report["steps"] if s["status"] == "ran" and s["rc"] != 0]
     if failed:
         lines += ["## Failures", ""]
@@ -297,7 +342,7 @@ def write(args: argparse.Namespace) -> int:
         device_line = (f"one {facts_found['gpu_name']} ({facts_found['gpu_memory_bytes'] / 2**30:.0f} GiB), "
                        f"torch {facts_found['torch']}, CUDA {facts_found['cuda_runtime']}, NCCL {facts_found.get('nccl')}")
     report = {"written": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "dry_run": args.dry_run, "device_line": device_line,
-              "facts": facts_found, "steps": steps}
+              "facts": facts_found, "steps": steps, "comparisons": comparisons(steps)}
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     (out / "gpu_check.md").write_text(markdown(report), encoding="utf-8")
     (out / "gpu_check.log").write_text("\n".join(log_parts) + "\n", encoding="utf-8")
@@ -312,7 +357,7 @@ def main(argv: list[str]) -> int:
     rec.add_argument("--manifest", required=True)
     rec.add_argument("--name", required=True)
     rec.add_argument("--kind", required=True, choices=("facts", "pytest", "train"))
-    rec.add_argument("--status", required=True, choices=("ran", "dry_run", "skipped"))
+    rec.add_argument("--status", required=True, choices=("ran", "dry_run", "skipped", "excluded"))
     rec.add_argument("--rc", type=int)
     rec.add_argument("--seconds", type=float)
     rec.add_argument("--timeout", type=int)

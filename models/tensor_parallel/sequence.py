@@ -11,8 +11,7 @@ through f, whose backward all-reduces them over the group.
 
 On the meta device (shape inference) nothing is communicated and the shapes are what they would be.
 Gloo has no reduce-scatter: there it is an all-reduce followed by keeping this rank's part.
-(``all_gather_single``/``reduce_scatter_single`` are the names torch 2.13 gives the flat collectives;
-older versions call them ``all_gather_into_tensor``/``reduce_scatter_tensor``.)
+(The flat collectives come from ``flat_collectives``, which finds them under either torch's name.)
 """
 from __future__ import annotations
 
@@ -21,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from models.tensor_parallel.context import TensorParallel
+from models.tensor_parallel.flat_collectives import all_gather_flat, reduce_scatter_flat
 from models.tensor_parallel.mappings import copy_to_region
 
 SEQUENCE_DIM = 1
@@ -38,7 +38,7 @@ def all_gather_sequence(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
         return torch.cat([x] * tp.size, dim=SEQUENCE_DIM)
     seq_first = x.transpose(0, SEQUENCE_DIM).contiguous()
     out = torch.empty((seq_first.shape[0] * tp.size, *seq_first.shape[1:]), dtype=x.dtype, device=x.device)
-    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, seq_first, group=tp.group)
+    all_gather_flat(out, seq_first, group=tp.group)
     return out.transpose(0, SEQUENCE_DIM)
 
 
@@ -51,7 +51,7 @@ def reduce_scatter_sequence(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor
         return _split(out, tp)
     seq_first = x.transpose(0, SEQUENCE_DIM).contiguous()
     out = torch.empty((seq_first.shape[0] // tp.size, *seq_first.shape[1:]), dtype=x.dtype, device=x.device)
-    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, seq_first, group=tp.group)
+    reduce_scatter_flat(out, seq_first, group=tp.group)
     return out.transpose(0, SEQUENCE_DIM)
 
 

@@ -46,6 +46,7 @@ def apply_plan(cfg: Any) -> Any:
         planned.train.global_batch_size = plan.batch.global_batch
         planned.train.micro_batch_size = plan.batch.micro
         planned.recompute.granularity = plan.recompute
+        planned.recompute.num_layers = plan.recompute_layers
         planned.parallel.sequence_parallel = plan.sequence_parallel
         if plan.distributed_optimizer:
             planned.optim.distributed = True

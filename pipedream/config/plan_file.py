@@ -113,6 +113,7 @@ class Plan:
     harmony: Harmony | None = None  # schedule harmony_pp only
     sequence_parallel: bool = False      # parallel.sequence_parallel (absent in older plans: false)
     distributed_optimizer: bool = False  # optim.distributed (absent in older plans: false)
+    recompute_layers: int | None = None  # recompute.num_layers (absent: null, every layer)
 
     @property
     def world_size(self) -> int:
@@ -139,6 +140,7 @@ class Plan:
             "recompute": self.recompute,
             "sequence_parallel": self.sequence_parallel,
             "distributed_optimizer": self.distributed_optimizer,
+            **({"recompute_num_layers": self.recompute_layers} if self.recompute_layers is not None else {}),
             "precision": self.precision,
             "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
                        for st in self.stages],
@@ -196,6 +198,12 @@ def plan_from_json(data: Any) -> Plan:
         if not isinstance(value, bool):
             raise PlanError(f"plan {key} = {value!r} must be true or false")
         savers[key] = value
+    layers = data.get("recompute_num_layers")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 0
+                               or recompute == "none"):
+        raise PlanError(f"plan recompute_num_layers = {layers!r} must be an integer >= 0 with recompute full or "
+                        f"selective (got recompute = {recompute!r}), or absent")
+    savers["recompute_layers"] = layers
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
                 data.get("precision"), harmony, **savers)

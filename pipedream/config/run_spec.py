@@ -62,6 +62,7 @@ class RunSpec:
     harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
     selective_recompute: bool = False    # recompute.granularity=selective: only the attention cores (models/attention.py)
     sequence_parallel: bool = False      # parallel.sequence_parallel: 1/t of the sequence between the TP GEMMs
+    recompute_layers: int | None = None  # recompute.num_layers: only the first k layers of each chunk (None: all)
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -116,6 +117,25 @@ def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, boun
                               f"to layer {group[1][0]} across stages {stages}, which schedule={schedule} updates at "
                               f"different times: use a flush schedule (1f1b, gpipe, interleaved) or a "
                               f"parallel.layers_per_stage that keeps them on one stage")
+
+
+def _recompute_layers(cfg: Any, granularity: str, info: ScheduleInfo) -> int | None:
+    """recompute.num_layers (Megatron's --recompute-num-layers, block method): an integer >= 0 where
+    something is recomputed, on the flush schedules' plain stages."""
+    layers = _get(cfg, "recompute.num_layers")
+    if layers is None:
+        return None
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
+        raise ConfigError(f"recompute.num_layers = {layers!r} must be an integer >= 0 (layers recomputed at the "
+                          f"start of each stage chunk) or null for all")
+    if granularity == "none":
+        raise ConfigError(f"recompute.num_layers = {layers} needs recompute.granularity=full or selective "
+                          f"(got none): set the granularity, or recompute.num_layers=null")
+    if info.asynchronous or info.memory_virtualised or _get(cfg, "train.models") is not None:
+        what = f"schedule={info.name}" if info.asynchronous or info.memory_virtualised else "train.models"
+        raise ConfigError(f"recompute.num_layers = {layers} with {what}: only the flush schedules' stages "
+                          f"recompute part of a chunk; set recompute.num_layers=null")
+    return layers
 
 
 def _check_selective_recompute(cfg: Any, plugin_model: Any, info: ScheduleInfo) -> None:
@@ -257,6 +277,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
         _positive(cfg, key)
     if granularity == "selective":
         _check_selective_recompute(cfg, plugin_model, info)
+    recompute_layers = _recompute_layers(cfg, granularity, info)
     train = TrainSpec.from_config(cfg)
     tp = _get(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
@@ -330,5 +351,6 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony,
                    selective_recompute=granularity == "selective", sequence_parallel=sequence_parallel,
+                   recompute_layers=recompute_layers,
                    preemption=PreemptionSpec.from_config(cfg), multi_model=multi_model,
                    config=OmegaConf.to_container(cfg, resolve=True))

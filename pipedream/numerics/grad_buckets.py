@@ -20,6 +20,9 @@ launch a bucket at the last one. A step that accumulates a parameter more often 
 parameter that had a gradient in the first step but was never reported keeps its bucket (and,
 since buckets go in order, the later ones) for ``finish``.
 
+The distributed optimizer reuses this machinery with a reduce-scatter per bucket into its shard
+(``sharded_optim.ShardedReduction``).
+
 Without ``overlap`` (``train.overlap_grad_reduce=false``), and for the asynchronous schedules,
 whose gradients arrive on weight versions (``runtime/weights.py``) rather than through these
 hooks, every bucket is launched at ``finish``, back to back.
@@ -55,6 +58,15 @@ class Bucket:
     waiting: set[int] = field(default_factory=set)   # ids of parameters whose gradient is not final
 
 
+def make_bucket(params: list[nn.Parameter]) -> Bucket:
+    """One bucket of ``params`` (one dtype and device), laid end to end in that order."""
+    offsets, total = [], 0
+    for param in params:
+        offsets.append(total)
+        total += param.numel()
+    return Bucket(list(params), offsets, total, params[0].dtype, params[0].device)
+
+
 def assign_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket]:
     """Reverse order of use; a bucket closes past ``bucket_bytes`` or where the dtype or device changes."""
     buckets: list[Bucket] = []
@@ -62,11 +74,7 @@ def assign_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket
 
     def close() -> None:
         if current:
-            offsets, total = [], 0
-            for param in current:
-                offsets.append(total)
-                total += param.numel()
-            buckets.append(Bucket(list(current), offsets, total, current[0].dtype, current[0].device))
+            buckets.append(make_bucket(current))
             current.clear()
 
     size = 0
@@ -84,13 +92,17 @@ def assign_buckets(params: list[nn.Parameter], bucket_bytes: int) -> list[Bucket
 
 
 class BucketedReduction:
-    """Averages a stage's gradients over its data-parallel group, bucket by bucket."""
+    """Averages a stage's gradients over its data-parallel group, bucket by bucket. ``buckets``
+    (launch order) replaces the ones ``bucket_bytes`` would cut; the buckets of ``held`` parameter
+    ids wait for ``finish``; a subclass may reduce a bucket by another collective (``_collective``)
+    and keep its result elsewhere (``_land``)."""
 
     def __init__(self, params: list[nn.Parameter], group: dist.ProcessGroup | None, dp: int, bucket_bytes: int,
                  overlap: bool, recorder: ReductionRecorder | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
-        self.params, self.group, self.dp = params, group, dp
-        self.buckets = assign_buckets(params, max(1, bucket_bytes))
+                 clock: Callable[[], float] = time.perf_counter, buckets: list[Bucket] | None = None,
+                 held: frozenset[int] = frozenset()):
+        self.params, self.group, self.dp, self.held = params, group, dp, held
+        self.buckets = buckets if buckets is not None else assign_buckets(params, max(1, bucket_bytes))
         self.overlap = overlap
         self.recorder, self.clock = recorder, clock
         self._bucket_of = {id(p): i for i, b in enumerate(self.buckets) for p in b.params}
@@ -112,7 +124,7 @@ class BucketedReduction:
         seen = self._seen[key] = self._seen.get(key, 0) + 1
         if self._expected is None:
             return
-        if seen == self._expected.get(key, 0) and key not in self._unseen:
+        if seen == self._expected.get(key, 0) and key not in self._unseen and key not in self.held:
             bucket = self.buckets[self._bucket_of[key]]
             bucket.waiting.discard(key)
             self._launch_ready()
@@ -134,9 +146,7 @@ class BucketedReduction:
             bucket.work.wait()
             if bucket.completed_at is None:
                 bucket.completed_at = self.clock()
-            bucket.buffer.div_(self.dp)
-            for param, offset in zip(bucket.params, bucket.offsets):
-                param.grad.copy_(bucket.buffer[offset:offset + param.numel()].view_as(param.grad))
+            self._land(bucket)
             if self.recorder is not None:
                 self.recorder.record_reduction(index, bucket.launched_at, bucket.completed_at)
         if self.overlap and self._expected is None:
@@ -155,16 +165,17 @@ class BucketedReduction:
         self._next = 0
         for bucket in self.buckets:
             bucket.work, bucket.completed_at = None, None
-            bucket.waiting = {id(p) for p in bucket.params
-                              if self._expected is None or self._expected.get(id(p), 0) or id(p) in self._unseen}
+            bucket.waiting = {id(p) for p in bucket.params if self._expected is None or self._expected.get(id(p), 0)
+                              or id(p) in self._unseen or id(p) in self.held}
 
     def _launch_ready(self) -> None:
         while self._next < len(self.buckets) and not self.buckets[self._next].waiting:
             self._launch(self.buckets[self._next])
 
+    @torch.no_grad()   # a held-back weight gradient may launch its bucket while the executor records a graph
     def _launch(self, bucket: Bucket) -> None:
         if bucket.buffer is None:
-            bucket.buffer = torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.device)
+            bucket.buffer = self._new_buffer(bucket)
         for param, offset in zip(bucket.params, bucket.offsets):
             view = bucket.buffer[offset:offset + param.numel()]
             if param.grad is None:
@@ -172,8 +183,20 @@ class BucketedReduction:
             else:
                 view.copy_(param.grad.reshape(-1))
         bucket.launched_at = self.clock()
-        bucket.work = dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+        bucket.work = self._collective(bucket)
         self._next += 1
+
+    def _new_buffer(self, bucket: Bucket) -> torch.Tensor:
+        return torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.device)
+
+    def _collective(self, bucket: Bucket) -> dist.Work:
+        return dist.all_reduce(bucket.buffer, group=self.group, async_op=True)
+
+    def _land(self, bucket: Bucket) -> None:
+        """The bucket's collective is done: its averages go back into the gradients."""
+        bucket.buffer.div_(self.dp)
+        for param, offset in zip(bucket.params, bucket.offsets):
+            param.grad.copy_(bucket.buffer[offset:offset + param.numel()].view_as(param.grad))
 
     def _poll(self) -> None:
         """Notes when launched buckets completed (for the trace), at each gradient's arrival."""

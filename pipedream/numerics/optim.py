@@ -11,7 +11,7 @@ from torch import nn
 
 from pipedream.errors import ConfigError
 from pipedream.config.specs import OptimSpec, TrainSpec
-from pipedream.numerics.grad_buckets import BucketedReduction
+from pipedream.numerics.grad_buckets import BucketedReduction, assign_buckets
 from pipedream.numerics.sharded_optim import ShardedOptimizer
 
 
@@ -31,10 +31,14 @@ def build_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float) -> 
 
 
 def build_sharded_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float, group: dist.ProcessGroup | None,
-                            dp: int, dp_rank: int) -> ShardedOptimizer:
-    """``optim.distributed``: the same optimizer over this rank's shard (``sharded_optim``)."""
+                            dp: int, dp_rank: int, bucket_bytes: int | None = None) -> ShardedOptimizer:
+    """``optim.distributed``: the same optimizer over this rank's shard (``sharded_optim``); with
+    ``bucket_bytes`` (``train.overlap_grad_reduce``) sharded bucket by bucket, as
+    ``grad_buckets.assign_buckets`` cuts ``params`` (in order of use), so each bucket can be
+    reduce-scattered during the backward."""
+    buckets = [b.params for b in assign_buckets(params, bucket_bytes)] if bucket_bytes else None
     return ShardedOptimizer(parameter_groups(params, optim.weight_decay), lr,
-                            lambda groups: optimizer_for_groups(optim, groups, lr), group, dp, dp_rank)
+                            lambda groups: optimizer_for_groups(optim, groups, lr), group, dp, dp_rank, buckets)
 
 
 def optimizer_for_groups(optim: OptimSpec, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
@@ -132,7 +136,10 @@ class GradientSync:
         if self.sharded is not None:   # tied sums first: the shards then hold the reduced sums
             for copy in self.tied:
                 dist.all_reduce(copy.param.grad, group=copy.group)
-            self.sharded.reduce_gradients()
+            if self.reduction is not None:   # buckets reduce-scattered during the backward (ShardedReduction)
+                self.reduction.finish()
+            else:
+                self.sharded.reduce_gradients()
             return
         if self.reduction is not None:
             self.reduction.finish()

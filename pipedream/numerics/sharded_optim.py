@@ -15,6 +15,11 @@ shard (``local``), ``GradientSync`` clips by the global norm summed over the sha
 updates the shard with the inner optimizer and all-gathers the parameters. Element-wise
 optimizers make every element's update the one a whole-model optimizer makes.
 
+With ``train.overlap_grad_reduce`` the flat order is cut into the gradient buckets of
+``grad_buckets`` and every bucket is sharded on its own (rank r owns its r-th 1/dp, padded), so
+``ShardedReduction`` reduce-scatters each bucket during the backward, as soon as its gradients
+are final, instead of the whole stage at the SYNC.
+
 Checkpoints see a whole-model optimizer: ``state_dict`` all-gathers each moment into the
 per-parameter form that an undistributed optimizer of the same kind saves, and ``load_state_dict``
 takes the own shard from that form, so DCP saves and resumes into any dp degree, distributed or
@@ -24,6 +29,7 @@ parameter, the names of its state (the values live in the shard): DCP reads the 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -31,7 +37,22 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from models.tensor_parallel.flat_collectives import all_gather_flat, reduce_scatter_flat
+
 from pipedream.errors import ConfigError
+from pipedream.numerics.grad_buckets import Bucket, BucketedReduction, ReductionRecorder, make_bucket
+
+
+@dataclass(frozen=True)
+class ShardedBucket:
+    """A contiguous range of the flat order, reduce-scattered as one: rank r owns its r-th 1/dp
+    (``per_rank`` elements, the last padded), kept at ``shard_offset`` in the rank's shard."""
+
+    params: list[nn.Parameter]
+    begin: int            # where the bucket starts in the flat order
+    numel: int
+    per_rank: int
+    shard_offset: int
 
 
 @dataclass(frozen=True)
@@ -48,35 +69,49 @@ class Piece:
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """``param_groups`` hold the whole parameters (the scheduler and checkpoints use them);
-    ``local`` is the optimizer of this rank's pieces."""
+    ``local`` is the optimizer of this rank's pieces. ``buckets`` (lists of parameters) set the
+    flat order and cut it into ranges that are sharded one by one, so each can be reduce-scattered
+    as soon as its gradients are final (``ShardedReduction``); by default one range, in
+    ``param_groups`` order."""
 
     def __init__(self, groups: list[dict[str, Any]], lr: float, build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
-                 group: dist.ProcessGroup | None, dp: int, dp_rank: int):
+                 group: dist.ProcessGroup | None, dp: int, dp_rank: int,
+                 buckets: list[list[nn.Parameter]] | None = None):
         super().__init__(groups, {"lr": lr})
         self.params = [p for g in self.param_groups for p in g["params"]]
         self.group, self.dp = group, dp
-        total = sum(p.numel() for p in self.params)
-        self.shard_numel = math.ceil(total / dp)
-        start = dp_rank * self.shard_numel
-        end = min(total, start + self.shard_numel)
-        if start >= end:
-            raise ConfigError(f"optim.distributed=true: a stage's {total} parameters cannot be shared by dp = {dp} "
-                              f"ranks: set optim.distributed=false")
-        self.total = total
-        self.pieces: list[Piece] = []
-        inner_groups, offset, index = [], 0, 0
-        for g in self.param_groups:
-            views = []
-            for param in g["params"]:
-                lo, hi = max(start, offset), min(end, offset + param.numel())
-                if lo < hi:
-                    view = nn.Parameter(param.data.view(-1)[lo - offset:hi - offset])
-                    self.pieces.append(Piece(index, param, lo - offset, hi - offset, lo - start, view))
-                    views.append(view)
+        self.total = sum(p.numel() for p in self.params)
+        self.buckets, self.offsets, self.pieces = [], {}, []
+        index_of = {id(p): i for i, p in enumerate(self.params)}
+        group_of = {id(p): g for g, group_ in enumerate(self.param_groups) for p in group_["params"]}
+        views: list[list[nn.Parameter]] = [[] for _ in self.param_groups]
+        begin = shard_offset = 0
+        for members in buckets if buckets is not None else [self.params]:
+            numel = sum(p.numel() for p in members)
+            bucket = ShardedBucket(list(members), begin, numel, math.ceil(numel / dp), shard_offset)
+            self.buckets.append(bucket)
+            lo = begin + dp_rank * bucket.per_rank                  # this rank's range of the flat order
+            hi = min(begin + numel, lo + bucket.per_rank)
+            offset = begin
+            for param in members:
+                self.offsets[id(param)] = offset
+                a, b = max(lo, offset), min(hi, offset + param.numel())
+                if a < b:
+                    view = nn.Parameter(param.data.view(-1)[a - offset:b - offset])
+                    self.pieces.append(Piece(index_of[id(param)], param, a - offset, b - offset,
+                                             shard_offset + a - lo, view))
+                    views[group_of[id(param)]].append(view)
                 offset += param.numel()
-                index += 1
-            inner_groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": views})
-        self.local = build(inner_groups)
+            begin += numel
+            shard_offset += bucket.per_rank
+        if len(self.offsets) != len(self.params) or begin != self.total:
+            raise ValueError("ShardedOptimizer buckets must hold every parameter of param_groups exactly once")
+        if not self.pieces:
+            raise ConfigError(f"optim.distributed=true: a stage's {self.total} parameters cannot be shared by dp = {dp} "
+                              f"ranks: set optim.distributed=false")
+        self.shard_numel = shard_offset
+        self.local = build([{**{k: v for k, v in g.items() if k != "params"}, "params": mine}
+                            for g, mine in zip(self.param_groups, views)])
         dtype, device = self.params[0].dtype, self.params[0].device
         self._grad_shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
         self._mine = torch.empty(self.shard_numel, dtype=dtype, device=device)
@@ -88,18 +123,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def reduce_gradients(self) -> None:
         """Collective over the group: leaves each piece the average of its gradient over the replicas."""
-        flat, offset = self._new_flat(), 0
-        for param in self.params:
-            n = param.numel()
-            if param.grad is None:
-                flat[offset:offset + n].zero_()
-            else:
-                flat[offset:offset + n].copy_(param.grad.reshape(-1))
+        for bucket in self.buckets:
+            flat = self.bucket_buffer(bucket)
+            for param in bucket.params:
+                offset = self.offsets[id(param)] - bucket.begin
+                if param.grad is not None:
+                    flat[offset:offset + param.numel()].copy_(param.grad.reshape(-1))
+            self.reduce_scatter(bucket, flat).wait()
+            self.land(bucket)
+        self.attach_gradients()
+
+    def bucket_buffer(self, bucket: ShardedBucket) -> torch.Tensor:
+        """Zeros for ``bucket``'s gradients, padded to dp equal parts."""
+        return torch.zeros(bucket.per_rank * self.dp, dtype=self._mine.dtype, device=self._mine.device)
+
+    def reduce_scatter(self, bucket: ShardedBucket, flat: torch.Tensor) -> dist.Work:
+        """Sums ``flat`` over the group into this rank's part of the shard, asynchronously."""
+        out = self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
+        return reduce_scatter_flat(out, flat, group=self.group, async_op=True)
+
+    def land(self, bucket: ShardedBucket) -> None:
+        """The bucket's reduce-scatter is done: average it and drop the whole gradients (nothing
+        reads an unreduced one)."""
+        self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank].div_(self.dp)
+        for param in bucket.params:
             param.grad = None
-            offset += n
-        flat[offset:].zero_()
-        dist.reduce_scatter_single(self._grad_shard, flat, group=self.group)
-        self._grad_shard.div_(self.dp)
+
+    def attach_gradients(self) -> None:
         for piece in self.pieces:
             piece.view.grad = self._grad_shard[piece.shard_offset:piece.shard_offset + piece.end - piece.begin]
 
@@ -132,12 +182,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
         per_element = [k for k, v in states[0].items() if torch.is_tensor(v) and v.dim() > 0]
         scalars = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in states[0].items() if k not in per_element}
         full = {name: self._gathered(name) for name in per_element}
-        state, offset = {}, 0
+        state = {}
         for index, param in enumerate(self.params):
+            offset = self.offsets[id(param)]
             state[index] = {**{k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()},
                             **{name: flat[offset:offset + param.numel()].view_as(param).clone()
                                for name, flat in full.items()}}
-            offset += param.numel()
         groups, index = [], 0
         for inner, outer in zip(self.local.param_groups, self.param_groups):
             count = len(outer["params"])
@@ -179,18 +229,28 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for piece in self.pieces:
             self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(
                 self.local.state[piece.view][name])
-        gathered = self._new_flat()
-        dist.all_gather_single(gathered, self._mine, group=self.group)
-        return gathered
+        return self._all_gathered()
 
     def _all_gather_parameters(self) -> None:
         for piece in self.pieces:
             self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
-        flat, offset = self._new_flat(), 0
-        dist.all_gather_single(flat, self._mine, group=self.group)
+        flat = self._all_gathered()
         for param in self.params:
+            offset = self.offsets[id(param)]
             param.data.view(-1).copy_(flat[offset:offset + param.numel()])
-            offset += param.numel()
+
+    def _all_gathered(self) -> torch.Tensor:
+        """Every rank's ``_mine``, in the flat order: rank r's part of each bucket back in its place."""
+        gathered = self._new_flat()
+        all_gather_flat(gathered, self._mine, group=self.group)
+        if len(self.buckets) == 1:   # one range: the ranks' parts are already in order
+            return gathered
+        per_rank = gathered.view(self.dp, self.shard_numel)
+        flat = torch.empty(self.total, dtype=gathered.dtype, device=gathered.device)
+        for bucket in self.buckets:
+            parts = per_rank[:, bucket.shard_offset:bucket.shard_offset + bucket.per_rank].reshape(-1)
+            flat[bucket.begin:bucket.begin + bucket.numel].copy_(parts[:bucket.numel])
+        return flat
 
     def _ensure_local_state(self) -> None:
         """Creates the shard's state as DCP does for a fresh optimizer: one step at learning rate 0
@@ -214,3 +274,38 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if names:
             for param in self.params:
                 self.state[param] = dict.fromkeys(names)
+
+
+class ShardedReduction(BucketedReduction):
+    """``optim.distributed`` with ``train.overlap_grad_reduce``: each of the optimizer's buckets is
+    reduce-scattered into the shard as soon as the step's backwards have finished its gradients
+    (``BucketedReduction``'s hooks and launch order), and ``finish`` (the SYNC) waits for all of
+    them before the sharded step. Buckets holding ``deferred`` parameters (tied copies, summed
+    across stages at the SYNC first) go last, on every replica alike, so the collectives match."""
+
+    def __init__(self, optimizer: ShardedOptimizer, deferred: set[int], recorder: ReductionRecorder | None = None,
+                 clock: Callable[[], float] = time.perf_counter):
+        self.optimizer = optimizer
+        order = sorted(optimizer.buckets, key=lambda b: any(id(p) in deferred for p in b.params))
+        self._sharded = {}
+        buckets = []
+        for sharded in order:
+            bucket = make_bucket(sharded.params)
+            self._sharded[id(bucket)] = sharded
+            buckets.append(bucket)
+        super().__init__([p for b in optimizer.buckets for p in b.params], optimizer.group, optimizer.dp, 0,
+                         overlap=True, recorder=recorder, clock=clock, buckets=buckets, held=frozenset(deferred))
+
+    def finish(self) -> None:
+        super().finish()
+        self.optimizer.attach_gradients()
+
+    def _new_buffer(self, bucket: Bucket) -> torch.Tensor:
+        return self.optimizer.bucket_buffer(self._sharded[id(bucket)])
+
+    def _collective(self, bucket: Bucket) -> dist.Work:
+        return self.optimizer.reduce_scatter(self._sharded[id(bucket)], bucket.buffer)
+
+    def _land(self, bucket: Bucket) -> None:
+        self.optimizer.land(self._sharded[id(bucket)])
+        bucket.buffer = None   # a gradient-sized buffer only while the buckets are in flight

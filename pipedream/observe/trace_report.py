@@ -3,6 +3,7 @@ durations, the simulator's prediction fed with those durations, and the two time
 (measured and predicted, drawn the same way) next to ``trace.json``."""
 from __future__ import annotations
 
+import math
 import statistics
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ from typing import Any
 from pipedream.schedules import Kind, ScheduleError, build_schedule, schedule_info, schedule_placement
 from pipedream.schedules.simulate import Costs, DeadlockError, SimResult, simulate
 from pipedream.schedules.timeline_plot import Span, plot_timeline, spans_from_sim
-from pipedream.observe.trace import WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
+from pipedream.observe.trace import GRAD_REDUCE, WEIGHT_GRADS, RankTrace, StepTrace, write_chrome_trace
 
 _COMPUTE = (Kind.FWD.value, Kind.BWD.value, WEIGHT_GRADS)
 _DRAWN = (*_COMPUTE, Kind.SYNC_GRADS.value, Kind.STEP.value,
@@ -51,24 +52,52 @@ class MeasuredCosts:
     sync: float
     step: float
     weight_grad: dict[tuple[int, int], float] = field(default_factory=dict)   # their part of it
+    grad_reduce: dict[tuple[int, int], float] = field(default_factory=dict)   # overlapped reduction, per chunk
+    grad_buckets: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def costs(self, scale: float = 1.0) -> Costs:
+        overlapped = {}
+        if self.grad_reduce:
+            overlapped = dict(grad_reduce={k: self.grad_reduce.get(k, 0.0) * scale for k in self.backward},
+                              grad_buckets={k: self.grad_buckets.get(k, 1) for k in self.backward})
         return Costs(forward={k: v * scale for k, v in self.forward.items()},
                      backward={k: v * scale for k, v in self.backward.items()},
                      weight_grad={k: self.weight_grad.get(k, 0.0) * scale for k in self.backward},
-                     sync=self.sync * scale, step=self.step * scale)
+                     sync=self.sync * scale, step=self.step * scale, **overlapped)
+
+
+def _overlapped_reduction(step: StepTrace) -> tuple[float, int, float] | None:
+    """A step whose first gradient bucket left before SYNC_GRADS began (``train.overlap_grad_reduce``):
+    the buckets' time on the rank's one channel (each from its launch, or the previous bucket's end,
+    to its end), their count, and what SYNC_GRADS spent after the last one ended (its blocking part).
+    None for a blocking reduction (every bucket inside SYNC_GRADS) or none at all."""
+    buckets = sorted((e for e in step.events if e.kind == GRAD_REDUCE), key=lambda e: e.start)
+    sync = next((e for e in step.events if e.kind == Kind.SYNC_GRADS.value), None)
+    if not buckets or sync is None or buckets[0].start >= sync.start:
+        return None
+    busy, free = 0.0, buckets[0].start
+    for bucket in buckets:
+        busy += max(0.0, bucket.end - max(bucket.start, free))
+        free = max(free, bucket.end)
+    return busy, len(buckets), max(0.0, sync.end - max(sync.start, free))
 
 
 def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
     """SYNC and STEP take the fastest rank's median: on the others they include waiting for peers
     (the gradient-norm all-reduce), which the simulator models as idle time instead. A backward's
     weight gradients run after a send (``W`` events) count towards that backward, and are also
-    kept apart (``weight_grad``) so the simulator holds them back as the executor did."""
+    kept apart (``weight_grad``) so the simulator holds them back as the executor did. Where the
+    gradient buckets left during the backward, their time is ``grad_reduce`` (the simulator places
+    it after each chunk's last backward) and SYNC only what followed the last bucket's end."""
     samples: dict[tuple[str, int, int], list[float]] = defaultdict(list)
     held: dict[tuple[int, int], list[float]] = defaultdict(list)
     per_rank: dict[tuple[str, int], list[float]] = defaultdict(list)
+    reductions: dict[int, list[tuple[float, int]]] = defaultdict(list)   # pp rank -> (seconds, buckets)
     for trace in traces:
         for step in trace.steps:
+            overlapped = _overlapped_reduction(step)
+            if overlapped is not None:
+                reductions[trace.pp_rank].append(overlapped[:2])
             weight_grads = {(e.microbatch, e.chunk): e.end - e.start for e in step.events if e.kind == WEIGHT_GRADS}
             for e in step.events:
                 if e.kind in (Kind.FWD.value, Kind.BWD.value):
@@ -76,6 +105,8 @@ def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
                     samples[(e.kind, trace.pp_rank, e.chunk)].append(e.end - e.compute_start + extra)
                     if e.kind == Kind.BWD.value:
                         held[(trace.pp_rank, e.chunk)].append(extra)
+                elif e.kind == Kind.SYNC_GRADS.value and overlapped is not None:
+                    per_rank[(e.kind, trace.rank)].append(overlapped[2])
                 elif e.kind in (Kind.SYNC_GRADS.value, Kind.STEP.value):
                     per_rank[(e.kind, trace.rank)].append(e.end - e.start)
 
@@ -86,9 +117,18 @@ def measured_costs(traces: list[RankTrace]) -> MeasuredCosts:
         values = [statistics.median(v) for (k, _), v in per_rank.items() if k == kind]
         return min(values, default=0.0)
 
-    return MeasuredCosts(medians(Kind.FWD.value), medians(Kind.BWD.value),
+    forward = medians(Kind.FWD.value)
+    grad_reduce, grad_buckets = {}, {}
+    for pp_rank, values in reductions.items():   # a rank's buckets span its chunks: an even share each
+        chunks = [c for r, c in forward if r == pp_rank] or [0]
+        seconds = statistics.median(v for v, _ in values)
+        buckets = max(n for _, n in values)
+        for chunk in chunks:
+            grad_reduce[(pp_rank, chunk)] = seconds / len(chunks)
+            grad_buckets[(pp_rank, chunk)] = max(1, math.ceil(buckets / len(chunks)))
+    return MeasuredCosts(forward, medians(Kind.BWD.value),
                          fastest(Kind.SYNC_GRADS.value), fastest(Kind.STEP.value),
-                         {key: statistics.median(v) for key, v in held.items()})
+                         {key: statistics.median(v) for key, v in held.items()}, grad_reduce, grad_buckets)
 
 
 def representative_step(traces: list[RankTrace]) -> int | None:

@@ -7,6 +7,7 @@ import time
 from contextlib import nullcontext
 from datetime import timedelta
 from functools import partial
+from itertools import islice
 from typing import Any
 
 import torch
@@ -27,7 +28,7 @@ from pipedream.multi_model.training import MultiModelRunner, PerModelGradientSyn
 from pipedream.numerics.precision import MixedPrecision
 from pipedream.numerics.grad_buckets import BucketedReduction
 from pipedream.numerics.optim import GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer
-from pipedream.numerics.sharded_optim import ShardedOptimizer
+from pipedream.numerics.sharded_optim import ShardedOptimizer, ShardedReduction
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.async_runner import AsyncRunner
 from models.boundary import dtypes
@@ -68,15 +69,17 @@ class PipelineEngine:
             for module in built.values():
                 use_apex_layer_norm(module)
         chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
-        if spec.selective_recompute:
-            selectively_recompute(chunks)
+        if spec.selective_recompute:   # recompute.num_layers = k: the cores of each chunk's first k layers
+            selectively_recompute(chunks if spec.recompute_layers is None
+                                  else [layer for chunk in chunks for layer in islice(chunk, spec.recompute_layers)])
         if train.compile is not None:   # layer by layer: the schedule still runs each stage's actions
             for module in built.values():
                 module.compile(backend=train.compile)
         last = layout.num_virtual_stages - 1
         self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
                            precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
-                           autocast=precision.autocast if precision.enabled else nullcontext)
+                           autocast=precision.autocast if precision.enabled else nullcontext,
+                           recompute_layers=spec.recompute_layers)
         # fused layers run their Linears under vmap; compiled ones leave the weight gradients to the compiler
         if train.fuse_grad_accumulation and multi is None and train.compile is None:
             for chunk in chunks:
@@ -89,9 +92,9 @@ class PipelineEngine:
         replicas = layout.stage_replica_count(self.coords.pp)
         if multi:
             self.optimizer = build_multi_optimizer(optim, self.params, multi.settings)
-        elif optim.distributed:
+        elif optim.distributed:   # sharded bucket by bucket where the buckets overlap the backward
             self.optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                                     self.coords.dp)
+                                                     self.coords.dp, self._overlap_bucket_bytes(train, replicas))
         else:
             self.optimizer = build_optimizer(optim, self.params, float(train.lr))
         sharded = self.optimizer if isinstance(self.optimizer, ShardedOptimizer) else None
@@ -99,10 +102,10 @@ class PipelineEngine:
                                                                                          schedule_rank))
         norm_group = groups.pp if layout.pp > 1 and runner.global_grad_norm else None
         sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
-        self.gradients = sync(self.params, groups.dp, replicas, self._tied_copies(built, groups), norm_group,
+        tied = self._tied_copies(built, groups)
+        self.gradients = sync(self.params, groups.dp, replicas, tied, norm_group,
                               tp_group=groups.tp if layout.tp > 1 else None, sharded=sharded,
-                              reduction=None if sharded else self._reduction(groups, replicas, train, recorder,
-                                                                             multi is None))
+                              reduction=self._reduction(groups, replicas, train, recorder, multi is None, sharded, tied))
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
                                                       layout.chunk_placement)[self.coords.pp])
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
@@ -206,17 +209,31 @@ class PipelineEngine:
     def fusion_report(self) -> dict[str, Any] | None:
         return self.fused_stage.report() if self.fused_stage is not None else None
 
+    def _overlap_bucket_bytes(self, train: TrainSpec, replicas: int) -> int | None:
+        """The bucket size where the reduction overlaps the backward (``train.overlap_grad_reduce``)."""
+        if replicas == 1 or not train.overlap_grad_reduce or self.spec.schedule.asynchronous:
+            return None
+        return int(train.grad_bucket_mb * 2 ** 20)
+
     def _reduction(self, groups: ProcessGroups, replicas: int, train: TrainSpec, recorder: Any,
-                   plain_layers: bool) -> BucketedReduction | None:
+                   plain_layers: bool, sharded: ShardedOptimizer | None = None,
+                   tied: list[TiedCopy] = ()) -> BucketedReduction | None:
         """The data-parallel gradient buckets. Overlap needs the hooks to see every accumulation:
         flush schedules only (asynchronous ones accumulate on weight versions), and not fused model
-        sets (their layers run under vmap)."""
+        sets (their layers run under vmap). With the distributed optimizer, its buckets' reduce-scatters
+        (``ShardedReduction``; none without overlap: ``reduce_gradients`` at the sync)."""
         if replicas == 1:
             return None
         overlap = train.overlap_grad_reduce and plain_layers and not self.spec.schedule.asynchronous
-        reduction = BucketedReduction(self.params, groups.dp, replicas, int(train.grad_bucket_mb * 2 ** 20), overlap,
-                                      recorder=recorder if hasattr(recorder, "record_reduction") else None,
-                                      clock=getattr(recorder, "clock", time.perf_counter))
+        trace = dict(recorder=recorder if hasattr(recorder, "record_reduction") else None,
+                     clock=getattr(recorder, "clock", time.perf_counter))
+        if sharded is not None:
+            if not overlap:
+                return None
+            reduction = ShardedReduction(sharded, {id(copy.param) for copy in tied}, **trace)
+        else:
+            reduction = BucketedReduction(self.params, groups.dp, replicas, int(train.grad_bucket_mb * 2 ** 20),
+                                          overlap, **trace)
         if overlap:
             self.stage.weight_grads.after_accumulate = reduction.accumulated
         return reduction

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Callable
 
 import torch
@@ -12,8 +13,9 @@ from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
 from models import boundary
-from models.boundary import Boundary
+from models.boundary import Boundary, call_layer
 from models.grad_accumulation import WeightGradQueue
+from pipedream.errors import InvariantError
 from pipedream.runtime.weight_split import WeightHalf, input_half, parameter_nodes
 
 
@@ -72,7 +74,9 @@ class Stage:
 
     Stage inputs and outputs are kept per in-flight (micro-batch, chunk) and dropped as soon as
     its backward ends. ``recompute`` keeps only the chunk's input and recomputes the forward
-    inside the backward (torch.utils.checkpoint restores the RNG state so dropout matches).
+    inside the backward (torch.utils.checkpoint restores the RNG state so dropout matches);
+    with ``recompute_layers`` = k only the chunk's first k layers are recomputed (one checkpoint
+    around them) and the others keep their activations.
     ``weights`` (asynchronous schedules) runs the chunk on one weight version instead of its
     parameters; autograd then accumulates gradients on that version (see ``weights.py``).
     ``weight_grads`` holds the weight-gradient GEMMs of the chunks' Linear layers (when they are
@@ -85,13 +89,14 @@ class Stage:
 
     def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], recompute: bool = False,
-                 autocast: Callable[[], AbstractContextManager] = nullcontext):
+                 autocast: Callable[[], AbstractContextManager] = nullcontext, recompute_layers: int | None = None):
         self.chunks = chunks
         self.autocast = autocast   # mixed precision: the context every chunk forward runs in
         self.is_first = is_first
         self.is_last = is_last
         self.loss_fn = loss_fn
         self.recompute = recompute
+        self.recompute_layers = recompute_layers
         self.stash: dict[tuple[int, int], _Stashed] = {}
         self.split_graphs = True   # train.split_weight_graphs: a split backward splits stock layers' graphs too
         self.stats = StashStats()
@@ -141,13 +146,32 @@ class Stage:
                        weights: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor | None, Boundary]:
         """(the unscaled loss or None, what the backward starts from: the output or the scaled loss)."""
         if self.recompute:
-            outputs = checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
+            outputs = self._recomputed(chunk, inputs, weights)
         else:
             outputs = self._run_chunk(chunk, inputs, weights)
         if not self.is_last[chunk]:
             return None, outputs
         loss = self.loss_fn(outputs, target)
         return loss, loss * loss_scale
+
+    def _recomputed(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
+        """The whole chunk under one checkpoint, or its first ``recompute_layers`` under one and the
+        rest as usual (the flush schedules only: their chunks run on their own parameters)."""
+        k = self.recompute_layers
+        if k is None or k >= len(self.chunks[chunk]):
+            return checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
+        if weights is not None:
+            raise InvariantError("recompute.num_layers with weight versions: the config check refuses it")
+        if k == 0:
+            return self._run_chunk(chunk, inputs, None)
+        head = checkpoint(self._run_layers, chunk, 0, k, inputs, use_reentrant=False)
+        return self._run_layers(chunk, k, len(self.chunks[chunk]), head)
+
+    def _run_layers(self, chunk: int, start: int, end: int, value: Boundary) -> Boundary:
+        with self.autocast():
+            for layer in islice(self.chunks[chunk], start, end):
+                value = call_layer(layer, value)
+        return value
 
     def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
         weight_ptrs = self._parameter_ptrs

@@ -44,6 +44,12 @@ class Costs:
     input gradient is sent runs after that send, held back behind later sends as the executor
     does (``simulate``'s ``weight_grads_delay``); 0 runs every backward whole. In a schedule with
     WEIGHT actions, BWD takes ``backward - weight_grad`` and each WEIGHT takes ``weight_grad``.
+    ``grad_reduce``: per (rank, chunk) duration of the data-parallel reduction of that chunk's
+    gradients when it overlaps the backward (``train.overlap_grad_reduce``), in ``grad_buckets``
+    equal buckets that become ready evenly over the chunk's last gradient-producing interval (its
+    last BWD, held-back weight gradients or WEIGHT) and run one at a time per rank; SYNC_GRADS then
+    ends at max(its start, the last bucket's end) + ``sync``. 0 (the default): no overlapped part,
+    ``sync`` is the whole (blocking) reduction.
     """
 
     forward: Value = 1.0
@@ -56,10 +62,17 @@ class Costs:
     sync: float = 0.0
     step: float = 0.0
     weight_grad: Value = 0.0
+    grad_reduce: Value = 0.0
+    grad_buckets: Value = 1
 
     def __post_init__(self) -> None:
-        if not self.bandwidth > 0 or self.latency < 0 or self.sync < 0 or self.step < 0:
-            raise ValueError(f"Costs need bandwidth > 0 and latency, sync, step >= 0; got {self}")
+        buckets = self.grad_buckets.values() if isinstance(self.grad_buckets, Mapping) else [self.grad_buckets]
+        if not self.bandwidth > 0 or self.latency < 0 or self.sync < 0 or self.step < 0 or min(buckets, default=1) < 1:
+            raise ValueError(f"Costs need bandwidth > 0, latency, sync, step >= 0 and grad_buckets >= 1; got {self}")
+
+    @property
+    def overlaps_reduction(self) -> bool:
+        return isinstance(self.grad_reduce, Mapping) or self.grad_reduce > 0
 
     def of(self, name: str, rank: int, chunk: int) -> float:
         value = getattr(self, name)
@@ -337,8 +350,37 @@ class _Simulation:
                 return False
             start = max(arrived.values())
             state.syncs_done += 1
-        state.run(action, start, self.costs.sync)
+        exposed = 0.0
+        if self.costs.overlaps_reduction:
+            exposed = max(0.0, overlapped_reduction_end(state.timeline, self.costs, rank) - start)
+        state.run(action, start, exposed + self.costs.sync)
         return True
+
+
+def overlapped_reduction_end(timeline: list[Interval], costs: Costs, rank: int) -> float:
+    """When the last bucket of ``rank``'s overlapped gradient reduction ends (``Costs.grad_reduce``),
+    for the iteration since the last SYNC_GRADS of ``timeline``: a chunk's buckets become ready
+    evenly over its last gradient-producing interval, and a rank's buckets share one channel,
+    in the order they become ready."""
+    last: dict[int, Interval] = {}
+    for interval in reversed(timeline):
+        kind = interval.action.kind
+        if kind is Kind.SYNC_GRADS:
+            break
+        if kind in (Kind.BWD, Kind.WEIGHT):
+            chunk = interval.action.chunk
+            if chunk not in last or interval.end > last[chunk].end:
+                last[chunk] = interval
+    buckets = []
+    for chunk, interval in last.items():
+        n = int(costs.of("grad_buckets", rank, chunk))
+        span, seconds = interval.end - interval.start, costs.of("grad_reduce", rank, chunk)
+        buckets += [(interval.start + span * (k + 1) / n, seconds / n) for k in range(n)]
+    buckets.sort()
+    free = 0.0
+    for ready, duration in buckets:
+        free = max(free, ready) + duration
+    return free
 
 
 def _describe_deadlock(schedule: list[list[Action]], pc: list[int], posted: list[dict[Action, tuple[int, int]]],

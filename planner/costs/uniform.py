@@ -4,6 +4,7 @@ by the brute-force checks (one configuration at a time), so both read the same n
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -14,6 +15,7 @@ from planner.costs import closed_form as cost
 from planner.inputs.cluster_sheet import optimizer_seconds
 from planner.costs.collectives import allreduce_time
 from planner.inputs.hardware import Cluster
+from planner.inputs.model_specs import LayerSpec
 from planner.inputs.profile import Profile
 from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, messages_per_microbatch
 
@@ -44,14 +46,18 @@ class MemoryOptions:
     forward FLOPs spent again in the backward); ``sequence_parallel`` shards the LayerNorm/dropout
     regions t ways (same communication volume); ``optimizer_shards`` = d with the distributed
     optimizer (optimizer state and fp32 master weights split over the data-parallel group, the
-    update 1/d as long, the reduce-scatter + all-gather as long as the all-reduce);
+    update 1/d as long, the reduce-scatter + all-gather as long as the all-reduce, the reduce-scatter
+    overlapping the backward like the all-reduce where ``grad_bucket_bytes`` is set);
     ``grad_bucket_bytes`` (not None) overlaps the data-parallel reduction with the last
-    micro-batch's backward in buckets of that size."""
+    micro-batch's backward in buckets of that size; ``recompute_layers`` = k (recompute.num_layers)
+    limits full or selective recomputation to the first k layers of each chunk, the rest keeping
+    their activations and skipping the extra forward."""
 
     selective: bool = False
     sequence_parallel: bool = False
     optimizer_shards: int = 1
     grad_bucket_bytes: float | None = None
+    recompute_layers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,8 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     bs = np.asarray(micro_batches, dtype=float)
     fwd, bwd = times if times is not None else profile.times_many(bs)
     col = profile.arrays
-    rec = col["recomputable"]
+    first = _first_layers(bounds, options.recompute_layers)   # the layers recomputation applies to
+    rec = col["recomputable"] & first
 
     def chunks(values: np.ndarray) -> np.ndarray:  # (..., N) -> (..., v, p) sums per virtual stage
         pre = _prefix(values)
@@ -113,7 +120,7 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     elif options.selective:   # the attention cores' share of each layer's forward, again
         core_share = np.divide(col["attention_core_flops"], col["flops"], out=np.zeros_like(col["flops"]),
                                where=col["flops"] > 0)
-        c_bwd = c_bwd + chunks(fwd * core_share)
+        c_bwd = c_bwd + chunks(fwd * core_share * first)
     tp_bytes = col["tp_forward_bytes"] + col["tp_backward_bytes"] + (col["tp_forward_bytes"] * rec if recompute else 0)
     tp_bw = cluster.bandwidth_for_span(t)
     tp_comm = np.outer(bs, ranks(tp_bytes)) / tp_bw if t > 1 else np.zeros((len(bs), p))
@@ -132,7 +139,7 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     else:
         p2p = np.zeros((len(bs), p))
 
-    kept, working = _kept_activations(col, rec, recompute, options, t)
+    kept, working = _kept_activations(col, rec, recompute, options, t, first)
     return RankStats(
         micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
         forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
@@ -144,12 +151,33 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options)
 
 
+def _first_layers(bounds: np.ndarray, k: int | None) -> np.ndarray:
+    """Per layer: whether it is among the first ``k`` of its chunk (all where k is None)."""
+    position = np.concatenate([np.arange(end - start) for start, end in zip(bounds[:-1], bounds[1:])])
+    return position < k if k is not None else np.ones(len(position), dtype=bool)
+
+
+def kept_activation_bytes(layers: Sequence[LayerSpec], t: int, recompute: bool, options: MemoryOptions,
+                          bounds: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Per layer (``layer_specs(t)``, per device and sample): what it keeps for its backward, as the
+    search prices it; ``bounds`` are the run's chunks, whose first ``options.recompute_layers``
+    layers recomputation applies to (the launcher's memory check)."""
+    names = ("activation_bytes", "activation_bytes_recompute", "sequence_shardable_bytes", "attention_core_bytes")
+    col = {name: np.array([getattr(layer, name) for layer in layers], dtype=float) for name in names}
+    edges = np.array([start for start, _ in bounds] + [bounds[-1][1]]) if bounds else np.array([0, len(layers)])
+    first = _first_layers(edges, options.recompute_layers)
+    rec = np.array([layer.recomputable for layer in layers], dtype=bool) & first
+    return _kept_activations(col, rec, recompute, options, t, first)[0]
+
+
 def _kept_activations(col: dict[str, np.ndarray], rec: np.ndarray, recompute: bool, options: MemoryOptions,
-                      t: int) -> tuple[np.ndarray, float]:
+                      t: int, first: np.ndarray | None = None) -> tuple[np.ndarray, float]:
     """Bytes per sample each layer keeps for its backward, and the per-sample working set of a
     recomputation. Korthikanti et al. 2022: sequence parallelism divides the replicated part by t,
     selective recomputation drops the attention core (34sbh/t per layer with both); with full
-    recomputation a layer keeps its input, itself sequence-sharded under sequence parallelism."""
+    recomputation a layer keeps its input, itself sequence-sharded under sequence parallelism.
+    ``rec`` marks the layers full recomputation applies to, ``first`` those selective applies to
+    (recompute.num_layers)."""
     act = col["activation_bytes"]
     shardable = col["sequence_shardable_bytes"] if options.sequence_parallel else np.zeros_like(act)
     if recompute:
@@ -159,24 +187,63 @@ def _kept_activations(col: dict[str, np.ndarray], rec: np.ndarray, recompute: bo
         return kept, working
     kept = act - shardable + shardable / t
     if options.selective:
-        kept = kept - col["attention_core_bytes"]
-        return kept, float(col["attention_core_bytes"].max())   # one layer's cores, rebuilt in its backward
+        cores = col["attention_core_bytes"] * (first if first is not None else 1.0)
+        return kept - cores, float(cores.max())   # one layer's cores, rebuilt in its backward
     return kept, 0.0
+
+
+def _buckets(param_bytes: np.ndarray, bucket: float) -> np.ndarray:
+    return np.maximum(1, np.ceil(param_bytes / bucket)).astype(int)
 
 
 def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.ndarray) -> np.ndarray:
     """(nb,) seconds of the data-parallel reduction after the flush that no backward hides. Blocking
-    (no ``grad_bucket_bytes``): all of it. Overlapped: the buckets launch as the last micro-batch's
-    backward produces them, so a rank waits for the larger of its last bucket's reduction and what
-    exceeds that backward (its backward being two thirds of the forward-plus-backward compute)."""
+    (no ``grad_bucket_bytes``): all of it. Overlapped: n = ceil(params / bucket) equal buckets become
+    ready evenly over the last micro-batch's backward B and go one at a time, so a rank waits for
+    max(R/n, R - B (1 - 1/n)) of its reduction R: the last bucket's, or what the chain started
+    after the first 1/n of B leaves over (the simulator's ``Costs.grad_reduce`` model; the backward
+    being its share of the forward-plus-backward ``compute``)."""
     per_rank = allreduce_time(cluster, stats.param_bytes, d, stats.t)   # (p,)
     bucket = stats.options.grad_bucket_bytes
     if bucket is None:
         return np.full(len(stats.micro_batches), float(per_rank.max()))
-    last_bucket = per_rank * np.minimum(1.0, bucket / np.maximum(stats.param_bytes, 1.0))
+    per_rank, gather = _overlapped_and_after(stats, per_rank)
+    share = 1.0 / _buckets(stats.param_bytes, bucket)   # 1/n
     backward = stats.backward if compute is None else compute * stats.backward / np.maximum(stats.compute, 1e-30)
-    exposed = np.maximum(last_bucket[None, :], per_rank[None, :] - backward)
-    return exposed.max(axis=1)
+    exposed = np.maximum((per_rank * share)[None, :], per_rank[None, :] - backward * (1.0 - share[None, :]))
+    return exposed.max(axis=1) + gather
+
+
+def _overlapped_and_after(stats: RankStats, allreduce: np.ndarray) -> tuple[np.ndarray, float]:
+    """The overlappable part of each rank's reduction and the blocking part after it (the slowest
+    rank's): the whole all-reduce and nothing, or with the distributed optimizer its reduce-scatter
+    and its parameters' all-gather after the step, each half of the all-reduce's time."""
+    if stats.options.optimizer_shards > 1:
+        return allreduce / 2, float(allreduce.max()) / 2
+    return allreduce, 0.0
+
+
+@dataclass(frozen=True)
+class OverlappedReduction:
+    """The data-parallel reduction overlapping the backward, as the simulator takes it
+    (``Costs.grad_reduce``): per rank, each of its v chunks' seconds (an even share) and buckets,
+    and the planner's exposed seconds for the same micro-batch row."""
+
+    seconds: np.ndarray   # (p,) per chunk
+    buckets: np.ndarray   # (p,) per chunk
+    exposed: float
+    after: float = 0.0    # blocking seconds after the reduction (the distributed optimizer's all-gather)
+
+
+def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 0) -> OverlappedReduction | None:
+    """None where the reduction blocks (no ``grad_bucket_bytes``) or there is none (d = 1)."""
+    bucket = stats.options.grad_bucket_bytes
+    if bucket is None or d <= 1:
+        return None
+    per_rank, after = _overlapped_and_after(stats, allreduce_time(cluster, stats.param_bytes, d, stats.t))
+    buckets = _buckets(stats.param_bytes / stats.v, bucket)
+    return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]),
+                               after)
 
 
 @dataclass(frozen=True)

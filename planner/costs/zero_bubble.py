@@ -26,7 +26,7 @@ def chunk_costs(costs: dict, chunks: int) -> dict:
     split = {}
     for name, value in costs.items():
         if isinstance(value, dict):
-            share = 1.0 / chunks if name in ("forward", "backward") else 1.0
+            share = 1.0 / chunks if name in ("forward", "backward", "grad_reduce") else 1.0
             value = {(r, c): v * share for (r, _), v in value.items() for c in range(chunks)}
         split[name] = value
     backward = split["backward"]

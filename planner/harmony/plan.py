@@ -20,6 +20,7 @@ from planner.inputs.cluster_sheet import calibration
 from planner.errors import PlannerError
 from planner.harmony.estimator import HarmonyOverheads, Links
 from planner.harmony.search import HarmonySearch, HostUpdate, Scored, harmony_search
+from planner.harmony.tasks import PlannedConfig
 from planner.inputs.search_inputs import Inputs
 from planner.inputs.profile import Profile
 from planner.search.ranking import Candidate, SearchResult
@@ -143,13 +144,23 @@ def run_harmony(inputs: Inputs) -> tuple[HarmonySearch, tuple[str, ...]]:
     return search, (note,) if note else ()
 
 
+def hardware_flops(inputs: Inputs, cfg: PlannedConfig) -> float:
+    """The FLOPs one iteration executes: the model's 3 passes plus the forward of every layer before
+    the jit pack again (each backward pack recomputes its forward; the jit pack keeps its graph)."""
+    forward = inputs.profile.arrays["flops"]
+    if not forward.any():   # a profile without per-layer FLOPs: eq. 4.2's 4 passes
+        return inputs.hardware_flops(cfg.minibatch)
+    jit_start = cfg.packs_b[-1][0]
+    return inputs.model_flops(cfg.minibatch) + float(forward[:jit_start].sum()) * cfg.minibatch
+
+
 def candidate(inputs: Inputs, scored: Scored, budget: float) -> Candidate:
     cfg, est = scored.config, scored.estimate
     time, n, batch = est.iteration_s, cfg.devices, cfg.minibatch
     idle = 1.0 - sum(est.compute_s) / (n * time) if time > 0 else 0.0
     return Candidate(
         ALGORITHM, n, 1, 1, 1, SCHEDULE, cfg.micro, cfg.microbatches, batch, True, (), time, batch / time,
-        inputs.hardware_flops(batch) / (time * n) / 1e12, idle, scored.peak_bytes, budget,
+        hardware_flops(inputs, cfg) / (time * n) / 1e12, idle, scored.peak_bytes, budget,
         {"compute": max(est.compute_s)}, model_tflops_per_device=inputs.model_flops(batch) / (time * n) / 1e12)
 
 

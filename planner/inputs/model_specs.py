@@ -88,6 +88,10 @@ class TransformerSpec:
     tie_embeddings: bool = True
     pre_ln: bool = False  # BERT only: pre-LayerNorm blocks add a final LayerNorm
     path: str | None = None   # a model read from its own files (model=hf): its totals come from them
+    # True: the attention core is one fused kernel (F.scaled_dot_product_attention, as the runtime and
+    # every current trainer run it) that keeps only a row statistic for the backward; False: the
+    # anchor paper's accounting (Korthikanti et al. 2022), the scores, softmax and dropout mask stored
+    fused_attention: bool = True
 
     @property
     def max_tp(self) -> int:
@@ -118,10 +122,11 @@ class TransformerSpec:
         e = PRECISION_BYTES[self.precision]
         ar = 2 * (t - 1) / t  # ring all-reduce: bytes sent per byte reduced (Patarasuk & Yuan 2009)
         # Korthikanti et al. 2022, eq. 2 (no sequence parallelism): s h (10 + 24/t + 5 a s/(h t)) bytes in fp16;
-        # of it, s h 10 is replicated over t (sharded by sequence parallelism) and 5 a s^2 / t is the attention core
-        block_act = s * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+        # of it, s h 10 is replicated over t (sharded by sequence parallelism) and 5 a s^2 / t is the attention
+        # core. A fused kernel keeps its fp32 log-sum-exp (4 a s / t bytes) instead of those s x s tensors.
+        core_act = (4 * a * s / t if self.fused_attention else 5 * a * s * s / t * e / 2)
+        block_act = s * h * (10 + 24 / t) * e / 2 + core_act
         replicated_act = s * h * 10 * e / 2
-        core_act = 5 * a * s * s / t * e / 2
         block = LayerSpec(
             name="block", kind="block",
             forward_flops=(24 * s * h * h + 4 * s * s * h) / t,  # ch. 4.5.1: 24Bsh^2 + 4Bs^2h per layer

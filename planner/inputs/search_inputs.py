@@ -32,6 +32,7 @@ class Inputs:
     sequence_parallel: bool = False     # take parallel.sequence_parallel at t > 1 where the model has it
     distributed_optimizer: bool = False  # take optim.distributed at d > 1 (flush schedules)
     grad_bucket_bytes: float | None = None  # train.overlap_grad_reduce's bucket size; None: blocking reduction
+    recompute_layers: int | None = None  # recompute.num_layers: full/selective only the first k layers of a chunk
     max_tp: int | None = None
     replication: bool = True
     memory_constraint: bool = True
@@ -72,19 +73,26 @@ class Inputs:
 
     def as_in_the_dissertation(self) -> "Inputs":
         """Without the memory savers the dissertation's PTD-P did not have (selective recomputation,
-        sequence parallelism, the distributed optimizer, overlapped reduction): its tables are
-        reproduced so."""
-        return replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
-                       grad_bucket_bytes=None)
+        sequence parallelism, the distributed optimizer, overlapped reduction) and with its attention
+        memory (the scores, softmax and dropout mask stored, as before fused attention kernels): its
+        tables are reproduced so."""
+        inputs = replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
+                         grad_bucket_bytes=None, recompute_layers=None)
+        if getattr(self.spec, "fused_attention", False):
+            spec = replace(self.spec, fused_attention=False)
+            inputs = replace(inputs, spec=spec, profile=analytic_profile(spec, self.cluster.device, 1))
+        return inputs
 
     def memory_options(self, t: int, d: int, selective: bool, profile: Profile,
-                       distributed_optimizer: bool = False) -> MemoryOptions:
-        """The memory savers a (t, d) configuration takes (PTD-P's flush schedules)."""
+                       distributed_optimizer: bool = False, partial_recompute: bool = True) -> MemoryOptions:
+        """The memory savers a (t, d) configuration takes (PTD-P's flush schedules); without
+        ``partial_recompute`` (the asynchronous schedules) recomputation covers every layer."""
         sequence_parallel = self.sequence_parallel and t > 1 and bool(profile.arrays["sequence_shardable_bytes"].any())
         shards = d if distributed_optimizer and self.distributed_optimizer and d > 1 else 1
-        # the distributed optimizer reduce-scatters at the flush, in one piece: nothing overlaps
+        # the distributed optimizer's reduce-scatter overlaps the backward bucket by bucket, as the all-reduce does
         return MemoryOptions(selective=selective, sequence_parallel=sequence_parallel, optimizer_shards=shards,
-                             grad_bucket_bytes=self.grad_bucket_bytes if shards == 1 else None)
+                             grad_bucket_bytes=self.grad_bucket_bytes,
+                             recompute_layers=self.recompute_layers if partial_recompute else None)
 
     def profile_at(self, tp: int) -> Profile:
         if tp in self.tp_profiles:

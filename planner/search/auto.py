@@ -18,7 +18,7 @@ from planner.search.ranking import Candidate, SearchResult
 from planner.check.simcheck import SimCheck, available_schedules, check_uniform
 from planner.check.simcheck_async import check_replicated
 from planner.search.two_bw import two_bw_search
-from planner.costs.uniform import rank_stats
+from planner.costs.uniform import overlapped_reduction, rank_stats
 
 SEARCHES: dict[str, Callable[[Inputs], SearchResult]] = {
     "ptdp": ptdp_search, "2bw": two_bw_search, "pipedream": pipedream_search}
@@ -86,10 +86,12 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
     stats = rank_stats(profile, inputs.cluster, best.tp, best.pp, best.vpp, best.dp, best.recompute,
                        np.array([best.micro], dtype=float),
                        options=inputs.memory_options(best.tp, best.dp, best.selective_recompute, profile,
-                                                     best.distributed_optimizer))
+                                                     best.distributed_optimizer,
+                                                     not schedule_info(best.schedule).asynchronous))
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
-    return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency)
+    return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency,
+                         overlapped_reduction(stats, inputs.cluster, best.dp))
 
 
 def _stages(c: Candidate, with_ranks: bool = True) -> list[Stage]:
@@ -144,6 +146,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         batch=Batch(best.global_batch, best.micro, best.num_microbatches),
         recompute=best.recompute_granularity, stages=tuple(_stages(best)), predicted=_predicted(best),
         sequence_parallel=best.sequence_parallel, distributed_optimizer=best.distributed_optimizer,
+        recompute_layers=_recompute_layers(inputs, best),
         precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
@@ -152,6 +155,13 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                  "memory_reserve_bytes": inputs.workspace,
                  "model_tflops_per_device": best.model_tflops_per_device})
     return Outcome(plan, result, reason, sim)
+
+
+def _recompute_layers(inputs: Inputs, best: Candidate) -> int | None:
+    """recompute.num_layers as priced: the user's k where the plan recomputes on a flush schedule."""
+    if best.recompute_granularity == "none" or best.algorithm != "ptdp" or schedule_info(best.schedule).asynchronous:
+        return None
+    return inputs.recompute_layers
 
 
 def harmony_outcome(inputs: Inputs, reason: str) -> Outcome:

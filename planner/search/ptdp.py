@@ -48,11 +48,14 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                     continue
                 for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
                                                                    optimizer_modes(inputs, d)):
-                    options = inputs.memory_options(t, d, selective, profile, sharded)
-                    stats = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, options)
-                    if stats is None:
-                        continue
+                    per_kind = {}   # recompute.num_layers applies to the flush schedules only
+                    for partial in {not schedule_info(s).asynchronous for s in schedules}:
+                        options = inputs.memory_options(t, d, selective, profile, sharded, partial)
+                        per_kind[partial] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, options)
                     for schedule in schedules:
+                        stats = per_kind[not schedule_info(schedule).asynchronous]
+                        if stats is None:
+                            continue
                         est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
                         rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec),
                                  selective_recompute=int(selective), sequence_parallel=int(options.sequence_parallel),
@@ -70,8 +73,8 @@ def recompute_modes(inputs: Inputs, profile) -> list[tuple[bool, bool]]:
 
 
 def optimizer_modes(inputs: Inputs, d: int) -> tuple[bool, ...]:
-    """With the distributed optimizer allowed and d > 1, both: it saves memory but its reduce-scatter
-    is not overlapped with the backward, so it can cost time."""
+    """With the distributed optimizer allowed and d > 1, both: it saves memory but its parameters'
+    all-gather after the step is not overlapped, so it can cost time."""
     return (False, True) if inputs.distributed_optimizer and d > 1 else (False,)
 
 

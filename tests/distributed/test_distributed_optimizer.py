@@ -1,5 +1,6 @@
 """The distributed optimizer (``optim.distributed=true``, ZeRO-1): AdamW with clipping trains as
-single-process training does at (pp, dp) = (2, 2) and (1, 4); bf16 and fp16 (loss scaling) match the
+single-process training does at (pp, dp) = (2, 2) (reduce-scatter overlapped with the backward, in
+buckets) and (1, 4) (whole at the sync); bf16 and fp16 (loss scaling) match the
 undistributed runs of the same precision; each rank holds half the optimizer state at dp = 2; a
 checkpoint taken at (1, 2) resumes into dp = 1 (undistributed) and into (1, 4) (distributed) and
 both continue exactly as single-process training."""
@@ -19,9 +20,12 @@ ADAMW = TINY_GPT + ["optim=adamw", "train.grad_clip=0.5", "train.steps=3", "mode
 DISTRIBUTED = ["optim.distributed=true"]
 FP16 = ["parallel.pp=2", "parallel.dp=2", "precision=fp16", "precision.initial_scale=1024", "precision.growth_interval=2",
         "model.tie_embeddings=false"]
+# the reduce-scatter overlaps the backward in buckets of 1 KiB (several per stage; the tied embedding's
+# waits for the sync), or (pp1-dp4) runs whole at the sync
 RUNS = {
-    "pp2-dp2": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2"],
-    "pp1-dp4": ADAMW + DISTRIBUTED + ["parallel.pp=1", "parallel.dp=4"],
+    "pp2-dp2": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "train.overlap_grad_reduce=true",
+                                      "train.grad_bucket_mb=0.001"],
+    "pp1-dp4": ADAMW + DISTRIBUTED + ["parallel.pp=1", "parallel.dp=4", "train.overlap_grad_reduce=false"],
     "bf16": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     "bf16-undistributed": ADAMW + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     # fp16: the loss scaler unscales and checks the shards; a small scale that grows every 2 steps

@@ -55,21 +55,29 @@ TINY_BERT = [o.replace("model=gpt_tiny", "model=bert_tiny") for o in TINY_GPT]
 
 
 @pytest.mark.slow
-def test_selective_recompute_matches_single_process_and_saves_less(tmp_path):
-    """recompute.granularity=selective recomputes only the attention cores: values are unchanged and
-    each stage saves fewer bytes per micro-batch than without recomputation."""
+def test_selective_and_partial_recompute_match_single_process_and_save_less(tmp_path):
+    """recompute.granularity=selective recomputes only the attention cores, recompute.num_layers=1 only
+    each stage's first layer: values are unchanged and each stage saves fewer bytes per micro-batch
+    than without recomputation (and, with num_layers=1, more than recomputing every layer)."""
     pipeline = SGD + [f"train.steps={STEPS}", "parallel.pp=2", "parallel.dp=1"]
     runs = {"gpt-1f1b": TINY_GPT + pipeline + ["schedule=1f1b", "recompute.granularity=selective"],
             "gpt-interleaved": TINY_GPT + pipeline + ["schedule=interleaved", "parallel.vpp=2",
                                                       "recompute.granularity=selective"],
             "bert-1f1b": TINY_BERT + pipeline + ["schedule=1f1b", "recompute.granularity=selective"],
-            "gpt-1f1b-none": TINY_GPT + pipeline + ["schedule=1f1b", "recompute.granularity=none"]}
+            "gpt-1f1b-full-1": TINY_GPT + pipeline + ["schedule=1f1b", "recompute.granularity=full",
+                                                      "recompute.num_layers=1"],
+            "gpt-1f1b-none": TINY_GPT + pipeline + ["schedule=1f1b", "recompute.granularity=none"],
+            "gpt-1f1b-full": TINY_GPT + pipeline + ["schedule=1f1b", "recompute.granularity=full"]}
     per_rank = run_workers(train_rank, 2, [(config, str(tmp_path / name)) for name, config in runs.items()])
-    for index, (name, config) in enumerate(list(runs.items())[:3]):
+    for index, (name, config) in enumerate(list(runs.items())[:4]):
         result = merge_params([rank_results[index] for rank_results in per_rank])
         reference = reference_training([o for o in config if not o.startswith("recompute.")])
         assert_matches_reference({"params": result, "losses": per_rank[0][index]["losses"]}, reference, atol=1e-6)
-    selective, none = (per_rank[0][index]["summary"]["ranks"] for index in (0, 3))
-    for with_cores, without in zip(selective, none):
-        assert sum(with_cores["stash_bytes_per_microbatch"].values()) < \
-            sum(without["stash_bytes_per_microbatch"].values())
+
+    def stashed(index: int) -> list[int]:
+        return [sum(rank["stash_bytes_per_microbatch"].values()) for rank in per_rank[0][index]["summary"]["ranks"]]
+
+    selective, full_1, none, full = (stashed(index) for index in (0, 3, 4, 5))
+    for rank in range(2):
+        assert selective[rank] < none[rank]
+        assert full[rank] < full_1[rank] < none[rank]

@@ -11,14 +11,14 @@ from pipedream.config.run_spec import build_run_spec
 from tests.support.training_harness import compose_config
 
 
-def write_plan(path, layers=((0, 2), (2, 6)), num_layers=6, schedule="gpipe"):
+def write_plan(path, layers=((0, 2), (2, 6)), num_layers=6, schedule="gpipe", **extra):
     plan = {"version": 1, "model": {"name": "gpt_tiny", "num_layers": num_layers, "num_parameters": 1},
             "cluster": {"name": "local_cpu", "num_devices": 2, "devices_per_node": 2},
             "parallel": {"pp": len(layers), "tp": 1, "dp": 1, "vpp": 1}, "schedule": schedule,
             "batch": {"global": 8, "micro": 2, "num_microbatches": 4}, "recompute": "full",
             "stages": [{"layers": list(l), "replicas": 1, "ranks": [i]} for i, l in enumerate(layers)],
             "predicted": {"iteration_time_s": 1.0, "samples_per_s": 8.0, "tflops_per_device": 0.0,
-                          "bubble_fraction": 0.0, "memory_bytes_per_device": 0.0}}
+                          "bubble_fraction": 0.0, "memory_bytes_per_device": 0.0}, **extra}
     path.write_text(json.dumps(plan))
     return str(path)
 
@@ -28,6 +28,17 @@ def test_plan_replaces_degrees_split_schedule_and_batch(tmp_path):
     spec = build_run_spec(apply_plan(cfg), world_size=2)
     assert spec.layout.pp == 2 and spec.schedule.name == "gpipe" and spec.recompute
     assert spec.bounds == ((0, 2), (2, 6)) and spec.global_batch == 8 and spec.microbatches == 4
+
+
+def test_plan_carries_recompute_num_layers(tmp_path):
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json', recompute_num_layers=1)}",
+                          "recompute.num_layers=3"])
+    assert build_run_spec(apply_plan(cfg), world_size=2).recompute_layers == 1   # the plan's, as priced
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'all.json')}", "recompute.num_layers=3"])
+    assert build_run_spec(apply_plan(cfg), world_size=2).recompute_layers is None
+    cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'bad.json', recompute_num_layers=-2)}"])
+    with pytest.raises(ConfigError, match="plan recompute_num_layers = -2 must be an integer >= 0"):
+        apply_plan(cfg)
 
 
 def test_plan_world_size_and_model_mismatch_are_one_line(tmp_path):

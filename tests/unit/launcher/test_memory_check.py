@@ -87,3 +87,27 @@ def test_a_fused_model_set_holds_k_models():
     assert fused.weights == 4 * single.weights and fused.activations == 4 * single.activations
     assert fused.runtime == single.runtime
     assert for_model_set(single, cfg) == single
+
+
+def test_sequence_parallelism_keeps_a_tth_of_the_layernorm_and_dropout_regions():
+    """At tp = 2 each rank keeps what the planner prices: the sequence-shardable part of every layer
+    halves with parallel.sequence_parallel, the rest (the tensor-parallel GEMMs' share) does not."""
+    from omegaconf import OmegaConf
+    from planner.inputs.model_specs import spec_from_config
+
+    plain, cfg, _ = estimate(["parallel.pp=1", "parallel.tp=2"])
+    sharded, _, _ = estimate(["parallel.pp=1", "parallel.tp=2", "parallel.sequence_parallel=true"])
+    layers = spec_from_config({**OmegaConf.to_container(cfg.model), "precision": "fp32"}).layer_specs(2)
+    kept = sum(layer.activation_bytes for layer in layers)
+    shardable = sum(layer.sequence_shardable_bytes for layer in layers)
+    assert shardable > 0
+    assert sharded.activations / plain.activations == pytest.approx((kept - shardable / 2) / kept)
+
+
+def test_recomputing_the_first_layers_of_each_stage_keeps_the_rest():
+    none, _, _ = estimate([])
+    full, _, _ = estimate(["recompute.granularity=full"])
+    first, _, _ = estimate(["recompute.granularity=full", "recompute.num_layers=2"])
+    assert full.activations < first.activations < none.activations
+    zero, _, _ = estimate(["recompute.granularity=full", "recompute.num_layers=0"])
+    assert zero.activations == pytest.approx(none.activations)

@@ -76,3 +76,49 @@ def test_updates_and_checkpoint_form_equal_plain_adamw() -> None:
     _train(resumed_model, resumed, resumed.reduce_gradients, 2)
     for a, b in zip(plain_model.parameters(), resumed_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_buckets_are_sharded_one_by_one_and_gathered_back_in_place(monkeypatch) -> None:
+    """train.overlap_grad_reduce: the flat order is the buckets' (reverse order of use), each bucket
+    cut into dp parts of ceil(numel / dp); every element is owned once, and the all-gather of the
+    ranks' shards puts every element back where it belongs."""
+    from pipedream.numerics import sharded_optim
+
+    params = list(_model().parameters())   # buckets of >= 12 bytes, last layer first: [2, 10], [5], [15]
+    ranks = [build_sharded_optimizer(ADAMW, params, 1e-2, None, 3, rank, bucket_bytes=12) for rank in range(3)]
+    assert [[p.numel() for p in b.params] for b in ranks[0].buckets] == [[2, 10], [5], [15]]
+    assert ranks[0].shard_numel == 4 + 2 + 5
+    owned = sorted((id(p.param), p.begin, p.end) for opt in ranks for p in opt.pieces)
+    for param in params:
+        ranges = [(b, e) for key, b, e in owned if key == id(param)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == param.numel() and all(
+            a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    for opt in ranks:
+        for piece in opt.pieces:
+            opt._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
+
+    def all_gather(out, _mine, group=None, async_op=False):
+        out.copy_(torch.cat([opt._mine for opt in ranks]))
+    monkeypatch.setattr(sharded_optim, "all_gather_flat", all_gather)
+    flat = ranks[1]._all_gathered()
+    for param in params:
+        offset = ranks[1].offsets[id(param)]
+        torch.testing.assert_close(flat[offset:offset + param.numel()], param.detach().reshape(-1), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_overlapped_reduce_scatter_trains_as_plain_adamw(tied: bool) -> None:
+    """ShardedReduction: buckets leave as the backward finishes them (a held one waits for the sync);
+    the updates are plain AdamW's."""
+    from pipedream.numerics.sharded_optim import ShardedReduction
+
+    plain_model, sharded_model = _model(), _model()
+    plain = build_optimizer(ADAMW, list(plain_model.parameters()), 1e-2)
+    params = list(sharded_model.parameters())
+    sharded = build_sharded_optimizer(ADAMW, params, 1e-2, None, 1, 0, bucket_bytes=12)
+    reduction = ShardedReduction(sharded, {id(params[0])} if tied else set())
+    assert len(reduction.buckets) == 3 and (not tied or params[0] in reduction.buckets[-1].params)
+    _train(plain_model, plain, lambda: None, 3)
+    _train(sharded_model, sharded, reduction.finish, 3)
+    for a, b in zip(plain_model.parameters(), sharded_model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

@@ -4,6 +4,8 @@ activation bytes per layer of s b h (10 + 24/t + 5as/(ht)) with tensor paralleli
 with sequence parallelism too, s b h (10 + 24/t) with selective recomputation, 34 s b h/t with both."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -18,8 +20,9 @@ CONFIGS = {"22B": (48, 6144, 64), "175B": (96, 12288, 96), "530B": (105, 20480, 
 S, T = 2048, 8
 
 
-def _block_columns(layers: int, hidden: int, heads: int) -> dict[str, np.ndarray]:
-    spec = TransformerSpec("anchor", "gpt", layers, hidden, heads, S, 51200, precision="fp16")
+def _block_columns(layers: int, hidden: int, heads: int, fused_attention: bool = False) -> dict[str, np.ndarray]:
+    spec = TransformerSpec("anchor", "gpt", layers, hidden, heads, S, 51200, precision="fp16",
+                           fused_attention=fused_attention)
     block = spec.layer_specs(T)[1]
     return {name: np.array([getattr(block, name)], dtype=float) for name in
             ("activation_bytes", "activation_bytes_recompute", "sequence_shardable_bytes", "attention_core_bytes")}
@@ -44,6 +47,29 @@ def test_per_layer_activation_memory_is_the_anchor_papers(name):
         assert kept[0] == pytest.approx(expected, rel=1e-12)   # the formula itself, not an approximation of it
     full, working = _kept_activations(col, rec, True, MemoryOptions(sequence_parallel=True), T)
     assert full[0] == pytest.approx(2 * sbh / T)   # full recomputation keeps the layer's (sharded) input
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_fused_attention_kernel_keeps_no_scores_so_selective_recomputation_saves_only_its_statistic(name):
+    layers, h, a = CONFIGS[name]
+    col = _block_columns(layers, h, a, fused_attention=True)
+    sbh, rec = S * h, np.array([True])
+    statistic = 4 * a * S / T   # the kernel's fp32 log-sum-exp per head and position, this rank's heads
+    for sequence_parallel, expected in ((False, sbh * (10 + 24 / T)), (True, 34 * sbh / T)):
+        options = MemoryOptions(sequence_parallel=sequence_parallel)
+        kept, _ = _kept_activations(col, rec, False, options, T)
+        assert kept[0] == pytest.approx(expected + statistic, rel=1e-12)
+        selective, _ = _kept_activations(col, rec, False, replace(options, selective=True), T)
+        assert selective[0] == pytest.approx(expected, rel=1e-12)   # the anchor's selective figure
+
+
+def test_the_dissertations_inputs_count_the_stored_scores_and_the_default_does_not():
+    inputs = inputs_from_config(compose(["model=gpt3_175b", "cluster=dgx_a100", "cluster.nodes=2",
+                                         "train.global_batch_size=64"]))
+    paper = inputs.as_in_the_dissertation()
+    assert inputs.spec.fused_attention and not paper.spec.fused_attention
+    fused, stored = (x.profile.arrays["activation_bytes"] for x in (inputs, paper))
+    assert (stored >= fused).all() and (stored > fused).any()   # the 5as/h term, only in the paper's
 
 
 def test_the_distributed_optimizer_divides_optimizer_state_by_d():
