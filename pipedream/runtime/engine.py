@@ -84,6 +84,7 @@ class PipelineEngine:
         if train.fuse_grad_accumulation and multi is None and train.compile is None:
             for chunk in chunks:
                 fuse_grad_accumulation(chunk, self.stage.weight_grads)
+        self.stage.split_graphs = train.split_weight_graphs
         self.params = self.stage.parameters()
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
