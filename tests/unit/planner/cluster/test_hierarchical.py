@@ -16,6 +16,7 @@ from planner.cluster.report import allocation_table
 from planner.cluster.simulator import simulate
 from planner.config import compose
 from planner.errors import PlannerError
+from tests.support.cluster_lp import valid_rows
 from tests.unit.planner.cluster.test_water_filling import idle_while_waiting
 
 
@@ -28,23 +29,10 @@ def _problem(T, counts, entity=None, entity_weights=None, weights=None, scale=No
                    entity_weights=None if entity_weights is None else np.asarray(entity_weights, float))
 
 
-def _valid_rows(p: Problem, extras: int):
-    """Dense A_ub, b_ub and bounds for X's validity (row sums <= 1, type capacities), plus extras."""
-    n, k = p.T.shape
-    rows = np.zeros((n, n * k + extras))
-    for m in range(n):
-        rows[m, m * k:(m + 1) * k] = 1.0
-    caps = np.zeros((k, n * k + extras))
-    for j in range(k):
-        caps[j, j:n * k:k] = p.scale
-    bounds = [(0.0, 1.0 if t > 0 else 0.0) for t in p.T.ravel()] + [(None, None)] * extras
-    return np.vstack([rows, caps]), np.concatenate([np.ones(n), p.counts]), bounds
-
-
 def independent_first_level(p: Problem, w: np.ndarray) -> float:
     """max t with scale_m T_m . X_m / T_m . X^equal_m >= w_m t for every job with w_m > 0."""
     n, k = p.T.shape
-    A, b, bounds = _valid_rows(p, 1)
+    A, b, bounds = valid_rows(p, 1)
     equal = (p.T * (p.counts / p.counts.sum()) * (p.T > 0)).sum(axis=1)
     need = np.zeros((n, n * k + 1))
     for m in range(n):
@@ -119,7 +107,7 @@ def test_fifo_gives_the_earliest_job_its_best_then_the_next():
     p = _problem(T, [1, 1], entity=[0, 0, 0], entity_weights=[1])
     thr = p.throughput(allocate("hierarchical_fifo", p).X)
     assert thr[0] == pytest.approx(2.0, rel=1e-6)
-    A, b, bounds = _valid_rows(p, 0)
+    A, b, bounds = valid_rows(p, 0)
     hold = np.zeros((1, 6))
     hold[0, 0:2] = -T[0]
     c = np.zeros(6)
