@@ -81,17 +81,22 @@ class WeightGradQueue:
         for index, (held, gemms) in enumerate(self._groups):
             if held == key:
                 del self._groups[index]
-                for weight, grad_output, inputs in gemms:
-                    self.accumulate_now(weight, grad_output, inputs)
+                self._run_group(gemms)
                 return True
         return False
 
     def run_oldest(self) -> Hashable:
         """Runs the oldest group's GEMMs; returns its key."""
         key, gemms = self._groups.popleft()
-        for weight, grad_output, inputs in gemms:
-            self.accumulate_now(weight, grad_output, inputs)
+        self._run_group(gemms)
         return key
+
+    def _run_group(self, gemms: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        # outside autograd's backward grad mode is on, and the held inputs may require grad: recorded,
+        # the GEMMs would give .grad a graph holding every micro-batch's inputs until the step ends
+        with torch.no_grad():
+            for weight, grad_output, inputs in gemms:
+                self.accumulate_now(weight, grad_output, inputs)
 
     def accumulate_now(self, weight: torch.Tensor, grad_output: torch.Tensor, inputs: torch.Tensor) -> None:
         """Accumulates at once, never held back (and tells ``after_accumulate``)."""

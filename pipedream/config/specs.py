@@ -84,6 +84,7 @@ class TrainSpec:
     grad_bucket_mb: float          # size of one such bucket, in MiB
     debug: bool                    # full tracebacks for unexpected errors (as PIPEDREAM_DEBUG=1)
     compile: str | None = None     # train.compile: the torch.compile backend each layer runs under; None: eager
+    split_weight_graphs: bool = True   # zero-bubble B/W split of stock layers' graphs (runtime/weight_split.py)
 
     @classmethod
     def from_config(cls, cfg: Any) -> TrainSpec:
@@ -100,7 +101,8 @@ class TrainSpec:
                                                     "GEMMs right after its send)"),
                    overlap_grad_reduce=train.flag("overlap_grad_reduce"),
                    grad_bucket_mb=train.positive_number("grad_bucket_mb"),
-                   debug=train.flag("debug"), compile=_compile_backend(train.raw("compile")))
+                   debug=train.flag("debug"), compile=_compile_backend(train.raw("compile")),
+                   split_weight_graphs=train.flag("split_weight_graphs"))
 
 
 def _compile_backend(value: Any) -> str | None:

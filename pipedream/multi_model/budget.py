@@ -71,7 +71,8 @@ def profile_feature_maps(engine: Any) -> list[FeatureMap]:
     """One forward and backward of this rank's chunks on a micro-batch's shapes, everything kept:
     each group's saved bytes and forward time (its backward costed at twice that)."""
     params = list(engine.params)
-    memory = FeatureMapMemory(DeviceTier(HostTier(), engine.device, UNLIMITED))
+    # the stacked parameters are weights, not feature maps, as in the run
+    memory = FeatureMapMemory(DeviceTier(HostTier(), engine.device, UNLIMITED), parameters=params)
     memory.profile = []
     _install(engine, memory)
     layer_chunk = {layer.layer_index: c for c, layers in _fused_layers(engine).items() for layer in layers}

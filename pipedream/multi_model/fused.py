@@ -1,12 +1,23 @@
-"""Horizontal fusion: layer i of K models runs as one operator over K stacked copies of its
-parameters (``torch.func.functional_call`` under ``torch.vmap``: a Linear becomes a batched
-matmul, a convolution a batched one), on inputs stacked along a new leading model dimension.
+"""Horizontal fusion: layer i of K models runs as one operator over their parameters stacked along
+a leading model dimension, on inputs stacked the same way (``[K, batch, ...]``).
 
-Each model keeps its own ``Parameter`` leaves (``models.<k>.<name>``): the stacked weights are
-built by ``torch.stack`` inside the forward, so autograd hands every model its own gradient, and
-the optimizer, clipping, checkpoints and export see K ordinary models. The fusion degree splits
-the K models into groups that run one after another (μ-two's partial fusion); it changes speed
-and memory only, never values.
+A fused layer holds one ``[K, ...]`` Parameter per parameter of the layer (and one stacked tensor
+per buffer), so autograd, the optimizer and gradient clipping work on K models at once and no
+forward copies a weight. It runs in one of two ways, decided once per layer:
+
+- folded: every module of the layer that holds state has a batched twin (``twins``), and the
+  layer keeps the batch dimension first (checked on the meta device with two batch sizes); the
+  model dimension is folded into the batch dimension and the layer's own code runs once, its
+  twins computing each model with its own weights (one batched matmul per Linear, one attention
+  call over K*B sequences);
+- under ``torch.vmap`` over ``functional_call`` of the layer with the stacked state (any other
+  layer: a module with no twin, a parameter used directly, an input without the batch dimension).
+
+The edges see K ordinary models: ``per_model_module`` presents model k's parameters under their
+own names (``models.<k>.<name>``) as views of the stacks, which checkpoints save and load in place
+and the optimizer steps (``training``). The fusion degree splits the K models into groups that run
+one after another on slices of the stacks (μ-two's partial fusion); it changes speed and memory
+only, never values.
 """
 from __future__ import annotations
 
@@ -23,8 +34,11 @@ from models.spec import LayerModel
 
 from pipedream.errors import ConfigError
 from pipedream.config.multi_model import MultiModelSpec
+from pipedream.multi_model.twins import batched_twin, holds_state
 
 MODEL_DIM = 0   # stacked inputs, outputs, parameters: model k at index k of dimension 0
+BODY = "body"   # the fused layer's submodule holding the stacked state
+PROBE_BATCHES = (7, 11)   # batch sizes of the meta-device check that a layer folds
 
 VMAP_SAFE_ATTENTION = (SDPBackend.FLASH_ATTENTION, SDPBackend.MATH)
 
@@ -52,10 +66,12 @@ def model_slice(value: Any, start: int, stop: int) -> Any:
     return value[start:stop]
 
 
-def model_item(value: Any, index: int) -> Any:
+def model_items(value: Any) -> list[Any]:
+    """Each model's part, by ``unbind`` (its backward writes all K gradients at once, where K
+    indexings would each fill a zero tensor of the whole stack)."""
     if isinstance(value, (tuple, list)):
-        return tuple(model_item(v, index) for v in value)
-    return value[index]
+        return list(zip(*(model_items(v) for v in value)))
+    return list(value.unbind(MODEL_DIM))
 
 
 def _concat(parts: list[Any]) -> Any:
@@ -66,9 +82,84 @@ def _concat(parts: list[Any]) -> Any:
     return torch.cat(parts, MODEL_DIM)
 
 
+def _owner(root: nn.Module, name: str) -> tuple[nn.Module, str]:
+    path, _, attr = name.rpartition(".")
+    return (root.get_submodule(path) if path else root), attr
+
+
+def _stack_state(layers: list[nn.Module]) -> nn.Module:
+    """``layers[0]`` with each parameter and buffer replaced by the K layers' values stacked."""
+    body = layers[0]
+    for name, param in list(body.named_parameters()):
+        stacked = torch.stack([layer.get_parameter(name).detach() for layer in layers], MODEL_DIM)
+        owner, attr = _owner(body, name)
+        setattr(owner, attr, nn.Parameter(stacked, requires_grad=param.requires_grad))
+    for name, _ in list(body.named_buffers()):
+        owner, attr = _owner(body, name)
+        persistent = attr not in owner._non_persistent_buffers_set
+        owner.register_buffer(attr, torch.stack([layer.get_buffer(name) for layer in layers], MODEL_DIM),
+                              persistent=persistent)
+    return body
+
+
+def _with_twins(body: nn.Module) -> nn.Module | None:
+    """``body`` with every module holding state replaced by its batched twin (sharing the stacks),
+    or None (and ``body`` unchanged) where one has none."""
+    holders = [(name, module) for name, module in body.named_modules() if holds_state(module)]
+    twins = [(name, batched_twin(module)) for name, module in holders]
+    if any(twin is None for _, twin in twins):
+        return None
+    for name, twin in twins:
+        if not name:
+            return twin
+        owner, attr = _owner(body, name)
+        setattr(owner, attr, twin)
+    return body
+
+
+def model_views(param: torch.Tensor) -> list[nn.Parameter]:
+    """Model k's parameter as a Parameter sharing the stack's memory (one list per stack, so a
+    stack tied between layers has one set of views)."""
+    views = getattr(param, "_model_views", None)
+    if views is None or views[0].data_ptr() != param.data_ptr():   # none yet, or the stack has moved (.to)
+        views = [nn.Parameter(param.detach()[k], requires_grad=param.requires_grad) for k in range(param.shape[0])]
+        param._model_views = views
+    return views
+
+
+def _put(root: nn.Module, name: str, value: torch.Tensor, parameter: bool) -> None:
+    owner = root
+    *path, attr = name.split(".")
+    for part in path:
+        if part not in owner._modules:
+            owner.add_module(part, nn.Module())
+        owner = owner._modules[part]
+    if parameter:
+        owner.register_parameter(attr, value)
+    else:
+        owner.register_buffer(attr, value)
+
+
+def _fold(x: Any) -> Any:
+    return x.flatten(0, 1) if isinstance(x, torch.Tensor) else x
+
+
+def _unfold(y: Any, count: int) -> Any:
+    if isinstance(y, (tuple, list)):
+        return tuple(_unfold(t, count) for t in y)
+    return y.unflatten(0, (count, -1))
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return [value] if isinstance(value, torch.Tensor) else []
+
+
 class FusedLayer(nn.Module):
-    """Layer i of K models as one module: ``models.<k>`` holds model k's own layer (its state),
-    the forward runs all of them at once, ``groups`` at a time."""
+    """Layer i of K models as one module: ``body`` is the layer with its state stacked (its
+    stateful modules replaced by batched twins where the layer folds); the forward runs all K
+    models at once, ``groups`` at a time."""
 
     def __init__(self, layers: list[nn.Module], layer_index: int, groups: int = 1):
         super().__init__()
@@ -78,60 +169,109 @@ class FusedLayer(nn.Module):
                 raise NotFusableError(f"layer {layer_index} ({type(layers[0]).__name__}) differs between model 0 "
                                       f"and model {k} (class, parameter names or shapes): only identical "
                                       f"architectures fuse")
-        for k, layer in enumerate(layers):
-            for param in layer.parameters():
-                param.model_index = k   # per-model optimizer groups and clipping (pipedream.multi_model.training)
-        self.models = nn.ModuleList(layers)
+        self.count = len(layers)
         self.layer_index = layer_index
         self.groups = groups
-        # functional_call replaces every parameter and buffer: the template holds no data, and is
-        # not a submodule, so it has no state of its own
+        # the layer as one model, for vmap: functional_call replaces every parameter and buffer,
+        # so the template holds no data, and it is not a submodule, so it has no state of its own
         self.__dict__["_template"] = meta_copy(layers[0])
+        body = _stack_state(layers)
+        twinned = _with_twins(body)
+        self.body = twinned if twinned is not None else body
+        self.__dict__["folds"] = False if twinned is None else None   # None: decided at the first forward
 
-    def _stacked_state(self, start: int, stop: int) -> dict[str, torch.Tensor]:
-        members = self.models[start:stop]
-        state = {}
-        for name, _ in members[0].named_parameters():
-            state[name] = torch.stack([m.get_parameter(name) for m in members], MODEL_DIM)
-        for name, _ in members[0].named_buffers():
-            state[name] = torch.stack([m.get_buffer(name) for m in members], MODEL_DIM)
+    # --- the edges: K ordinary models ----------------------------------------------------------
+    def per_model_module(self) -> nn.Module:
+        """``models.<k>.<name>``: model k's parameters and (persistent) buffers by their own names,
+        as views of the stacks (saving reads them, loading writes them in place)."""
+        view = self.__dict__.get("_per_model")
+        if view is None:
+            models = nn.ModuleList(nn.Module() for _ in range(self.count))
+            for name, param in self.body.named_parameters(remove_duplicate=False):
+                for member, alias in zip(models, model_views(param)):
+                    _put(member, name, alias, parameter=True)
+            for name, buffer in self.body.named_buffers():
+                owner, attr = _owner(self.body, name)
+                if attr not in owner._non_persistent_buffers_set:
+                    for k, member in enumerate(models):
+                        _put(member, name, buffer[k], parameter=False)
+            view = nn.Module()
+            view.models = models
+            self.__dict__["_per_model"] = view
+        return view
+
+    @property
+    def models(self) -> nn.ModuleList:
+        return self.per_model_module().models
+
+    # --- the forward ---------------------------------------------------------------------------
+    def _state(self, start: int, stop: int) -> dict[str, torch.Tensor]:
+        """The stacks, or their slices for a group (all models: the stacks themselves, since a
+        slice's backward fills a zero tensor of the whole stack)."""
+        whole = start == 0 and stop == self.count
+        state = {name: p if whole else p[start:stop] for name, p in self.body.named_parameters()}
+        state.update({name: b if whole else b[start:stop] for name, b in self.body.named_buffers()})
         return state
 
-    def _run_group(self, start: int, stop: int, inputs: tuple) -> Any:
+    def _folds(self, inputs: tuple) -> bool:
+        """Every input carries the batch dimension, and on the meta device, for two batch sizes,
+        every twin receives and the layer returns K*B samples first."""
+        if not all(isinstance(x, torch.Tensor) and x.dim() >= 2 for x in inputs):
+            return False
+        probe = meta_copy(self.body).train(self.training)
+        for batch in PROBE_BATCHES:
+            seen: list[int] = []
+            record = (lambda module, args: seen.append(args[0].shape[0] if args and
+                                                       isinstance(args[0], torch.Tensor) else -1))
+            hooks = [m.register_forward_pre_hook(record) for m in probe.modules() if holds_state(m)]
+            folded = [torch.empty((self.count * batch, *x.shape[2:]), dtype=x.dtype, device="meta") for x in inputs]
+            try:
+                with torch.no_grad():
+                    outputs = _tensors(probe(*folded))
+            except Exception:   # noqa: BLE001 - a layer that cannot take folded inputs runs under vmap
+                return False
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            if not outputs or any(n != self.count * batch for n in seen) or \
+                    any(o.dim() == 0 or o.shape[0] != self.count * batch for o in outputs):
+                return False
+        return True
+
+    def _folded(self, state: dict[str, torch.Tensor] | None, *inputs: Any) -> Any:
+        """The layer's own code on the folded batch; ``state``: slices of the stacks (None: all)."""
+        folded = tuple(_fold(x) for x in inputs)
+        count = inputs[0].shape[MODEL_DIM]
+        outputs = self.body(*folded) if state is None else functional_call(self.body, state, folded)
+        return _unfold(outputs, count)
+
+    def _vmapped(self, state: dict[str, torch.Tensor], *inputs: Any) -> Any:
         template = self._template
         template.train(self.training)
 
-        def one_model(state: dict[str, torch.Tensor], *args: Any) -> Any:
-            return functional_call(template, state, args)
+        def one_model(member_state: dict[str, torch.Tensor], *args: Any) -> Any:
+            return functional_call(template, member_state, args)
 
-        def run(state: dict[str, torch.Tensor], *group_inputs: Any) -> Any:
-            # CUDA's memory-efficient attention fails in its backward under vmap ("LSE is not
-            # correctly aligned"); the flash and math kernels do not (CPUs have only these two)
-            with sdpa_kernel(list(VMAP_SAFE_ATTENTION)):
-                outputs = torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *group_inputs)
-            self._write_back_buffers(state, start, stop)
-            return outputs
+        # CUDA's memory-efficient attention fails in its backward under vmap ("LSE is not
+        # correctly aligned"); the flash and math kernels do not (CPUs have only these two)
+        with sdpa_kernel(list(VMAP_SAFE_ATTENTION)):
+            return torch.vmap(one_model, in_dims=MODEL_DIM, randomness="different")(state, *inputs)
 
-        group_inputs = tuple(model_slice(x, start, stop) for x in inputs)
+    def _run_group(self, start: int, stop: int, inputs: tuple) -> Any:
+        whole = start == 0 and stop == self.count
+        group_inputs = inputs if whole else tuple(model_slice(x, start, stop) for x in inputs)
+        run = self._folded if self.folds else self._vmapped
         memory = self.__dict__.get("memory")   # a device budget: pipedream.multi_model.memory
         if memory is None:
-            return run(self._stacked_state(start, stop), *group_inputs)
-        parameters = [p for member in self.models[start:stop] for p in member.parameters()]
-        return memory.run(self.layer_index, start // (stop - start), run, lambda: self._stacked_state(start, stop),
-                          group_inputs, parameters)
-
-    def _write_back_buffers(self, state: dict[str, torch.Tensor], start: int, stop: int) -> None:
-        """A layer that updates its buffers in place (batch-norm running statistics) updated the
-        stacked copies: each model keeps its own, as it would alone."""
-        with torch.no_grad():
-            for name, _ in self.models[start].named_buffers():
-                for k, member in enumerate(self.models[start:stop]):
-                    member.get_buffer(name).copy_(state[name][k])
+            return run(None if whole and self.folds else self._state(start, stop), *group_inputs)
+        return memory.run(self.layer_index, start // (stop - start), run, lambda: self._state(start, stop),
+                          group_inputs, list(self.parameters()))
 
     def forward(self, *inputs: Any) -> Any:
-        count = len(self.models)
-        size = count // self.groups
-        return _concat([self._run_group(s, s + size, inputs) for s in range(0, count, size)])
+        if self.folds is None:
+            self.__dict__["folds"] = self._folds(inputs)
+        size = self.count // self.groups
+        return _concat([self._run_group(s, s + size, inputs) for s in range(0, self.count, size)])
 
 
 @dataclass
@@ -168,7 +308,7 @@ def fused_loss(loss_fn: Callable[[Any, Any], torch.Tensor], count: int, losses: 
                ) -> Callable[[Any, Any], torch.Tensor]:
     """Model k's loss on its own slice; the sum backpropagates each model's gradient alone."""
     def loss(outputs: Any, targets: Any) -> torch.Tensor:
-        per_model = [loss_fn(model_item(outputs, k), model_item(targets, k)) for k in range(count)]
+        per_model = [loss_fn(o, t) for o, t in zip(model_items(outputs), model_items(targets))]
         losses.add(per_model)
         return torch.stack(per_model).sum()
     return loss
@@ -189,7 +329,7 @@ def fuse_models(members: list[LayerModel], settings: MultiModelSpec, groups: int
         batches = [member.make_batch(batch_size, generator) for member in members]
         return stack_values([b[0] for b in batches]), stack_values([b[1] for b in batches])
 
-    tied = tuple(tuple((i, f"models.{k}.{name}") for i, name in group) for k in range(count) for group in first.tied)
+    tied = tuple(tuple((i, f"{BODY}.{name}") for i, name in group) for group in first.tied)
     losses = PerModelLosses(count)
     return FusedLayerModel(name=f"{first.name}x{count}", num_layers=first.num_layers, build_layer=build_layer,
                            loss_fn=fused_loss(first.loss_fn, count, losses), make_batch=make_batch, tied=tied,
@@ -215,7 +355,7 @@ def check_fusable(model: FusedLayerModel, batch_size: int = 2) -> None:
         except Exception as error:   # noqa: BLE001 - any failure of the fused call is the reason to refuse
             text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             reason = text.split(". ")[0]
-            inner = layer_type_name(layer.models[0])
+            inner = layer_type_name(layer._template)
             raise NotFusableError(f"layer {i} ({inner}) cannot run fused under torch.vmap: {reason}") from None
 
 

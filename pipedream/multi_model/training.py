@@ -1,5 +1,6 @@
 """What a fused model set changes in one rank's training: an optimizer with each model's own
-hyper-parameters, clipping by each model's own gradient norm, per-model losses, stacked data."""
+hyper-parameters stepping the stacked parameters, clipping by each model's own gradient norm,
+per-model losses, stacked data."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,37 +11,83 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipedream.numerics.optim import GradientSync, NonFiniteError, _sum_of_squares, _with_fused_kernel
+from pipedream.numerics.optim import GradientSync, NonFiniteError, _with_fused_kernel
 from pipedream.runtime.runner import FlushRunner, StepResult
 from pipedream.config.specs import OptimSpec
 
-from pipedream.multi_model.fused import FusedLayerModel, stack_values
+from pipedream.multi_model.fused import FusedLayerModel, model_views, stack_values
 from pipedream.config.multi_model import MultiModelSpec
 
 
-def model_of(param: nn.Parameter) -> int:
-    return int(getattr(param, "model_index"))
+class StepsStacks:
+    """An optimizer over model k's views of the stacks (``fused.model_views``), two groups per
+    model with its own learning rate and weight decay: torch's own update, per model, in place in
+    the stacks. Each view's gradient is model k's slice of its stack's gradient (no copy), linked
+    again only when the stack has a new gradient tensor: clearing gradients zeroes the stacks'
+    in place, which clears the views' too."""
+
+    stacks: list[nn.Parameter]
+
+    def _link_gradients(self) -> None:
+        linked = self.__dict__.setdefault("_linked", {})
+        for stacked in self.stacks:
+            grad = stacked.grad
+            if grad is not None and linked.get(id(stacked)) is not grad:
+                for k, view in enumerate(model_views(stacked)):
+                    view.grad = grad[k]
+                linked[id(stacked)] = grad
+
+    def step(self, closure: Any = None) -> Any:
+        self._link_gradients()
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for stacked in self.stacks:
+            if stacked.grad is not None:
+                stacked.grad.zero_()
+        for group in self.param_groups:   # views with gradients of their own (not the stacks')
+            for view in group["params"]:
+                if view.grad is not None and view.grad._base is None:
+                    view.grad = None
+class StackedAdamW(StepsStacks, torch.optim.AdamW):
+    pass
+
+
+class StackedSGD(StepsStacks, torch.optim.SGD):
+    pass
 
 
 def build_multi_optimizer(optim: OptimSpec, params: list[nn.Parameter], spec: MultiModelSpec
                           ) -> torch.optim.Optimizer:
     """Two groups per model (matrices decayed, the rest not, as ``optim.parameter_groups``), with
-    the model's learning rate and weight decay; the schedule scales each group's own rate."""
+    the model's learning rate and weight decay; the schedule scales each group's own rate. With
+    ``optim.fused`` each group is one call of torch's fused kernel over all of the model's views."""
     groups = []
     for variant in spec.variants:
-        mine = [p for p in params if model_of(p) == variant.index]
+        mine = [model_views(p)[variant.index] for p in params]
         groups.append({"params": [p for p in mine if p.dim() >= 2], "weight_decay": variant.weight_decay,
                        "lr": variant.lr})
         groups.append({"params": [p for p in mine if p.dim() < 2], "weight_decay": 0.0, "lr": variant.lr})
     lr = spec.variants[0].lr
     if optim.name == "adamw":
-        return _with_fused_kernel(torch.optim.AdamW, optim.fused, groups, lr=lr,
-                                  betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps))
-    return _with_fused_kernel(torch.optim.SGD, optim.fused, groups, lr=lr, momentum=float(optim.momentum))
+        optimizer = _with_fused_kernel(StackedAdamW, optim.fused, groups, lr=lr,
+                                       betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps))
+    else:
+        optimizer = _with_fused_kernel(StackedSGD, optim.fused, groups, lr=lr, momentum=float(optim.momentum))
+    optimizer.stacks = list(params)
+    return optimizer
+
+
+def _per_model_squares(grad: torch.Tensor) -> torch.Tensor:
+    """[K] sums of squares of each model's slice (fp64, reduced in fp32 at least, as ``optim._norm``)."""
+    low = grad.dtype in (torch.float16, torch.bfloat16)
+    flat = grad.detach().reshape(grad.shape[0], -1)
+    return torch.linalg.vector_norm(flat, dim=1, dtype=torch.float32 if low else None).double().pow(2)
 
 
 class PerModelGradientSync(GradientSync):
-    """Clips each model by its own global norm (over every stage), as it would be clipped alone."""
+    """Clips each model by its own global norm (over its slice of every stack, on every stage),
+    as it would be clipped alone."""
 
     def __init__(self, *args: Any, count: int, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -48,10 +95,10 @@ class PerModelGradientSync(GradientSync):
         self.last_norms = [math.nan] * count
 
     def model_norms(self) -> list[float]:
-        owned = [p for p in self.params if p.grad is not None and id(p) not in self._not_owned]
+        owned = [p.grad for p in self.params if p.grad is not None and id(p) not in self._not_owned]
         device = self.params[0].device if self.params else torch.device("cpu")
-        squares = torch.stack([_sum_of_squares([p.grad.detach() for p in owned if model_of(p) == k], device)
-                               for k in range(self.count)])
+        squares = torch.stack([_per_model_squares(g) for g in owned]).sum(0) if owned else \
+            torch.zeros(self.count, dtype=torch.float64, device=device)
         if self.norm_group is not None:
             dist.all_reduce(squares, group=self.norm_group)
         return [math.sqrt(float(s)) for s in squares]
@@ -66,12 +113,12 @@ class PerModelGradientSync(GradientSync):
             if not math.isfinite(norm):
                 raise NonFiniteError(f"gradient norm of model {k} is {norm}: training stopped; lower its lr "
                                      f"or enable train.grad_clip, and check the data")
-        if max_norm > 0:
-            coefs = [max_norm / (n + 1e-6) for n in norms]
+        coefs = [min(1.0, max_norm / (n + 1e-6)) for n in norms]
+        if max_norm > 0 and min(coefs) < 1.0:
             for param in self.params:
-                coef = coefs[model_of(param)]
-                if param.grad is not None and coef < 1.0:
-                    param.grad.mul_(coef)
+                if param.grad is not None:
+                    scale = torch.tensor(coefs, dtype=param.grad.dtype, device=param.grad.device)
+                    param.grad.mul_(scale.view(-1, *([1] * (param.grad.dim() - 1))))
         return math.sqrt(sum(n * n for n in norms))
 
 

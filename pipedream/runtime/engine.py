@@ -23,7 +23,7 @@ from models.grad_accumulation import fuse_grad_accumulation
 from pipedream.runtime.groups import ProcessGroups, layer_owner
 from pipedream.numerics.loss_scaler import LossScaler
 from pipedream.multi_model.budget import prepare_fused_stage
-from pipedream.multi_model.fused import FusedLayerModel
+from pipedream.multi_model.fused import FusedLayer, FusedLayerModel
 from pipedream.multi_model.training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from pipedream.numerics.precision import MixedPrecision
 from pipedream.numerics.grad_buckets import BucketedReduction
@@ -84,6 +84,7 @@ class PipelineEngine:
         if train.fuse_grad_accumulation and multi is None and train.compile is None:
             for chunk in chunks:
                 fuse_grad_accumulation(chunk, self.stage.weight_grads)
+        self.stage.split_graphs = train.split_weight_graphs
         self.params = self.stage.parameters()
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
@@ -192,8 +193,8 @@ class PipelineEngine:
         layers = {}
         for chunk, virtual_stage in zip(self.stage.chunks, self.virtual_stages):
             start = self.spec.bounds[virtual_stage][0]
-            for offset, layer in enumerate(chunk):
-                layers[start + offset] = layer
+            for offset, layer in enumerate(chunk):   # a fused layer's edge: K models, their own names
+                layers[start + offset] = layer.per_model_module() if isinstance(layer, FusedLayer) else layer
         return layers
 
     def comm_bytes(self) -> tuple[int, int]:

@@ -16,6 +16,7 @@ from models import boundary
 from models.boundary import Boundary, call_layer
 from models.grad_accumulation import WeightGradQueue
 from pipedream.errors import InvariantError
+from pipedream.runtime.weight_split import WeightHalf, input_half, parameter_nodes
 
 
 @dataclass
@@ -80,6 +81,10 @@ class Stage:
     parameters; autograd then accumulates gradients on that version (see ``weights.py``).
     ``weight_grads`` holds the weight-gradient GEMMs of the chunks' Linear layers (when they are
     ``AccumulatingLinear``) that a deferred backward leaves for later (``grad_accumulation.py``).
+    A split backward (a zero-bubble schedule's B) of a chunk with other weight matrices (a stock
+    module's attention or convolution, any Linear when the fused one is off) leaves their gradients
+    to its W too (``weight_split.py``); on a first chunk, which sends no input gradient, its B does
+    nothing and its W runs the whole backward.
     """
 
     def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
@@ -93,11 +98,16 @@ class Stage:
         self.recompute = recompute
         self.recompute_layers = recompute_layers
         self.stash: dict[tuple[int, int], _Stashed] = {}
+        self.split_graphs = True   # train.split_weight_graphs: a split backward splits stock layers' graphs too
         self.stats = StashStats()
         self.weight_grads = WeightGradQueue()
         self._awaiting_weight: dict[tuple[int, int], int] = {}   # split backwards -> bytes held until W
         self._saved_bytes: dict[tuple, int] = {}   # (chunk, input shapes, dtypes, own weights) -> bytes
         self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
+        # (microbatch, chunk) -> what its W runs besides the held GEMMs: the weight half of a split
+        # graph, or a first chunk's whole backward (its stash entry and output gradient)
+        self._weight_halves: dict[tuple[int, int], WeightHalf | tuple[_Stashed, Boundary | None]] = {}
+        self._split_params: dict[int, tuple[list[nn.Parameter], list[nn.Parameter]] | None] = {}
 
     def parameters(self) -> list[nn.Parameter]:
         seen, params = set(), []
@@ -184,7 +194,9 @@ class Stage:
         (microbatch, chunk), for the caller to run. ``split`` (a zero-bubble schedule's B) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
-        if defer_weight_grads or split:
+        if split and self.split_graphs and self._splits_graph(chunk):
+            self._split_backward(microbatch, chunk, stashed, grad_output)
+        elif defer_weight_grads or split:
             with self.weight_grads.deferred((microbatch, chunk)):
                 self._backpropagate(chunk, stashed, grad_output)
         else:
@@ -194,6 +206,49 @@ class Stage:
         else:
             self.stats.remove(stashed.saved_bytes)
         return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
+
+    def _splits_graph(self, chunk: int) -> bool:
+        """Whether a split backward of ``chunk`` splits its graph (``weight_split``): it has weight
+        matrices that no fused layer holds back (embedding tables excluded: their gradient is a
+        scatter, not a GEMM) and no recomputation (which the weight half would repeat)."""
+        if chunk not in self._split_params:
+            fused = {id(p) for m in self.chunks[chunk].modules() if getattr(m, "fused_weight_grads", False)
+                     for p in m.parameters(recurse=False)}
+            embedded = {id(p) for m in self.chunks[chunk].modules() if isinstance(m, nn.Embedding)
+                        for p in m.parameters(recurse=False)}
+            params = [p for p in self.chunks[chunk].parameters() if p.requires_grad]
+            split = [p for p in params if id(p) not in fused]
+            wanted = not self.recompute and any(p.dim() >= 2 and id(p) not in embedded for p in split)
+            self._split_params[chunk] = (split, [p for p in params if id(p) in fused]) if wanted else None
+        return self._split_params[chunk] is not None
+
+    def _split_backward(self, microbatch: int, chunk: int, stashed: _Stashed, grad_output: Boundary | None) -> None:
+        """B of a chunk whose graph splits: the input gradient now (and the fused layers' backward,
+        their GEMMs held as usual), the other weights' gradients in ``weight_grad``."""
+        key = (microbatch, chunk)
+        if self.is_first[chunk]:
+            self._weight_halves[key] = (stashed, grad_output)
+            return
+        split, fused = self._split_params[chunk]
+        outputs, grads = self._roots(chunk, stashed, grad_output)
+        leaves = [t for t in boundary.tensors(stashed.inputs) if t.requires_grad]
+        with self.weight_grads.deferred(key):
+            half = input_half(outputs, grads, leaves, parameter_nodes(split), parameter_nodes(fused),
+                              self.weight_grads.after_accumulate) if outputs else None
+            if half is None:   # a graph the split does not handle: all of it now, and from now on
+                self._split_params[chunk] = None   # (the chunk's graph has the same shape every time)
+                self._backpropagate(chunk, stashed, grad_output)
+        if half is not None:
+            self._weight_halves[key] = half
+
+    def _roots(self, chunk: int, stashed: _Stashed, grad_output: Boundary | None
+               ) -> tuple[list[torch.Tensor], list[torch.Tensor | None]]:
+        """The tensors a chunk's backward starts from, and their gradients."""
+        if self.is_last[chunk]:
+            return [stashed.outputs], [None]
+        if isinstance(stashed.outputs, torch.Tensor):
+            return [stashed.outputs], [grad_output]
+        return boundary.backward_pairs(stashed.outputs, grad_output)
 
     def _backpropagate(self, chunk: int, stashed: _Stashed, grad_output: Boundary | None) -> None:
         if self.is_last[chunk]:
@@ -209,6 +264,11 @@ class Stage:
         """A zero-bubble schedule's W: the weight-gradient GEMMs that the split backward of
         (microbatch, chunk) left, then its activations count as freed."""
         self.weight_grads.run((microbatch, chunk))
+        rest = self._weight_halves.pop((microbatch, chunk), None)
+        if isinstance(rest, WeightHalf):
+            rest.run()
+        elif rest is not None:   # a first chunk's whole backward
+            self._backpropagate(chunk, *rest)
         self.stats.remove(self._awaiting_weight.pop((microbatch, chunk)))
 
     def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:

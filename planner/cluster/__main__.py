@@ -48,9 +48,10 @@ def load_setup(cfg: Any):
     return fleet, table, jobs
 
 
-def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet):
+def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet, throughputs=None):
     """Space sharing's pairs (planner/cluster/colocation.py) when ``space_sharing`` is on, in
-    conf/gavel.yaml or the jobs file; None when it is off."""
+    conf/gavel.yaml or the jobs file; None when it is off. ``throughputs`` (the ThroughputTable T
+    came from) gives the plans' memory that the estimate checks pairs against."""
     from planner.cluster.colocation import colocation_from, read_jobs_file_colocation
 
     in_file, table = read_jobs_file_colocation(str(cfg.jobs)) if cfg.get("jobs") else (False, [])
@@ -60,17 +61,38 @@ def colocation_for(cfg: Any, jobs, T: np.ndarray, fleet):
     if not table and factor is None:
         raise PlannerError("space_sharing=true needs co-located throughputs: a colocated: table in the jobs file "
                            "(docs/cluster.md, Space sharing) or colocation_factor=0.6 (an estimate)")
-    return colocation_from(table, factor, jobs, T, fleet)
+    memory = throughputs.memory(jobs) if factor is not None and throughputs is not None else None
+    return colocation_from(table, factor, jobs, T, fleet, memory)
 
 
 def problem_for(jobs, T: np.ndarray, fleet, colocation=None):
+    from planner.cluster.fleet import entity_arrays
     from planner.cluster.policies import Problem
 
     pairs, pair_T = colocation.among(np.arange(len(jobs))) if colocation is not None else (None, None)
+    entity, entity_weights = entity_arrays(jobs)
     return Problem(T, np.array(fleet.counts), np.array([j.scale_factor for j in jobs]),
                    np.array([j.weight for j in jobs]), np.array([j.steps for j in jobs]), np.array(fleet.prices),
                    deadline_s=np.array([j.slo_hours * 3600 if j.slo_hours else np.inf for j in jobs]),
-                   pairs=pairs, pair_T=pair_T)
+                   pairs=pairs, pair_T=pair_T, entity=np.array(entity), entity_weights=np.array(entity_weights))
+
+
+def policy_of(cfg: Any) -> str:
+    """``policy``, with ``policy=hierarchical`` named by its level within entities (``within``)."""
+    from planner.cluster.hierarchical import WITHIN
+    from planner.cluster.policies import POLICIES
+
+    policy = str(cfg.policy)
+    if policy == "hierarchical":
+        within = str(cfg.get("within"))
+        if within not in WITHIN:
+            raise PlannerError(f"within={within!r} is unknown: policy=hierarchical shares each entity's weight among "
+                               f"its jobs by fairness or fifo")
+        policy = f"hierarchical_{within}"
+    if policy not in POLICIES:
+        raise PlannerError(f"policy={policy!r} is unknown: choose one of {', '.join(POLICIES)} (or hierarchical "
+                           f"with within=fairness|fifo)")
+    return policy
 
 
 def run_allocate(cfg: Any) -> int:
@@ -79,9 +101,10 @@ def run_allocate(cfg: Any) -> int:
 
     fleet, table, jobs = load_setup(cfg)
     T = table.matrix(jobs)
-    problem = problem_for(jobs, T, fleet, colocation_for(cfg, jobs, T, fleet))
-    alloc = allocate(str(cfg.policy), problem, str(cfg.heterogeneity))
-    other = allocate(str(cfg.policy), problem, "agnostic" if alloc.heterogeneity == "aware" else "aware")
+    problem = problem_for(jobs, T, fleet, colocation_for(cfg, jobs, T, fleet, table))
+    policy = policy_of(cfg)
+    alloc = allocate(policy, problem, str(cfg.heterogeneity))
+    other = allocate(policy, problem, "agnostic" if alloc.heterogeneity == "aware" else "aware")
     print(f"{alloc.policy} ({alloc.heterogeneity}) on {fleet.name}: "
           + ", ".join(f"{c} x {n}" for n, c in zip(fleet.type_names, fleet.counts))
           + f"; {len(jobs)} jobs, T from {table.plans_made} planner runs (steps/s)")
@@ -106,7 +129,7 @@ def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list
     mechanism = str(cfg.mechanism)
     if mechanism not in ("rounds", "ideal"):
         raise PlannerError(f"mechanism={mechanism!r} is unknown: choose rounds (Gavel's) or ideal (exactly X)")
-    colocation = colocation_for(cfg, jobs, T, fleet)
+    colocation = colocation_for(cfg, jobs, T, fleet, table)
     results = [simulate(jobs, T, fleet, policy, h, float(cfg.round_minutes) * 60, float(cfg.resolve_minutes) * 60,
                         mechanism, float(cfg.max_hours), colocation) for h in ("aware", "agnostic")]
     return results, [r.metrics(jobs, window) for r in results], window
@@ -114,12 +137,9 @@ def simulate_both(cfg: Any, fleet, table, jobs, policy: str) -> tuple[list, list
 
 def run_simulate(cfg: Any) -> int:
     from planner.cluster.fleet import jobs_to_json
-    from planner.cluster.policies import POLICIES
     from planner.cluster.report import comparison_table, plot_results
 
-    policy = str(cfg.policy)
-    if policy not in POLICIES:
-        raise PlannerError(f"policy={policy!r} is unknown: choose one of {', '.join(POLICIES)}")
+    policy = policy_of(cfg)
     fleet, table, jobs = load_setup(cfg)
     results, rows, window = simulate_both(cfg, fleet, table, jobs, policy)
     print(f"{len(jobs)} jobs on {fleet.name} ({', '.join(f'{c} x {n}' for n, c in zip(fleet.type_names, fleet.counts))}), "

@@ -7,7 +7,11 @@ Two sources, the first winning for a pair it names:
   ``{jobs: [a, b], throughput: {v100: [steps/s of a, steps/s of b], ...}}`` (a type it leaves out:
   the pair does not share a GPU there);
 * ``colocation_factor`` (an estimate, for traces without measurements): any two single-GPU jobs may
-  share a GPU, each keeping that fraction of its own throughput on the type.
+  share a GPU of a type where both their plans fit its memory together (the planner's device memory
+  of each, less the reserve, against what the GPU leaves usable), each keeping that fraction of its
+  own throughput on the type. The fraction itself is an assumption (docs/cluster.md, Space sharing):
+  the planner's cost model keeps a lone job's device busy all step, so it cannot say how much of
+  a GPU a second job would find idle.
 
 The planner predicts a job alone on a device, not a co-located pair, so without one of the two
 there is no space sharing.
@@ -33,6 +37,14 @@ class Colocation:
     factor: float | None
     T: np.ndarray
     scale: np.ndarray
+    memory: np.ndarray | None = None  # (jobs, types) bytes each job's plan needs (the estimate's check)
+    usable: np.ndarray | None = None  # (types,) bytes a GPU of each type leaves usable
+
+    def fits_together(self, a: int, b: int) -> np.ndarray:
+        """(types,) whether jobs a and b fit one GPU's memory together (all types without memory figures)."""
+        if self.memory is None or self.usable is None:
+            return np.ones(len(self.T[a]), dtype=bool)
+        return self.memory[a] + self.memory[b] <= self.usable
 
     def among(self, rows: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         """The pairs both of whose members are in ``rows``, indexed into ``rows``, and their rates."""
@@ -47,17 +59,19 @@ class Colocation:
             single = [int(r) for r in rows if self.scale[int(r)] == 1]
             for i, a in enumerate(single):
                 for b in single[i + 1:]:
-                    if (a, b) not in named and (b, a) not in named:
+                    fits = self.fits_together(a, b)
+                    if (a, b) not in named and (b, a) not in named and fits.any():
                         pairs.append((where[a], where[b]))
-                        rates.append(self.factor * np.stack([self.T[a], self.T[b]], axis=1))
+                        rates.append(self.factor * np.stack([self.T[a], self.T[b]], axis=1) * fits[:, None])
         if not pairs:
             return None, None
         return np.array(pairs, dtype=int), np.array(rates, dtype=float)
 
 
 def colocation_from(table: Sequence[Mapping[str, Any]], factor: float | None, jobs: Sequence[Job], T: np.ndarray,
-                    fleet: Fleet) -> Colocation:
-    """Check the ``colocated:`` rows against the jobs and the fleet; one line per mistake."""
+                    fleet: Fleet, memory: tuple[np.ndarray, np.ndarray] | None = None) -> Colocation:
+    """Check the ``colocated:`` rows against the jobs and the fleet; one line per mistake. ``memory``:
+    (each job's bytes per type, each type's usable bytes) for the estimate's memory check."""
     if factor is not None and not (isinstance(factor, (int, float)) and 0 < factor <= 1):
         raise PlannerError(f"colocation_factor = {factor!r} must be in (0, 1] (each member's share of its own "
                            f"throughput when paired) or null")
@@ -89,7 +103,8 @@ def colocation_from(table: Sequence[Mapping[str, Any]], factor: float | None, jo
         pairs.append((a, b))
         rates.append(rate)
     return Colocation(np.array(pairs, dtype=int).reshape(-1, 2), np.array(rates, dtype=float).reshape(-1, len(types), 2),
-                      None if factor is None else float(factor), T, np.array([j.scale_factor for j in jobs]))
+                      None if factor is None else float(factor), T, np.array([j.scale_factor for j in jobs]),
+                      *(memory if memory is not None else (None, None)))
 
 
 def read_jobs_file_colocation(path: str) -> tuple[bool, list]:

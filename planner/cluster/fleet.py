@@ -78,6 +78,8 @@ class Job:
     scale_factor: int = 1
     weight: float = 1.0
     slo_hours: float | None = None
+    entity: str | None = None  # hierarchical policies: the team it belongs to (None: an entity of its own)
+    entity_weight: float | None = None  # that entity's weight, from the jobs file's entities: table
     arrival_hours: float = 0.0
     profile: str | None = None
     overrides: tuple[str, ...] = ()
@@ -90,10 +92,10 @@ class Job:
 
 
 JOB_KEYS = {"name", "model", "batch", "steps", "scale_factor", "weight", "slo_hours", "arrival_hours",
-            "profile", "overrides", "throughput"}
+            "profile", "overrides", "throughput", "entity"}
 
 
-def job_from_mapping(raw: Mapping[str, Any], index: int) -> Job:
+def job_from_mapping(raw: Mapping[str, Any], index: int, entities: Mapping[str, float] | None = None) -> Job:
     where = f"jobs[{index}]"
     unknown = set(raw) - JOB_KEYS
     if unknown:
@@ -114,15 +116,22 @@ def job_from_mapping(raw: Mapping[str, Any], index: int) -> Job:
     slo = raw.get("slo_hours")
     if slo is not None and (not isinstance(slo, (int, float)) or slo <= 0):
         raise PlannerError(f"{where}.slo_hours = {slo!r} must be a number of hours > 0 or null")
+    entity = raw.get("entity")
+    if entity is not None and str(entity) not in (entities or {}):
+        raise PlannerError(f"{where}.entity = {entity!r} has no weight: add it to the jobs file's entities: table "
+                           f"(e.g. entities: {{{entity}: 1}})")
     return Job(name=str(raw.get("name", f"job{index}")), model=str(raw["model"]), batch=batch, steps=float(steps),
                scale_factor=scale, weight=float(weight), slo_hours=None if slo is None else float(slo),
                arrival_hours=float(raw.get("arrival_hours", 0.0)), profile=raw.get("profile"),
+               entity=None if entity is None else str(entity),
+               entity_weight=None if entity is None else entities[str(entity)],
                overrides=tuple(str(o) for o in raw.get("overrides") or ()),
                throughput={str(k): float(v) for k, v in (raw.get("throughput") or {}).items()})
 
 
 def load_jobs(path: str) -> list[Job]:
-    """A YAML or JSON file: a list of jobs, or a mapping with a ``jobs`` list."""
+    """A YAML or JSON file: a list of jobs, or a mapping with a ``jobs`` list (and an ``entities:``
+    table of weights for the hierarchical policies)."""
     file = Path(path)
     if not file.is_file():
         raise PlannerError(f"jobs={path}: no such file; write a YAML/JSON list of jobs (docs/cluster.md, Jobs file)")
@@ -136,9 +145,40 @@ def load_jobs(path: str) -> list[Job]:
     rows = data.get("jobs") if isinstance(data, dict) else data
     if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) for r in rows):
         raise PlannerError(f"jobs={path} holds no list of jobs: write a list of mappings with model, batch, steps")
-    return [job_from_mapping(raw, i) for i, raw in enumerate(rows)]
+    entities = entity_weights(data.get("entities") if isinstance(data, dict) else None, path)
+    return [job_from_mapping(raw, i, entities) for i, raw in enumerate(rows)]
+
+
+def entity_weights(table: Any, path: str) -> dict[str, float]:
+    """The ``entities:`` table (entity -> weight > 0), empty when the file has none."""
+    if table is None:
+        return {}
+    if not isinstance(table, dict):
+        raise PlannerError(f"jobs={path}: entities must map each entity to its weight, e.g. entities: {{research: 1, "
+                           f"product: 2}}")
+    for name, weight in table.items():
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or weight <= 0:
+            raise PlannerError(f"jobs={path}: entities.{name} = {weight!r} must be a number > 0 (the entity's share "
+                               f"in the hierarchical policies)")
+    return {str(name): float(weight) for name, weight in table.items()}
+
+
+def entity_arrays(jobs: Sequence[Job]) -> tuple[list[int], list[float]]:
+    """(each job's entity index, each entity's weight) for the hierarchical policies: the named
+    entities in order of first appearance, then a job without one as an entity of its own, weighing
+    its own ``weight``."""
+    index: dict[str, int] = {}
+    of_job, weights = [], []
+    for job in jobs:
+        key = job.entity if job.entity is not None else f"job {len(of_job)}"
+        if key not in index:
+            index[key] = len(weights)
+            weights.append(job.entity_weight if job.entity is not None else job.weight)
+        of_job.append(index[key])
+    return of_job, weights
 
 
 def jobs_to_json(jobs: Sequence[Job]) -> list[dict]:
     return [{"name": j.name, "model": j.model, "batch": j.batch, "steps": j.steps, "scale_factor": j.scale_factor,
-             "weight": j.weight, "slo_hours": j.slo_hours, "arrival_hours": j.arrival_hours} for j in jobs]
+             "weight": j.weight, "slo_hours": j.slo_hours, "arrival_hours": j.arrival_hours,
+             **({"entity": j.entity, "entity_weight": j.entity_weight} if j.entity is not None else {})} for j in jobs]

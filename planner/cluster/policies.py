@@ -24,11 +24,12 @@ import numpy as np
 from planner.cluster.lp import KEEP_REL_TOL, AllocationLP
 from planner.cluster.problem import (Problem, agnostic_T, best_throughput, effective_throughput, equal_share,  # noqa: F401
                                      fair_share_weights, isolated_share, validity_errors)
+from planner.cluster.hierarchical import first_level, hierarchical_fairness, hierarchical_fifo
 from planner.cluster.water_filling import max_min_fairness_water_filling
 from planner.errors import PlannerError
 
 POLICIES = ("max_min_fairness", "max_min_fairness_water_filling", "fifo", "makespan", "finish_time_fairness",
-            "min_cost", "min_cost_slo", "max_throughput", "sjf")
+            "min_cost", "min_cost_slo", "max_throughput", "sjf", "hierarchical_fairness", "hierarchical_fifo")
 SLO_PENALTY = 1e3  # per unit of missed SLO throughput (relative): meeting SLOs beats any saving
 
 
@@ -209,17 +210,20 @@ SOLVERS: dict[str, Callable[[Problem], tuple[np.ndarray, int]]] = {
     "max_min_fairness": max_min_fairness, "max_min_fairness_water_filling": max_min_fairness_water_filling,
     "fifo": fifo, "makespan": makespan,
     "finish_time_fairness": finish_time_fairness, "min_cost": min_cost, "min_cost_slo": min_cost_slo,
-    "max_throughput": max_throughput, "sjf": shortest_job_first}
+    "max_throughput": max_throughput, "sjf": shortest_job_first,
+    "hierarchical_fairness": hierarchical_fairness, "hierarchical_fifo": hierarchical_fifo}
 
 
 def objective_value(policy: str, p: Problem, X: np.ndarray) -> float:
     """The policy's objective for X under p's T (higher is better for every policy: makespan and
     finish-time fairness are negated, cost policies count progress per dollar, SLOs missed are
-    charged as in the LP)."""
+    charged as in the LP; hierarchical ones count their first round)."""
     thr = p.throughput(X)
     if policy in ("max_min_fairness", "max_min_fairness_water_filling"):
         equal = np.maximum(effective_throughput(p.T, equal_share(p)), 1e-300)
         return float(np.min(p.scale / p.weights * thr / equal))
+    if policy.startswith("hierarchical_"):
+        return first_level(p, X, policy.removeprefix("hierarchical_"))
     if policy == "fifo":
         rank = p.shape[0] - np.arange(p.shape[0])
         return float(np.sum(rank * thr / best_throughput(p)))

@@ -34,6 +34,10 @@ class Problem:
     # per pair, and a job's throughput sums over the rows it is in.
     pairs: np.ndarray | None = None
     pair_T: np.ndarray | None = None
+    # hierarchical policies (ch. 5.4.3): each job's entity (an index into entity_weights) and the
+    # entities' weights; None: every job an entity of its own, weighing its ``weights``
+    entity: np.ndarray | None = None
+    entity_weights: np.ndarray | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -80,7 +84,8 @@ class Problem:
     def agnostic(self) -> "Problem":
         """No space sharing: an agnostic scheduler does not know which pairs co-locate well."""
         return Problem(agnostic_T(self.T, self.counts), self.counts, self.scale, self.weights, self.steps,
-                       self.prices, self.elapsed_s, self.isolated_s, self.deadline_s, spread=True)
+                       self.prices, self.elapsed_s, self.isolated_s, self.deadline_s, spread=True,
+                       entity=self.entity, entity_weights=self.entity_weights)
 
 
 def agnostic_T(T: np.ndarray, counts: np.ndarray) -> np.ndarray:

@@ -31,7 +31,23 @@ def allocation_table(jobs: Sequence[Job], fleet: Fleet, problem: Problem, alloc:
                      + rates + "  " + "  ".join(f"{v:>7.3f}" for v in alloc.X[n + q]))
     used = (alloc.X * problem.row_scale()[:, None]).sum(axis=0)
     lines.append("GPUs busy on average: " + ", ".join(f"{n} {u:.2f} of {c}" for n, u, c in zip(names, used, fleet.counts)))
+    if any(job.entity is not None for job in jobs):
+        lines.append(entity_line(jobs, problem, alloc))
     return "\n".join(lines)
+
+
+def entity_line(jobs: Sequence[Job], problem: Problem, alloc: Allocation) -> str:
+    """Each named entity's weight and its jobs' normalised shares summed (scale x throughput /
+    throughput at X^equal), the quantity the hierarchical policies share out by weight."""
+    from planner.cluster.hierarchical import normalised_share
+
+    share = normalised_share(problem) * problem.throughput(alloc.X)
+    named: dict[str, list[int]] = {}
+    for m, job in enumerate(jobs):
+        if job.entity is not None:
+            named.setdefault(job.entity, []).append(m)
+    return "entity shares (scale x steps/s over X^equal's, summed): " + ", ".join(
+        f"{name} (weight {jobs[ms[0]].entity_weight:g}) {share[ms].sum():.3f}" for name, ms in named.items())
 
 
 def allocation_json(jobs: Sequence[Job], fleet: Fleet, alloc: Allocation, problem: Problem,

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cluster.fleet import Fleet, Job
+from planner.cluster.fleet import Fleet, Job, entity_arrays
 from planner.cluster.mechanism import RoundMechanism
 from planner.cluster.policies import Problem, allocate, effective_throughput, isolated_share
 from planner.cluster.colocation import Colocation
@@ -73,6 +73,7 @@ def simulate(jobs: Sequence[Job], T: np.ndarray, fleet: Fleet, policy: str, hete
     remaining = np.array([j.steps for j in jobs], dtype=float)
     deadline = np.array([(j.arrival_hours + j.slo_hours) * HOUR if j.slo_hours else np.inf for j in jobs])
     weights = np.array([j.weight for j in jobs])
+    entity, entity_weights = (np.array(a) for a in entity_arrays(jobs))
     finish = np.full(n, np.nan)
     isolated = np.zeros(n)  # seconds the progress so far would have taken on 1/n of the cluster
     busy, cost = np.zeros(k), 0.0
@@ -99,7 +100,7 @@ def simulate(jobs: Sequence[Job], T: np.ndarray, fleet: Fleet, policy: str, hete
             problem = Problem(T[rows], counts, scale[rows], weights[rows], remaining[rows], prices,
                               elapsed_s=t - arrival[rows], isolated_s=isolated[rows],
                               deadline_s=deadline[rows] - t - round_s,  # whole rounds: aim one round early
-                              pairs=pairs, pair_T=pair_T)
+                              pairs=pairs, pair_T=pair_T, entity=entity[rows], entity_weights=entity_weights)
             alloc = allocate(policy, problem, heterogeneity)
             X, solves, lps, solve_s = alloc.X, solves + 1, lps + alloc.lps, solve_s + alloc.solve_s
             iso_thr = np.maximum(effective_throughput(problem.T, isolated_share(problem)), 1e-300)

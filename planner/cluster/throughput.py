@@ -20,10 +20,13 @@ from planner.cluster.fleet import Fleet, GpuType, Job
 
 @dataclass(frozen=True)
 class TypePlan:
-    """The planner's answer for one job kind on one type: steps/s (0: nothing fits) and the plan."""
+    """The planner's answer for one job kind on one type: steps/s (0: nothing fits), the plan, and
+    the device memory it needs of what the type's GPU leaves usable (both less the memory reserve)."""
 
     steps_per_s: float
     summary: str
+    memory_bytes: float = 0.0
+    usable_bytes: float = float("inf")
 
 
 def server_shape(gpus: int, per_server: int) -> tuple[int, int]:
@@ -95,7 +98,9 @@ class ThroughputTable:
         par = plan.parallel
         summary = (f"{plan.planner['algorithm']} pp={par.pp} tp={par.tp} dp={par.dp} b={plan.batch.micro} "
                    f"{plan.schedule}, {plan.predicted.samples_per_s:.4g} samples/s")
-        return TypePlan(plan.predicted.samples_per_s / job.batch, summary)
+        reserve = float(plan.planner["memory_reserve_bytes"])
+        return TypePlan(plan.predicted.samples_per_s / job.batch, summary,
+                        plan.predicted.memory_bytes_per_device - reserve, plan.predicted.memory_capacity_bytes - reserve)
 
     @property
     def plans_made(self) -> int:
@@ -116,6 +121,20 @@ class ThroughputTable:
 
     def matrix(self, jobs: Sequence[Job]) -> np.ndarray:
         return np.stack([self.row(j) for j in jobs]) if jobs else np.zeros((0, len(self.fleet.types)))
+
+    def memory(self, jobs: Sequence[Job]) -> tuple[np.ndarray, np.ndarray]:
+        """(jobs, types) device memory each job's plan needs, and what each type leaves usable, both
+        less the reserve: what space sharing checks a pair against. A measured throughput has no
+        plan: its memory counts as 0 (unknown), and a type where nothing fits holds no pair anyway."""
+        need = np.zeros((len(jobs), len(self.fleet.types)))
+        usable = np.full(len(self.fleet.types), np.inf)
+        for m, job in enumerate(jobs):
+            for j, gpu in enumerate(self.fleet.types):
+                if gpu.name not in job.throughput:
+                    plan = self.plan(job, gpu)
+                    need[m, j] = plan.memory_bytes
+                    usable[j] = min(usable[j], plan.usable_bytes)
+        return need, usable
 
     def summaries(self, job: Job) -> dict[str, Any]:
         return {g.name: ("measured" if g.name in job.throughput else self.plan(job, g).summary)

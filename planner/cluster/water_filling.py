@@ -40,17 +40,35 @@ def _extras_objective(lp: AllocationLP) -> np.ndarray:
     return c
 
 
+def bottlenecked(p: Problem, a: np.ndarray, floor: np.ndarray, among: np.ndarray, cap: float,
+                 rise: float) -> tuple[np.ndarray, int]:
+    """(the jobs of ``among`` whose share a_m . throughput cannot rise while every job holds its
+    ``floor``, LPs solved). In place of the dissertation's MILP: maximise the candidates' total rise,
+    each capped at ``cap`` so that it spreads over every candidate that can rise; drop those that rose
+    more than ``rise`` and repeat until none does (usually one or two LPs). If none rises, none can:
+    one rising alone would raise the total. Never empty: where the LPs disagree in the last digits
+    (the level's LP found a job tight that can still rise) the first candidate is taken."""
+    n = p.shape[0]
+    candidates, lps = among.copy(), 0
+    while candidates.any():
+        lp, v = _solve_holding(p, a, floor, np.eye(n), _extras_objective,
+                               [(0.0, cap if c else 0.0) for c in candidates])  # share_m - r_m >= floor_m
+        lps += 1
+        rose = v[-n:] > rise
+        if not rose.any():
+            break
+        candidates &= ~rose
+    if not candidates.any():
+        candidates = among & (np.arange(n) == np.flatnonzero(among)[0])
+    return candidates, lps
+
+
 def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
     """Water filling (ch. 5.4.3): raise the lowest normalised share of the jobs not yet frozen as far
     as it goes (one LP), freeze the jobs that are bottlenecked there, i.e. whose share cannot rise
     while every other job keeps its level, and repeat until every job is frozen. The result is
     max-min fair: no share can rise without lowering one that is no larger, so no GPU that could
-    speed a job up stays idle.
-
-    The bottlenecked jobs are found with LPs in place of the dissertation's MILP: maximise the
-    candidates' total rise above the level, each rise capped so that it spreads over every candidate
-    that can rise; drop those that rose and repeat until none does (usually one or two LPs). If none
-    rises, none can: one rising alone would raise the total."""
+    speed a job up stays idle. The bottlenecked jobs are found with LPs (``bottlenecked``)."""
     n = p.shape[0]
     a = fair_share_weights(p)
     floor = np.zeros(n)
@@ -63,19 +81,9 @@ def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
         lps += 1
         level = max(float((a * p.throughput(lp.X(v)))[rising].min()), 0.0)  # what X reaches: a floor it meets
         floor = np.where(rising, level, floor)
-        candidates = rising.copy()
-        cap = 1e-2 * max(level, 1e-3)
-        while candidates.any():
-            lp, v = _solve_holding(p, a, floor, np.eye(n), _extras_objective,
-                                   [(0.0, cap if c else 0.0) for c in candidates])  # share_m - r_m >= floor_m
-            lps += 1
-            rose = v[-n:] > WATER_RISE_REL * max(level, 1e-12)
-            if not rose.any():
-                break
-            candidates &= ~rose
-        if not candidates.any():  # not in exact arithmetic (the level's LP found it tight): freeze the first
-            candidates = rising & (np.arange(n) == np.flatnonzero(rising)[0])
-        rising &= ~candidates
+        stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * max(level, 1e-3), WATER_RISE_REL * max(level, 1e-12))
+        lps += used
+        rising &= ~stuck
     # every level held, the spare GPUs used
     lp, v = _solve_holding(p, a, floor, np.zeros((n, 0)), lambda lp: -lp.objective_x(1.0 / best_throughput(p)))
     return lp.X(v), lps + 1

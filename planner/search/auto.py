@@ -12,16 +12,29 @@ from pipedream.config.plan_file import Batch, ClusterInfo, Harmony, ModelInfo, P
 
 from planner.errors import DoesNotFitError, PlannerError
 from planner.inputs.search_inputs import Inputs
-from planner.search.pipedream_search import pipedream_search
-from planner.search.ptdp import ptdp_search
 from planner.search.ranking import Candidate, SearchResult
 from planner.check.simcheck import SimCheck, available_schedules, check_uniform
-from planner.check.simcheck_async import check_replicated
-from planner.search.two_bw import two_bw_search
 from planner.costs.uniform import overlapped_reduction, rank_stats
 
-SEARCHES: dict[str, Callable[[Inputs], SearchResult]] = {
-    "ptdp": ptdp_search, "2bw": two_bw_search, "pipedream": pipedream_search}
+
+def _ptdp() -> Callable[[Inputs], SearchResult]:
+    from planner.search.ptdp import ptdp_search
+    return ptdp_search
+
+
+def _two_bw() -> Callable[[Inputs], SearchResult]:
+    from planner.search.two_bw import two_bw_search
+    return two_bw_search
+
+
+def _pipedream() -> Callable[[Inputs], SearchResult]:
+    from planner.search.pipedream_search import pipedream_search
+    return pipedream_search
+
+
+# each search's function, imported when chosen: a plan runs one search, and start-up pays for it alone
+SEARCHES: dict[str, Callable[[], Callable[[Inputs], SearchResult]]] = {
+    "ptdp": _ptdp, "2bw": _two_bw, "pipedream": _pipedream}
 ALGORITHMS = ("auto", *SEARCHES, "harmony")
 
 
@@ -72,6 +85,8 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
     level = inputs.cluster.level_for_span(sum(len(r) for _, _, r in best.stages) if replicated
                                           else best.pp * best.tp * best.dp)
     if replicated:
+        from planner.check.simcheck_async import check_replicated
+
         fwd, bwd = inputs.profile.times(best.micro)
         col = inputs.profile.arrays
         extra = fwd * col["recomputable"] if best.recompute else 0.0
@@ -122,7 +137,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
     if algorithm == "auto":
         algorithm, reason = choose_algorithm(inputs, semantics)
         try:
-            result = SEARCHES[algorithm](inputs)
+            result = SEARCHES[algorithm]()(inputs)
         except DoesNotFitError as err:
             if inputs.cluster.nodes > 1:
                 raise
@@ -134,7 +149,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                 raise DoesNotFitError(f"{err}; nor does a Harmony plan ({harmony_err})") from None
     else:
         reason = f"planner.algorithm={algorithm} was asked for"
-        result = SEARCHES[algorithm](inputs)
+        result = SEARCHES[algorithm]()(inputs)
     best = result.best
     sim = _sim_check(inputs, best) if simulate else SimCheck(False, "simulator check off (planner.simulate=false)")
     notes = list(result.notes)

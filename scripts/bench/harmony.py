@@ -150,7 +150,7 @@ def write_plan(row: Row, budget: float, path: Path) -> None:
 def train(plan_path: Path, run_dir: Path, steps: int, repeats: int) -> dict:
     """``repeats`` launches of the plan: the median of their median step times (one launch's steps
     agree with each other far better than two launches do: 53-70 ms for one configuration here)."""
-    from scripts.bench.planner_fidelity import launch_plan
+    from scripts.bench.planner_fidelity_runs import launch_plan
 
     runs = []
     for _ in range(repeats):

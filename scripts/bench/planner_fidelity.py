@@ -21,6 +21,8 @@ its section of docs/benchmarks.md.
 Run: .venv/bin/python -m scripts.bench.planner_fidelity [--steps 12] [--repeats 2] [--recalibrate]
      .venv/bin/python -m scripts.bench.planner_fidelity --quick   (3 configurations, nothing under docs/)
      .venv/bin/python -m scripts.bench.planner_fidelity --only pipedream --out-dir /tmp/x   (matching rows)
+     .venv/bin/python -m scripts.bench.planner_fidelity --only maskseq --merge docs/bench_planner_fidelity.json
+         (the matching rows measured again, the saved others kept; docs/ rewritten with all of them)
      .venv/bin/python -m scripts.bench.planner_fidelity --repredict docs/bench_planner_fidelity.json
          (the saved rows planned again from the work dir's saved calibrations: no runs)
 """
@@ -31,32 +33,19 @@ import contextlib
 import io
 import json
 import os
-import resource
 import statistics
-import subprocess
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from pipedream.schedules import schedule_info
 from scripts import ROOT
-from scripts.bench.load import cpu_busy_jiffies, other_load
+from scripts.bench.planner_fidelity_runs import (MODELS, PLUGIN_PATH, calibrate, launch_plan,  # noqa: F401
+                                                 merge, model_and_data, summarise)
 from scripts.bench.runtime_report import machine, replace_section
 
 SECTION = "bench_planner_fidelity"
 GLOBAL_BATCH = 32
-# name -> Hydra overrides of the model group (the calibration measures each); untied embeddings so
-# that the asynchronous schedules (whose stages update at different times) run the same models
-MODELS = {
-    "gpt_tiny": ("model=gpt_tiny", "model.tie_embeddings=false"),
-    "gpt_tiny_h256": ("model=gpt_tiny", "model.tie_embeddings=false", "model.hidden_size=256", "model.num_heads=8"),
-    "maskseq": ("model._target_=maskseq.model.build", "model.width=128"),   # examples/masked_sequences
-}
-# the data each model trains on (calibrated and run with); a plugin model brings its own
-DATA = {"maskseq": ("data._target_=maskseq.data.build", "data.num_samples=4096")}
-SYNTHETIC = ("data=synthetic",)
-PLUGIN_PATH = ROOT / "examples" / "masked_sequences"   # the plugin's package, importable by the subprocesses
 TARGET_MEDIAN, TARGET_WORST, TARGET_CHOICE = 0.10, 0.25, 0.05
 
 
@@ -108,17 +97,6 @@ def grid(quick: bool) -> list[Config]:
     ]
 
 
-def model_and_data(model: str) -> list[str]:
-    """The overrides that select the model and its data, as the launcher and the calibration take them."""
-    return [*MODELS[model], *DATA.get(model, SYNTHETIC)]
-
-
-def plugin_env() -> dict[str, str]:
-    """This environment with the example plugin's package on PYTHONPATH."""
-    path = os.pathsep.join(p for p in (str(PLUGIN_PATH), os.environ.get("PYTHONPATH", "")) if p)
-    return {**os.environ, "PYTHONPATH": path}
-
-
 def plan(cfg: Config, calibration: Path, out: Path) -> dict:
     from planner.__main__ import main as planner_main
 
@@ -156,41 +134,6 @@ def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
     summary = out.pop("summary")
     return {"step_s": summary["median_step_time_s"], "rss": max(r["peak_memory_bytes"]["rss"] for r in summary["ranks"]),
             **out, "load_average": os.getloadavg()[0]}
-
-
-def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, port_base: int, timeout: int) -> dict:
-    """Train ``plan_path`` with the launcher (``model``: the overrides of the model and its data, the
-    synthetic data unless they choose one): its summary, the wall time and the other processes' CPU
-    share, or the run's one-line error."""
-    if not any(o.lstrip("+~").startswith("data") for o in model):
-        model = [*model, *SYNTHETIC]
-    cmd = [sys.executable, "-m", "launcher", *model, "cluster=local_cpu", f"parallel.plan={plan_path}",
-           f"train.steps={steps}", "train.eval_every=0", "trace.enabled=false", "train.progress=false",
-           f"train.log_every={steps}", f"train.run_dir={run_dir}", "train.overwrite=true",
-           "launcher.check_memory=false", f"launcher.master_port={port_base + os.getpid() % 300}"]
-    before, child = cpu_busy_jiffies(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=ROOT, env=plugin_env(), capture_output=True, text=True, timeout=timeout)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:  # recorded, not fatal: one failing configuration must not lose the others
-        lines = [line for line in proc.stderr.splitlines() if line.startswith("error:")] or proc.stderr.splitlines()
-        return {"error": (lines[-1] if lines else f"exit {proc.returncode}")[:300], "wall_s": wall}
-    own = (after.ru_utime + after.ru_stime) - (child.ru_utime + child.ru_stime)
-    return {"summary": json.loads((run_dir / "summary.json").read_text()), "wall_s": wall,
-            "other_load": other_load(before, cpu_busy_jiffies(), own)}
-
-
-def calibrate(path: Path, repeats: int, models: set[str]) -> None:
-    for model in MODELS:
-        if model not in models:
-            continue
-        cmd = [sys.executable, "-m", "planner.calibrate", *model_and_data(model), f"planner.calibration_out={path}",
-               f"planner.calibrate_repeats={repeats}"]
-        proc = subprocess.run(cmd, cwd=ROOT, env=plugin_env(), capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            raise SystemExit(f"calibration of {model} failed: {proc.stderr.strip()}")
-        print(proc.stdout.strip(), flush=True)
 
 
 def selected(name: str, only: str) -> bool:
@@ -270,17 +213,10 @@ def run(args: argparse.Namespace) -> dict:
         choice_rows.append({"model": model, "choice": chosen["name"], "choice_measured_s": chosen["measured_step_s"],
                             "fastest": fastest["name"], "fastest_measured_s": fastest["measured_step_s"],
                             "gap": chosen["measured_step_s"] / fastest["measured_step_s"] - 1})
-    errors = [abs(r["step_error"]) for r in rows]
-    loads = [x for r in rows for x in r["other_load"] if x is not None]
     return {"machine": machine(), "steps": args.steps, "repeats": args.repeats, "global_batch": GLOBAL_BATCH,
             "calibration": {k: v for k, v in sheet.items() if k != "profiles"},
             "calibrations": [json.loads(c.read_text())["machine_load"] for c in sheets],
-            "rows": rows, "choices": choice_rows,
-            "failed": failed,
-            "summary": {"median_abs_step_error": statistics.median(errors), "worst_abs_step_error": max(errors),
-                        "median_abs_rss_error": statistics.median(abs(r["rss_error"]) for r in rows),
-                        "worst_choice_gap": max((c["gap"] for c in choice_rows), default=float("nan")),
-                        "median_other_load": statistics.median(loads) if loads else None}}
+            "rows": rows, "choices": choice_rows, "failed": failed, "summary": summarise(rows, choice_rows)}
 
 
 def repredict(data: dict, work: Path, only: str = "") -> list[dict]:
@@ -320,14 +256,7 @@ def markdown(data: dict) -> str:
         f"medians of both kept; global batch "
         f"{data['global_batch']}; {data['machine']['cpu']}, {data['machine']['cores']} cores). The planner plans "
         f"with `cluster=measured`: this machine as `python -m planner.calibrate` measured it (first round) at "
-        f"{cal['measured_at']} ({cal['device']['flops_fp32'] / 1e9:.1f} GFLOP/s per process with all busy, "
-        f"layer times x{cal['compute_slowdown']:.2f} for contention, p2p {cal['p2p']['latency_s'] * 1e6:.0f} us + "
-        f"{cal['p2p']['bandwidth'] / 1e9:.2f} GB/s, all-reduce step {cal['allreduce']['latency_s'] * 1e6:.0f} us, "
-        f"optimizer {cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte, process base "
-        f"{cal['process_base_bytes'] / 2**20:.0f} MiB; other processes used "
-        + (f"{(cal['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU while it measured)."
-           if cal["machine_load"].get("workers_excluded") else
-           "an unknown share of the CPU while it measured: this sheet counted its own workers as others).") , "",
+        f"{calibration_text(cal)}." + "".join(" " + later_text(x) for x in data.get("later", [])), "",
         "| configuration | profile | predicted step (rounds) | measured step (rounds) | error | predicted RSS | measured RSS | "
         "error | other load |", "|---|---|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -355,6 +284,26 @@ def markdown(data: dict) -> str:
               f"load.", "",
               limits(data, spread)]
     return "\n".join(lines)
+
+
+def calibration_text(cal: dict) -> str:
+    return (f"{cal['measured_at']} ({cal['device']['flops_fp32'] / 1e9:.1f} GFLOP/s per process with all busy, "
+            f"layer times x{cal['compute_slowdown']:.2f} for contention, p2p {cal['p2p']['latency_s'] * 1e6:.0f} us + "
+            f"{cal['p2p']['bandwidth'] / 1e9:.2f} GB/s, all-reduce step {cal['allreduce']['latency_s'] * 1e6:.0f} us, "
+            f"optimizer {cal['optimizer']['seconds_per_parameter_byte'] * 1e12:.0f} ps per parameter byte, process base "
+            f"{cal['process_base_bytes'] / 2**20:.0f} MiB; other processes used "
+            + (f"{(cal['machine_load']['other_cpu_share'] or 0) * 100:.0f}% of the CPU while it measured)"
+               if cal["machine_load"].get("workers_excluded") else
+               "an unknown share of the CPU while it measured: this sheet counted its own workers as others)"))
+
+
+def later_text(later: dict) -> str:
+    """Rows measured after the rest (``--merge``): when, from which calibration, under what load."""
+    load = later["summary"].get("median_other_load")
+    return (f"The rows {', '.join(later['rows'])} were measured later ({later['repeats']} rounds of {later['steps']} "
+            f"steps), each round planned from its own calibration; the first taken at "
+            f"{calibration_text(later['calibration'])}; other processes used a median "
+            f"{(load or 0) * 100:.0f}% of the CPU during their runs.")
 
 
 def limits(data: dict, spread: float) -> str:
@@ -389,6 +338,8 @@ def main() -> int:
     parser.add_argument("--out-dir", default=None, help="default docs/ (none with --quick)")
     parser.add_argument("--report-only", metavar="JSON", help="rewrite the Markdown from a saved JSON, measure nothing")
     parser.add_argument("--only", default="", metavar="TEXT", help="only the configurations whose name holds TEXT (alternatives separated by |)")
+    parser.add_argument("--merge", metavar="JSON", help="put the rows just measured (or --report-only's) into this "
+                        "saved result in place of those of the same name, keeping the others; writes the merged result")
     parser.add_argument("--repredict", metavar="JSON", help="re-plan a saved JSON's rows from the work dir's "
                         "calibrations and print predicted then vs now against what was measured; runs nothing")
     args = parser.parse_args()
@@ -396,6 +347,8 @@ def main() -> int:
         print(repredict_markdown(repredict(json.loads(Path(args.repredict).read_text()), Path(args.work_dir), args.only)))
         return 0
     data = json.loads(Path(args.report_only).read_text()) if args.report_only else run(args)
+    if args.merge:
+        data = merge(json.loads(Path(args.merge).read_text()), data)
     text = markdown(data)
     print(text)
     out = Path(args.out_dir) if args.out_dir else (None if args.quick else ROOT / "docs")

@@ -5,10 +5,15 @@ number measured here, never typed); also two traced iterations of our 1f1b per w
 docs/img/bench_runtime/<workload>/ trace.json, timeline.png and timeline_predicted.png.
 
 Run: .venv/bin/python -m scripts.bench.runtime                 (every case)
-     .venv/bin/python -m scripts.bench.runtime --targets-only  (only the cases the targets compare:
-                                                                 about half the cases of the MLP)
-     .venv/bin/python -m scripts.bench.runtime --quick         (smoke run, tiny models, < 30 s; writes
+     .venv/bin/python -m scripts.bench.runtime --targets-only  (only the cases the targets compare: no
+                                                                 runtime-optimisation variants, no
+                                                                 asynchronous schedules)
+     .venv/bin/python -m scripts.bench.runtime --workloads stock  (one workload; writes nothing under
+                                                                 docs/ unless --out-dir)
+     .venv/bin/python -m scripts.bench.runtime --quick         (smoke run, tiny models; writes
                                                                  nothing under docs/ unless --out-dir)
+Each process is pinned to its own core (``--bind-cores none``: not pinned); ours, torch's and the
+single process run in the same processes, so they share the binding.
 The run's duration is printed at its end and recorded in the JSON (``duration_s``).
 
 Every case of a workload is built once and warmed up; then each round runs every case for a short
@@ -36,7 +41,7 @@ import torch.multiprocessing as mp
 
 from scripts import ROOT
 from scripts.bench.load import Quiet, cpu_busy_jiffies, measured, other_load
-from scripts.bench.runtime_cases import PP, Case, cases, run_order, workloads
+from scripts.bench.runtime_cases import PP, Case, Workload, cases, run_order, workloads
 from scripts.bench.runtime_report import analyse, machine, markdown, replace_section
 from scripts.bench.runtime_steps import compose, ours, single, theirs
 from scripts.bench.runtime_targets import targets
@@ -92,9 +97,24 @@ def _traced_iteration(workload: Workload, rank: int, groups_cache: dict, out_dir
     return {"report": report.as_dict() if report else None, "other_load": best_load}
 
 
-def _worker(rank: int, port: int, quick: bool, targets_only: bool, warmup: int, block: int, repeats: int,
+def chosen(quick: bool, names: list[str] | None) -> list[Workload]:
+    return [w for w in workloads(quick) if names is None or w.name in names]
+
+
+def core_sets(bind: bool) -> list[tuple[int, ...]] | None:
+    """One disjoint core set per process (as ``launcher.bind_cores=auto`` gives the ranks), or None
+    where nothing is bound (``--bind-cores none``, or fewer usable cores than processes)."""
+    from pipedream.runtime.affinity import even_sets
+
+    cores = sorted(os.sched_getaffinity(0))
+    return even_sets(cores, PP) if bind and len(cores) >= PP else None
+
+
+def _worker(rank: int, port: int, quick: bool, names: list[str] | None, targets_only: bool, warmup: int, block: int, repeats: int,
             result_path: str, trace_dir: str | None, max_other_load: float, tries: int,
-            wait_budget_s: float) -> None:
+            wait_budget_s: float, cores: list[tuple[int, ...]] | None) -> None:
+    if cores is not None:   # before Gloo starts its threads, which inherit the set; ours and torch's alike
+        os.sched_setaffinity(0, cores[rank])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=PP, timeout=datetime.timedelta(seconds=600))
@@ -104,7 +124,7 @@ def _worker(rank: int, port: int, quick: bool, targets_only: bool, warmup: int, 
     results: dict[str, Any] = {}
     quiet = Quiet(max_other_load, wait_budget_s)
     try:
-        for workload in workloads(quick):
+        for workload in chosen(quick, names):
             steps = {case.name: builders[case.runtime](workload, case)
                      for case in cases(workload.name, targets_only)}
             for step in steps.values():
@@ -145,15 +165,16 @@ def _free_port() -> int:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    out_dir = Path(args.out_dir) if args.out_dir else (None if args.quick else ROOT / "docs")
+    out_dir = Path(args.out_dir) if args.out_dir else (None if args.quick or args.workloads else ROOT / "docs")
     trace_root = (out_dir / "img" / "bench_runtime") if out_dir else None
     started, busy_before = time.perf_counter(), cpu_busy_jiffies()
+    cores = core_sets(args.bind_cores == "auto")
     with tempfile.TemporaryDirectory() as tmp:
         result_path = str(Path(tmp) / "result.json")
         trace_dir = str(trace_root) if trace_root else str(Path(tmp) / "trace")
-        mp.start_processes(_worker, args=(_free_port(), args.quick, args.targets_only, args.warmup, args.block,
+        mp.start_processes(_worker, args=(_free_port(), args.quick, args.workloads, args.targets_only, args.warmup, args.block,
                                           args.rounds, result_path, trace_dir, args.max_other_load, args.tries,
-                                          args.wait_budget),
+                                          args.wait_budget, cores),
                            nprocs=PP, join=True, start_method="spawn")
         raw = json.loads(Path(result_path).read_text(encoding="utf-8"))
     own = sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
@@ -161,13 +182,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     data: dict[str, Any] = {
         "date": datetime.date.today().isoformat(), "machine": machine(),
         "command": "python -m scripts.bench.runtime" + (" --quick" if args.quick else "")
+                   + (f" --workloads {' '.join(args.workloads)}" if args.workloads else "")
                    + (" --targets-only" if args.targets_only else ""),
         "duration_s": time.perf_counter() - started,
         "other_load": other_load(busy_before, cpu_busy_jiffies(), own),
         "settings": {"rounds": args.rounds, "warmup": args.warmup, "block": args.block, "pp": PP,
-                     "max_other_load": args.max_other_load, "tries": args.tries, "wait_budget_s": args.wait_budget},
+                     "max_other_load": args.max_other_load, "tries": args.tries, "wait_budget_s": args.wait_budget,
+                     "core_sets": cores},
         "workloads": {}}
-    for workload in workloads(args.quick):
+    for workload in chosen(args.quick, args.workloads):
         result = raw[workload.name]
         data["workloads"][workload.name] = {
             "description": workload.description, "overrides": list(workload.overrides),
@@ -190,12 +213,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--targets-only", action="store_true",
                         help="only the cases the targets compare (no runtime-optimisation variants, no asynchronous "
                              "schedules; on the MLP no gpipe or interleaved)")
+    parser.add_argument("--workloads", nargs="+", choices=[w.name for w in workloads(False)],
+                        help="only these workloads (default all); a partial run writes nothing under docs/ "
+                             "unless --out-dir")
     parser.add_argument("--rounds", type=int, default=None, help="rounds over all cases (default 12)")
     parser.add_argument("--warmup", type=int, default=None, help="untimed iterations per case (default 2)")
     parser.add_argument("--block", type=int, default=None, help="timed iterations per case and round (default 2)")
     parser.add_argument("--out-dir", help="where bench_runtime.json and benchmarks.md go (default docs/)")
     parser.add_argument("--max-other-load", type=float, default=0.15,
                         help="before a round, wait for other processes to use less than this share of the CPU")
+    parser.add_argument("--bind-cores", choices=("auto", "none"), default="auto",
+                        help="auto: each process pinned to its own cores (as launcher.bind_cores=auto pins the ranks); "
+                             "ours, torch's and the single process run in the same pinned processes")
     parser.add_argument("--tries", type=int, default=None, help="attempts at a quiet traced iteration (default 2)")
     parser.add_argument("--wait-budget", type=float, default=None,
                         help="seconds the whole benchmark may wait for other processes to go quiet (default 30)")

@@ -17,6 +17,7 @@ OURS_FOR = {"interleaved_zb": "interleaved"}   # torch only: our config of the s
 # ours only: torch.distributed.pipelining has no asynchronous schedule
 ASYNC_SCHEDULES = tuple(sorted(name for name, info in SCHEDULE_INFOS.items() if info.asynchronous))
 BOTH_CORES = "both cores"
+STOCK_MODEL = "scripts.bench.runtime_stock_model"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,12 @@ class Workload:
     micro_batch: int
     microbatches: int
     description: str
+    # vpp -> layers per virtual stage, where an even split of the layer count would not balance the
+    # ranks (both runtimes use the same split)
+    layers_per_stage: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    def stage_split(self, vpp: int) -> tuple[int, ...] | None:
+        return dict(self.layers_per_stage).get(vpp)
 
     @property
     def global_batch(self) -> int:
@@ -42,6 +49,9 @@ VARIANTS = {
     # the global check a clipped step makes before the update (gradient norm over every rank) with a
     # bound no gradient reaches: what post-validation (step first, check after) could save at most
     "global check": ("train.grad_clip=1e9",),
+    # the zero-bubble schedules on the stock modules with W holding the Linear GEMMs only (the
+    # attention projections' and norms' weight gradients computed in B)
+    "no graph split": ("train.split_weight_graphs=false",),
 }
 CHECKED = ("zb_h2", "zbv")   # on the small GPT, where a synchronisation weighs most
 
@@ -65,9 +75,14 @@ class Case:
 
 def workloads(quick: bool) -> list[Workload]:
     common = ("optim=sgd", "train.lr=1e-4", "train.grad_clip=0", "data=synthetic")
+    stock = ("optim=sgd", "train.lr=1e-4", "train.grad_clip=0", f"model._target_={STOCK_MODEL}.build",
+             f"data._target_={STOCK_MODEL}.data")
     if quick:
         return [Workload("mlp", common + ("model=mlp", "model.num_layers=4", "model.hidden_size=64"), 4, 4,
-                         "MLP, 4 blocks, hidden 64 (smoke run)")]
+                         "MLP, 4 blocks, hidden 64 (smoke run)"),
+                Workload("stock", stock + ("model.width=16", "model.heads=2", "model.blocks=2", "model.seq_len=8",
+                                           "model.vocab=16", "data.vocab=16", "data.seq_len=8"), 2, 4,
+                         "torch modules as a plugin, 2 blocks, hidden 16 (smoke run)")]
     return [
         Workload("mlp", common + ("model=mlp", "model.num_layers=8", "model.hidden_size=1024"), 32, 8,
                  "MLP, 8 residual blocks, hidden 1024 (2 Linear 1024x1024 each)"),
@@ -75,24 +90,29 @@ def workloads(quick: bool) -> list[Workload]:
                                   "model.num_heads=4", "model.seq_len=64", "model.tie_embeddings=false",
                                   "model.dropout=0.0"), 8, 8,
                  "GPT, 4 blocks, hidden 128, 4 heads, sequence 64, byte vocabulary, untied embeddings"),
+        # torch's own modules through the plugin path: [embedding, 4 encoder blocks, LayerNorm, Linear],
+        # split so each rank holds two blocks (round-robin and V placements alike)
+        Workload("stock", stock, 8, 8,
+                 "torch modules as a plugin: nn.Embedding, 4 nn.TransformerEncoderLayer (hidden 128, 4 heads, "
+                 "feed-forward 512), nn.LayerNorm + nn.Linear head; sequence 64, vocabulary 256",
+                 layers_per_stage=((1, (3, 4)), (2, (2, 1, 1, 3)))),
     ]
 
 
 def cases(workload: str = "mlp", targets_only: bool = False) -> list[Case]:
-    """Every case of a workload, or with ``targets_only`` those the targets compare: on the MLP the
-    single process (alone and on both cores), 1f1b and the zero-bubble schedules; on the GPT every
-    flush schedule of ours and torch's."""
+    """Every case of a workload, or with ``targets_only`` those the targets compare: the single
+    process (alone and on both cores) and every flush and zero-bubble schedule of ours and torch's."""
     flush = [Case(r, s) for s in SCHEDULES for r in ("pipedream", "torch")]
     zero_bubble = [Case(runtime, s) for runtime, names in ZERO_BUBBLE.items() for s in names]
     # the single process again with a second copy running on the other core at the same time:
     # how fast one core computes while both work, which the ideal assumes to be as fast as alone
     single = [Case("single", "-"), Case("single", "-", BOTH_CORES)]
     if targets_only:
-        ours = [c for c in flush if c.schedule == "1f1b"] if workload == "mlp" else flush
-        return single + ours + zero_bubble
+        return single + flush + zero_bubble
     checked = [Case("pipedream", s, "global check") for s in CHECKED] if workload == "gpt" else []
-    return (single + flush + [Case("pipedream", "1f1b", v) for v in VARIANTS if v != "global check"]
-            + [Case("pipedream", s) for s in ASYNC_SCHEDULES] + zero_bubble + checked)
+    unsplit = [Case("pipedream", s, "no graph split") for s in ZERO_BUBBLE["pipedream"]] if workload == "stock" else []
+    return (single + flush + [Case("pipedream", "1f1b", v) for v in VARIANTS if v not in ("global check", "no graph split")]
+            + [Case("pipedream", s) for s in ASYNC_SCHEDULES] + zero_bubble + checked + unsplit)
 
 
 # The cases the targets compare run back to back, so each round's ratios see the same machine speed.

@@ -41,7 +41,9 @@ def _time_posts(totals: dict, current: list[str]) -> None:
         setattr(ProcessGroup, name, timed)
 
 
-def _worker(rank: int, port: int, args: argparse.Namespace) -> None:
+def _worker(rank: int, port: int, args: argparse.Namespace, cores: list | None) -> None:
+    if cores is not None:   # as the benchmark: each process on its own core, both runtimes alike
+        os.sched_setaffinity(0, cores[rank])
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=PP, timeout=datetime.timedelta(seconds=600))
@@ -59,16 +61,23 @@ def _worker(rank: int, port: int, args: argparse.Namespace) -> None:
         for name in (list(steps) if round_ % 2 == 0 else list(steps)[::-1]):
             dist.barrier()
             current[0], started, cpu_started = name, time.perf_counter(), time.thread_time()
-            profiles[name].enable()
+            if args.cprofile:
+                profiles[name].enable()
             for _ in range(args.block):
                 steps[name]()
-            profiles[name].disable()
+            if args.cprofile:
+                profiles[name].disable()
             cpu[name] += time.thread_time() - cpu_started
             wall[name] += time.perf_counter() - started
     current[0] = ""
     n = args.rounds * args.block
     lines = []
     for name, profile in profiles.items():
+        if not args.cprofile:
+            lines.append(f"== rank {rank}, {name}: wall {wall[name] / n * 1e3:.1f} ms/step, main-thread CPU "
+                         f"{cpu[name] / n * 1e3:.1f} ms/step, in send calls {posts[(name, 'send')] / n * 1e3:.2f} "
+                         f"ms/step, in recv calls {posts[(name, 'recv')] / n * 1e3:.2f} ms/step (no cProfile)")
+            continue
         text = io.StringIO()
         stats = pstats.Stats(profile, stream=text)
         stats.sort_stats(args.sort).print_stats(args.top)
@@ -95,13 +104,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=25, help="functions listed per rank and runtime")
     parser.add_argument("--sort", default="tottime", choices=["tottime", "ncalls", "cumtime"],
                         help="order of the listed functions (cProfile column)")
+    parser.add_argument("--no-cprofile", dest="cprofile", action="store_false",
+                        help="time and CPU per step only, without cProfile's per-call overhead")
+    parser.add_argument("--bind-cores", choices=("auto", "none"), default="auto",
+                        help="auto: each process pinned to its own cores, as scripts.bench.runtime does")
     args = parser.parse_args(argv)
     import socket
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    mp.start_processes(_worker, args=(port, args), nprocs=PP, join=True, start_method="spawn")
+    from scripts.bench.runtime import core_sets
+
+    mp.start_processes(_worker, args=(port, args, core_sets(args.bind_cores == "auto")), nprocs=PP, join=True, start_method="spawn")
     return 0
 
 

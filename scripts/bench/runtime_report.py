@@ -223,6 +223,10 @@ def rows_note(cases: set[str]) -> str:
                  "train.weight_grads_after_send=false`), the send-first split (`train.weight_grads_after_send=false`), "
                  "and only the holding back of weight gradients behind the next backward's send "
                  "(`train.weight_grads_delay=0`).")
+    if any(name.endswith("[no graph split]") for name in cases):
+        text += (" Rows *[no graph split]* are our zero-bubble schedules on the stock modules with "
+                 "`train.split_weight_graphs=false`: W holds only the fused Linear GEMMs, and the other weight "
+                 "gradients (attention projections, norms) are computed in B.")
     if BOTH_CORES in cases:
         text += (" Row *single-process [both cores]* runs a copy of the single process on each core at the same "
                  "time (rank 0's time): one core's speed while both work.")
@@ -239,6 +243,19 @@ def rows_note(cases: set[str]) -> str:
     return text
 
 
+def _binding_note(core_sets: list | None) -> str:
+    """How the processes sat on the cores: ours, torch's and the single process run in the same
+    processes, so whatever the binding, each runtime had the same."""
+    if core_sets:
+        shown = "; ".join(f"process {rank} on core{'s' if len(cores) > 1 else ''} {','.join(map(str, cores))}"
+                          for rank, cores in enumerate(core_sets))
+        return (f"Each process is pinned to its own cores ({shown}; `os.sched_setaffinity`, as "
+                f"`launcher.bind_cores=auto` pins the ranks), and every runtime, ours, torch's and the single "
+                f"process, runs in those same processes: the same binding for all.")
+    return ("The processes are not pinned to cores (`--bind-cores none`); every runtime, ours, torch's and the "
+            "single process, runs in the same processes: the same placement for all.")
+
+
 def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
     m, s = data["machine"], data["settings"]
     load = data.get("other_load")
@@ -250,7 +267,8 @@ def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
            + load_text, "",
            f"{s['pp']} pipeline stages ({s['pp']} processes, Gloo, 1 thread each) against the same model in one "
            f"process (1 thread) with the same micro-batches and gradient accumulation; the same optimizer "
-           f"(this repository's SGD config, no clipping) everywhere. Every case is built once and run "
+           f"(this repository's SGD config, no clipping) everywhere. " + _binding_note(s.get("core_sets")) + " "
+           f"Every case is built once and run "
            f"{s['warmup']} untimed iterations; then {s['rounds']} rounds run every case for {s['block']} timed "
            f"iterations, one case after the other (torch's 1f1b, ours and the single process first, back to back; "
            f"the order reversed every other round); before a round the "

@@ -21,6 +21,8 @@ def compose(workload: Workload, case: Case) -> Any:
         f"schedule={ours}",
         f"parallel.pp={PP}",
         f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
+        *([f"parallel.layers_per_stage=[{','.join(map(str, split))}]"] if (split := workload.stage_split(case.vpp))
+          else []),
         # asynchronous schedules build the whole run's action list up front: keep the run short
         f"train.steps={200 if schedule_info(ours).asynchronous else 1000}"]
     return compose_config(overrides)
@@ -57,7 +59,6 @@ def theirs(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
                                               ScheduleZBVZeroBubble)
 
     from models import build_model
-    from pipedream.config.layout import split_layers
     from pipedream.numerics.optim import build_optimizer
     from pipedream.config.run_spec import build_run_spec
 
@@ -65,7 +66,7 @@ def theirs(workload: Workload, case: Case, rank: int) -> Callable[[], None]:
     spec = build_run_spec(cfg, PP)
     model = build_model(cfg.model, seed=1)
     stages_total = PP * case.vpp
-    bounds = split_layers(spec.num_layers, stages_total)
+    bounds = spec.bounds   # ours: the same layers on every stage
     mine = [chunk * PP + rank for chunk in range(case.vpp)]   # round-robin, as ours
     if case.schedule in V_PLACED:
         mine = [rank, 2 * PP - 1 - rank]

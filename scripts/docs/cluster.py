@@ -84,7 +84,7 @@ def run_space(overrides: list[str]) -> dict:
     window = (int(lo * len(jobs)), int(hi * len(jobs)))
     args = (float(cfg.round_minutes) * 60, float(cfg.resolve_minutes) * 60, str(cfg.mechanism), float(cfg.max_hours))
     results = [simulate(jobs, T, fleet, policy, "aware", *args, colocation)
-               for colocation in (None, colocation_for(cfg, jobs, T, fleet))]
+               for colocation in (None, colocation_for(cfg, jobs, T, fleet, table))]
     plot_results(results, window, str(ROOT / "docs" / "img" / f"cluster_{name}.png"),
                  f"{policy} without / with space sharing, {len(jobs)} jobs on {fleet.name}")
     rows = [dict(r.metrics(jobs, window), space_sharing=shared) for r, shared in zip(results, (False, True))]
@@ -147,6 +147,9 @@ TABLE_6_1 = [("Transformer", 3.3, 3.3), ("A3C", 1.2, 2.2), ("CycleGAN", 4.5, 9.3
              ("ResNet-50", 3.7, 9.6)]
 EXAMPLE = ["jobs=docs/cluster_jobs.yaml", "fleet=gavel_physical", "policy=max_min_fairness"]
 WATER_EXAMPLE = ["jobs=docs/cluster_jobs.yaml", "fleet=gavel_physical", "policy=max_min_fairness_water_filling"]
+SMALL_FLEET = ["fleet=gavel_physical", "fleet.types.v100.count=2", "fleet.types.p100.count=2", "fleet.types.k80.count=2"]
+HIERARCHICAL_EXAMPLES = {within: ["jobs=docs/cluster_jobs_entities.yaml", *SMALL_FLEET, "policy=hierarchical",
+                                  f"within={within}"] for within in ("fairness", "fifo")}
 
 
 def throughput_section() -> str:
@@ -174,7 +177,10 @@ def example_section(args: list[str] = EXAMPLE) -> str:
 
 
 def examples(text: str) -> str:
-    return fill(fill(text, "example", example_section()), "example_water", example_section(WATER_EXAMPLE))
+    text = fill(fill(text, "example", example_section()), "example_water", example_section(WATER_EXAMPLE))
+    for within, args in HIERARCHICAL_EXAMPLES.items():
+        text = fill(text, f"example_hierarchical_{within}", example_section(args))
+    return text
 
 
 def fill(text: str, marker: str, body: str) -> str:

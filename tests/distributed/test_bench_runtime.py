@@ -22,7 +22,13 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
                           "pipedream zb_h2", "pipedream zbv", "pipedream dualpipev", "torch zbv", "torch interleaved_zb",
                           "torch dualpipev"}
     assert cases["pipedream zbv"]["vs_torch"]["median"] > 0 and 0 < cases["pipedream zbv"]["ideal_bubble"] < 0.2
-    assert any(t["name"].startswith("our best zero-bubble") for t in data["targets"])
+    names = [t["name"] for t in data["targets"]]
+    assert any(n.startswith("pipedream zb_h2 >= 100% of the ideal [both cores] (MLP)") for n in names)
+    assert any(n.startswith("pipedream zbv >= 1.25x torch zbv (MLP") for n in names)
+    assert any(n.startswith("pipedream dualpipev >= 1.15x torch dualpipev (STOCK") for n in names)
+    stock = data["workloads"]["stock"]["cases"]   # torch's own modules, through the plugin path
+    assert stock["pipedream zb_h2"]["speedup_vs_single"]["median"] > 0 and stock["torch zbv"]["step_time_s"]["median"] > 0
+    assert data["settings"]["core_sets"] == [[0], [1]] or data["settings"]["core_sets"] is None
     assert cases["pipedream 1f1b [plain autograd]"]["vs_torch"]["median"] > 0
     assert cases["single-process [both cores]"]["speedup_vs_single"]["median"] > 0
     assert cases["pipedream 1f1b"]["of_ideal_both_cores"]["median"] > 0
@@ -74,25 +80,24 @@ def test_target_cases_run_back_to_back() -> None:
 def test_targets_only_keeps_the_cases_the_targets_compare() -> None:
     from scripts.bench.runtime_cases import cases
 
-    mlp = {c.name for c in cases("mlp", targets_only=True)}
-    gpt = {c.name for c in cases("gpt", targets_only=True)}
-    assert {"single-process", "single-process [both cores]", "pipedream 1f1b", "torch 1f1b", "pipedream zbv",
-            "torch interleaved_zb"} <= mlp and "pipedream gpipe" not in mlp
     schedules = ("gpipe", "1f1b", "interleaved", "zbv", "dualpipev")
-    assert {f"{r} {s}" for r in ("pipedream", "torch") for s in schedules} <= gpt
-    assert "pipedream zb_h2" in gpt and not any("[" in n and "both cores" not in n for n in gpt | mlp)
-    assert {c.name for c in cases("gpt", targets_only=True)} < {c.name for c in cases("gpt")}
+    for workload in ("mlp", "gpt", "stock"):
+        kept = {c.name for c in cases(workload, targets_only=True)}
+        assert {"single-process", "single-process [both cores]", "torch interleaved_zb", "pipedream zb_h2"} <= kept
+        assert {f"{r} {s}" for r in ("pipedream", "torch") for s in schedules} <= kept
+        assert not any("[" in n and "both cores" not in n for n in kept)
+        assert kept < {c.name for c in cases(workload)}
 
 
-def test_small_model_targets_pair_each_schedule_with_its_counterpart() -> None:
-    from scripts.bench.runtime_targets import small_model_targets
+def test_schedule_targets_pair_each_schedule_with_its_counterpart() -> None:
+    from scripts.bench.runtime_targets import schedule_targets
 
     def row(times):
         return {"times_s": times, "step_time_s": {"median": sorted(times)[len(times) // 2]}}
     cases = {"pipedream 1f1b": row([1.0, 2.0, 1.0]), "torch 1f1b": row([1.1, 2.0, 1.0]),
              "pipedream zb_h2": row([1.0, 1.0, 1.0]), "torch zbv": row([1.2, 1.2, 1.2]),
              "torch interleaved_zb": row([1.5, 1.5, 1.5])}
-    found = {t["name"].split(" >=")[0]: t for t in small_model_targets(cases)}
+    found = {t["name"].split(" >=")[0]: t for t in schedule_targets(cases, "gpt", 1.05)}
     assert found["pipedream 1f1b"]["value"] == 1.0 and not found["pipedream 1f1b"]["met"]
     assert "torch zbv" in found["pipedream zb_h2"]["name"] and found["pipedream zb_h2"]["value"] == 1.2
     assert found["pipedream zb_h2"]["met"] and set(found) == {"pipedream 1f1b", "pipedream zb_h2"}

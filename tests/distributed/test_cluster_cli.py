@@ -58,6 +58,7 @@ def test_bad_input_is_one_line(tmp_path):
     bad_jobs = tmp_path / "bad.yaml"
     bad_jobs.write_text(yaml.safe_dump([{"model": "gpt_tiny", "batch": -1, "steps": 10}]))
     for args, message in [(["policy=nope"], "policy='nope' is unknown"),
+                          (["policy=hierarchical", "within=lifo"], "within='lifo' is unknown"),
                           (["fleet=nope"], "fleet=nope is unknown: choose one of gavel_physical"),
                           ([f"jobs={bad_jobs}"], "jobs[0].batch = -1 must be a positive integer"),
                           (["mode=simulate", "mechanism=magic"], "mechanism='magic' is unknown"),

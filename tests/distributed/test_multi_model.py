@@ -26,8 +26,18 @@ def alone_overrides(count: int, k: int) -> list[str]:
     return BASE + [f"train.seed={seed}", f"train.lr={LR[count][k]}"] + extra
 
 
+def unstacked(params: dict) -> dict:
+    """``<layer>.body.<name>`` stacks ([K, ...]) as ``<layer>.models.<k>.<name>``, model by model."""
+    out = {}
+    for key, value in params.items():
+        layer, _, name = key.partition(".body.")
+        for k in range(value.shape[0]):
+            out[f"{layer}.models.{k}.{name}"] = value[k]
+    return out
+
+
 def check_each_model(per_rank: list, count: int) -> None:
-    merged = merge_params([r[0] for r in per_rank])
+    merged = unstacked(merge_params([r[0] for r in per_rank]))
     metrics = per_rank[0][0]["summary"]["models"]
     for k, params in enumerate(split_models(merged)):
         reference = reference_training(alone_overrides(count, k))

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.utils.checkpoint import checkpoint
 
-from models.grad_accumulation import AccumulatingLinear, WeightGradQueue, fuse_grad_accumulation
+from models.grad_accumulation import AccumulatingLinear, WeightGradQueue, accumulating_linear, fuse_grad_accumulation
 
 
 def pair(seed: int = 0) -> tuple[nn.Module, nn.Module]:
@@ -112,3 +112,17 @@ def test_no_grad_and_frozen_weights_take_the_plain_path() -> None:
     assert fused[0].weight.grad is None and fused[2].weight.grad is not None
     with torch.no_grad():
         assert fused(batches(1)[0]).grad_fn is None
+
+
+def test_held_gemms_run_later_leave_no_graph_on_the_gradient():
+    """A held weight-gradient GEMM runs outside the backward, where grad mode is on: recorded, it
+    would give .grad a graph that keeps every micro-batch's inputs alive until the step ends."""
+    queue = WeightGradQueue()
+    weight = torch.nn.Parameter(torch.randn(3, 4))
+    for key in ("a", "b"):
+        inputs = torch.randn(2, 4, requires_grad=True)
+        with queue.deferred(key):
+            accumulating_linear(inputs, weight, None, queue).sum().backward()
+    queue.run("b")
+    queue.run_oldest()
+    assert weight.grad is not None and not weight.grad.requires_grad and weight.grad.grad_fn is None

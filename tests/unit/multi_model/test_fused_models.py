@@ -74,8 +74,9 @@ def test_fused_layers_compute_each_model_as_alone(count, groups):
         torch.testing.assert_close(value[k], out, rtol=1e-6, atol=1e-6)
         for name, param in alone.named_parameters():
             layer, rest = name.split(".", 1)
-            fused_param = layers[int(layer)].models[k].get_parameter(rest)
-            torch.testing.assert_close(fused_param.grad, param.grad, rtol=1e-5, atol=1e-6)
+            stacked = layers[int(layer)].body.get_parameter(rest)   # one [K, ...] parameter, no per-model leaves
+            assert layers[int(layer)].models[k].get_parameter(rest).data_ptr() == stacked[k].data_ptr()
+            torch.testing.assert_close(stacked.grad[k], param.grad, rtol=1e-5, atol=1e-6)
 
 
 def test_fusion_degree_changes_no_value():
@@ -158,10 +159,41 @@ def test_export_splits_a_fused_state_into_single_models():
     assert split_models(state) == [{"0.fc1.weight": 1}, {"0.fc1.weight": 2, "1.fc2.bias": 3}]
 
 
+class ScaledAccumulate(nn.Module):
+    """Uses its parameter directly (no batched twin: the layer runs under vmap) and adds into a
+    tensor it creates, which vmap cannot batch."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        total = torch.zeros(x.shape, dtype=x.dtype, device=x.device)
+        total += x * self.scale
+        return total
+
+
+def scaled_accumulate():
+    return from_modules(nn.Sequential(nn.Linear(4, 8), ScaledAccumulate(), nn.Linear(8, 2)), F.mse_loss,
+                        (torch.randn(2, 4), torch.randn(2, 2)))
+
+
+def test_a_layer_vmap_cannot_batch_fuses_when_it_folds():
+    """No state and the batch first: the folded layer runs its own code once on K*B samples."""
+    from tests.support.plugin_cases import accumulates_in_place
+
+    fused = fuse_models([accumulates_in_place() for _ in range(2)], MultiModelSpec((), None))
+    check_fusable(fused)
+    layer = fused.build_layer(1)
+    x = torch.randn(2, 3, 8)
+    torch.testing.assert_close(layer(x), x)
+    assert layer.folds
+
+
 def test_a_plugin_that_cannot_fuse_is_refused_before_any_process_group():
-    cfg = compose_config(["model._target_=tests.support.plugin_cases.accumulates_in_place", "data._target_=tests.support.plugin_cases.good_data",
+    cfg = compose_config([f"model._target_={__name__}.scaled_accumulate", "data._target_=tests.support.plugin_cases.good_data",
                           "parallel.pp=1", "train.global_batch_size=8", "train.micro_batch_size=2", "train.models=2"])
     with pytest.raises(ConfigError) as error:
         build_run_spec(cfg, 1)
-    assert str(error.value).startswith("train.models=2: layer 1 (AccumulateInPlace) cannot run fused under torch.vmap: ")
+    assert str(error.value).startswith("train.models=2: layer 1 (ScaledAccumulate) cannot run fused under torch.vmap: ")
     assert "train.models=null" in str(error.value) and "\n" not in str(error.value)

@@ -7,6 +7,7 @@ import json
 import pytest
 
 import scripts.bench.planner_fidelity as bench
+import scripts.bench.planner_fidelity_runs as runs
 from tests.unit.planner.calibrate.test_calibration import write_sheet
 
 
@@ -43,7 +44,7 @@ def test_the_plugin_row_is_calibrated_and_run_with_its_own_data(monkeypatch, tmp
     def record(cmd, **kwargs):
         commands.append((cmd, kwargs["env"]["PYTHONPATH"].split(":")[0]))
         return Done()
-    monkeypatch.setattr(bench.subprocess, "run", record)
+    monkeypatch.setattr(runs.subprocess, "run", record)
     bench.calibrate(tmp_path / "sheet.json", 2, {"maskseq"})
     (calibrate, path), = commands
     assert calibrate[3:7] == ["model._target_=maskseq.model.build", "model.width=128",
@@ -51,8 +52,32 @@ def test_the_plugin_row_is_calibrated_and_run_with_its_own_data(monkeypatch, tmp
     assert path == str(bench.PLUGIN_PATH) and (bench.PLUGIN_PATH / "maskseq" / "model.py").exists()
     launch = ["model._target_=maskseq.model.build", "data._target_=maskseq.data.build"]
     (tmp_path / "summary.json").write_text("{}")
-    monkeypatch.setattr(bench.subprocess, "run", lambda cmd, **kw: commands.append((cmd, "")) or Done())
+    monkeypatch.setattr(runs.subprocess, "run", lambda cmd, **kw: commands.append((cmd, "")) or Done())
     bench.launch_plan(launch, tmp_path / "plan.json", tmp_path, 2, 29600, 10)
     assert "data=synthetic" not in commands[-1][0]
     bench.launch_plan(["model=gpt_tiny"], tmp_path / "plan.json", tmp_path, 2, 29600, 10)
     assert "data=synthetic" in commands[-1][0]
+
+
+def test_merge_keeps_the_saved_rows_and_replaces_the_fresh_ones(tmp_path):
+    sheet = {k: v for k, v in write_sheet(tmp_path / "sheet.json").items() if k != "profiles"}
+
+    def row(name, error, load):
+        return {"name": name, "step_error": error, "rss_error": error / 2, "other_load": [load]}
+    saved = {"rows": [row("a", 0.1, 0.1), row("maskseq x", 0.9, 0.1)], "choices": [{"model": "gpt_tiny", "gap": 0.0}],
+             "failed": [], "steps": 16, "repeats": 2, "summary": {}}
+    fresh = {"rows": [row("maskseq x", -0.05, 0.8), row("maskseq y", 0.2, 0.8)],
+             "choices": [{"model": "maskseq", "gap": 0.03}], "failed": [], "steps": 16, "repeats": 2,
+             "machine": {"cpu": "c"}, "calibration": sheet, "calibrations": [sheet["machine_load"]]}
+    fresh["summary"] = runs.summarise(fresh["rows"], fresh["choices"])
+    merged = runs.merge(saved, fresh)
+    assert [r["name"] for r in merged["rows"]] == ["a", "maskseq x", "maskseq y"]
+    assert merged["rows"][1]["step_error"] == -0.05 and merged["steps"] == 16
+    assert [c["model"] for c in merged["choices"]] == ["gpt_tiny", "maskseq"]
+    assert merged["summary"]["worst_abs_step_error"] == pytest.approx(0.2)
+    assert merged["summary"]["worst_choice_gap"] == pytest.approx(0.03)
+    assert merged["later"][0]["rows"] == ["maskseq x", "maskseq y"]
+    text = bench.later_text(merged["later"][0])
+    assert text.startswith("The rows maskseq x, maskseq y were measured later (2 rounds of 16 steps)")
+    assert "median 80% of the CPU during their runs" in text
+    assert len(runs.merge(merged, fresh)["later"]) == 1   # measured again: the older note goes

@@ -10,6 +10,7 @@ from scipy.optimize import linprog
 
 from planner.cluster.policies import (POLICIES, SLO_PENALTY, Problem, allocate, effective_throughput, equal_share,
                                       isolated_share, objective_value)
+from tests.support.cluster_lp import valid_rows
 
 REL = 1e-6
 
@@ -30,19 +31,6 @@ def _random(rng: np.random.Generator) -> Problem:
                     deadline_s=np.where(rng.random(n) < 0.6, alone_s * rng.uniform(0.5, 10, n), np.inf))
 
 
-def _valid_rows(p: Problem, extras: int):
-    """Dense A_ub, b_ub and bounds for X's validity (row sums <= 1, type capacities), plus extras."""
-    n, k = p.T.shape
-    rows = np.zeros((n, n * k + extras))
-    for m in range(n):
-        rows[m, m * k:(m + 1) * k] = 1.0
-    caps = np.zeros((k, n * k + extras))
-    for j in range(k):
-        caps[j, j:n * k:k] = p.scale
-    bounds = [(0.0, 1.0 if t > 0 else 0.0) for t in p.T.ravel()] + [(None, None)] * extras
-    return np.vstack([rows, caps]), np.concatenate([np.ones(n), p.counts]), bounds
-
-
 def _throughput_rows(p: Problem, coeff: np.ndarray, extras: int) -> np.ndarray:
     n, k = p.T.shape
     out = np.zeros((n, n * k + extras))
@@ -54,7 +42,7 @@ def _throughput_rows(p: Problem, coeff: np.ndarray, extras: int) -> np.ndarray:
 def independent_makespan(p: Problem) -> float:
     """max y with T_m . X_m >= (steps_m / max steps) y; the makespan is max steps / y."""
     n, k = p.T.shape
-    A, b, bounds = _valid_rows(p, 1)
+    A, b, bounds = valid_rows(p, 1)
     need = _throughput_rows(p, -p.T, 1)
     need[:, -1] = p.steps / p.steps.max()
     c = np.zeros(n * k + 1)
@@ -67,7 +55,7 @@ def independent_makespan(p: Problem) -> float:
 def independent_max_min(p: Problem) -> float:
     """max t with t <= scale_m / w_m * T_m . X_m / T_m . X^equal_m."""
     n, k = p.T.shape
-    A, b, bounds = _valid_rows(p, 1)
+    A, b, bounds = valid_rows(p, 1)
     equal = effective_throughput(p.T, equal_share(p))
     share = _throughput_rows(p, -p.T * (p.scale / (p.weights * equal))[:, None], 1)
     share[:, -1] = 1.0
@@ -80,7 +68,7 @@ def independent_max_min(p: Problem) -> float:
 
 def independent_linear(p: Problem, coeff: np.ndarray) -> float:
     """max sum coeff * X over valid X (fifo, max_throughput, min_cost are each one such LP)."""
-    A, b, bounds = _valid_rows(p, 0)
+    A, b, bounds = valid_rows(p, 0)
     res = linprog(-coeff.ravel(), A_ub=A, b_ub=b, bounds=bounds, method="highs")
     assert res.status == 0
     return -res.fun
@@ -90,7 +78,7 @@ def independent_finish_time_fairness(p: Problem) -> float:
     """min rho by bisection to 1e-9: rho is feasible when some valid X gives every job
     throughput x (rho D_m - t_m) >= steps_m (a zero-objective LP, rows left in seconds x steps/s)."""
     n, k = p.T.shape
-    A, b, bounds = _valid_rows(p, 0)
+    A, b, bounds = valid_rows(p, 0)
     iso = effective_throughput(p.T, isolated_share(p))
     D = p.isolated_s + p.steps / iso
 
@@ -120,7 +108,7 @@ def independent_min_cost_slo(p: Problem) -> float:
     has = np.isfinite(p.deadline_s)
     need = np.where(has, np.minimum(p.steps / np.where(has, p.deadline_s, 1.0), best), 0.0)
     penalty = np.where(has, SLO_PENALTY * coeff.max() / np.where(has, need, 1.0), 0.0)
-    A, b, bounds = _valid_rows(p, n)
+    A, b, bounds = valid_rows(p, n)
     A[:, n * k:] = 0.0
     slo = _throughput_rows(p, -p.T, n)
     slo[:, n * k:] = -np.eye(n)
@@ -152,6 +140,8 @@ def independent(policy: str, p: Problem) -> float:
         return independent_makespan(p)
     if policy in ("max_min_fairness", "max_min_fairness_water_filling"):
         return independent_max_min(p)
+    if policy.startswith("hierarchical_"):   # every job an entity of its own, weighing its weight: LAS's level
+        return independent_max_min(p)
     if policy == "finish_time_fairness":
         return independent_finish_time_fairness(p)
     if policy == "min_cost_slo":
@@ -175,7 +165,7 @@ def test_makespan_example_reaches_the_optimum():
 
 
 VERIFIED = ["makespan", "max_min_fairness", "max_min_fairness_water_filling", "fifo", "max_throughput", "min_cost",
-            "finish_time_fairness", "min_cost_slo", "sjf"]
+            "finish_time_fairness", "min_cost_slo", "sjf", "hierarchical_fairness", "hierarchical_fifo"]
 
 
 def test_every_policy_is_verified():
@@ -202,7 +192,7 @@ def max_min_fair_violations(p: Problem, X: np.ndarray) -> list[int]:
     """Jobs whose share an LP can raise (by over 1e-4 relative) while every job whose share is no
     larger (within 1e-5) keeps its own: none in a max-min fair allocation (what water filling meets)."""
     n, k = p.T.shape
-    A, b, bounds = _valid_rows(p, 0)
+    A, b, bounds = valid_rows(p, 0)
     have = shares(p, X)
     coeff = p.T * (p.scale / (p.weights * effective_throughput(p.T, equal_share(p))))[:, None]
     rows = _throughput_rows(p, -coeff, 0)

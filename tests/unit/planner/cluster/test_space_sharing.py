@@ -146,3 +146,30 @@ def test_colocated_table_and_its_mistakes():
     with pytest.raises(PlannerError, match="colocation_factor"):
         colocation_from([], 1.5, jobs, T, fleet)
     assert isinstance(colocation_from([], 0.5, jobs, T, fleet), Colocation)
+
+
+def test_the_estimate_pairs_jobs_only_where_both_fit_memory():
+    """colocation_factor pairs two single-GPU jobs on a type only where their plans' memory fits one
+    GPU together; a pair that fits nowhere is no pair."""
+    fleet = Fleet("f", (GpuType("big", "v100_16gb_x8", 1, 2.0), GpuType("small", "k80_x8", 1, 0.5)))
+    jobs = [Job("a", "m", 1, 1e4), Job("b", "m", 1, 1e4), Job("c", "m", 1, 1e4)]
+    T = np.array([[4.0, 2.0], [6.0, 3.0], [8.0, 1.0]])
+    need = np.array([[3.0, 3.0], [5.0, 5.0], [9.0, 9.0]])   # bytes, in units of a GiB here
+    c = colocation_from([], 0.5, jobs, T, fleet, (need, np.array([10.0, 8.0])))
+    pairs, rates = c.among(np.arange(3))
+    assert pairs.tolist() == [[0, 1]]   # a+b: 8 fits big (10) and small (8); a+c, b+c: 12 and 14 fit neither
+    assert rates.tolist() == [[[2.0, 3.0], [1.0, 1.5]]]
+    c = colocation_from([], 0.5, jobs, T, fleet, (need, np.array([12.0, 8.0])))
+    assert c.among(np.arange(3))[1][1].tolist() == [[2.0, 4.0], [0.0, 0.0]]   # a+c on the big type only
+
+
+def test_the_table_gives_each_plans_memory_less_the_reserve():
+    from planner.cluster.throughput import ThroughputTable
+
+    fleet = Fleet("f", (GpuType("v100", "v100_16gb_x8", 2, 2.0),))
+    table = ThroughputTable(fleet)
+    jobs = [Job("r", "resnet50", 32, 1e4), Job("m", "mlp", 8, 1e4, throughput={"v100": 5.0})]
+    need, usable = table.memory(jobs)
+    gib = 2**30
+    assert usable.tolist() == [pytest.approx(16 * gib - (3 * gib + 0.2 * 16 * gib))]   # the GPU reserve: 3 GiB + 20%
+    assert 1 * gib < need[0, 0] < usable[0] and need[1, 0] == 0.0   # a measured job has no plan: unknown, 0
