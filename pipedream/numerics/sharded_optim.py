@@ -15,6 +15,13 @@ shard (``local``), ``GradientSync`` clips by the global norm summed over the sha
 updates the shard with the inner optimizer and all-gathers the parameters. Element-wise
 optimizers make every element's update the one a whole-model optimizer makes.
 
+The all-gather goes bucket by bucket. By default ``step`` waits for it. With
+``gather_before(layers)`` (the engine's choice under ``train.overlap_grad_reduce``) ``step`` only
+launches the buckets, in the order the forward uses them, and each layer's forward waits for the
+buckets that hold its parameters: the gather overlaps the next step's forward, as Megatron-Core's
+``--overlap-param-gather``. Whatever reads the parameters outside a layer's forward (the next
+``step``, checkpoints, ``drain``) calls ``wait_parameters`` first.
+
 With ``train.overlap_grad_reduce`` the flat order is cut into the gradient buckets of
 ``grad_buckets`` and every bucket is sharded on its own (rank r owns its r-th 1/dp, padded), so
 ``ShardedReduction`` reduce-scatters each bucket during the backward, as soon as its gradients
@@ -31,7 +38,8 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -115,6 +123,34 @@ class ShardedOptimizer(torch.optim.Optimizer):
         dtype, device = self.params[0].dtype, self.params[0].device
         self._grad_shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
         self._mine = torch.empty(self.shard_numel, dtype=dtype, device=device)
+        self._gathers: dict[int, tuple[dist.Work, torch.Tensor]] = {}   # bucket index -> its all-gather in flight
+        self._overlap_gather = False
+        self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+
+    def gather_before(self, layers: Iterable[nn.Module]) -> None:
+        """From now on ``step`` leaves the parameters' all-gather in flight: each of ``layers`` (every
+        parameter of the optimizer belongs to one) waits, before its forward, for the buckets holding
+        its parameters. The layers' forwards must go through ``Module.__call__`` (hooks)."""
+        bucket_of = {id(p): index for index, bucket in enumerate(self.buckets) for p in bucket.params}
+        layers = list(layers)
+        covered = {id(p) for layer in layers for p in layer.parameters()}
+        if any(id(p) not in covered for p in self.params):
+            raise ValueError("gather_before: every parameter of the optimizer must belong to one of the layers")
+        for layer in layers:
+            needed = tuple(sorted({bucket_of[id(p)] for p in layer.parameters() if id(p) in bucket_of}))
+            if needed:
+                self._hooks.append(layer.register_forward_pre_hook(partial(self._before_forward, needed)))
+        self._overlap_gather = True
+
+    def _before_forward(self, needed: tuple[int, ...], module: nn.Module, args: Any) -> None:
+        if self._gathers:
+            for index in needed:
+                self._land_gather(index)
+
+    def wait_parameters(self) -> None:
+        """Every parameter holds the last step's update (no all-gather left in flight)."""
+        for index in list(self._gathers):
+            self._land_gather(index)
 
     def _new_flat(self) -> torch.Tensor:
         """A whole-stage buffer, only while a collective needs it (kept, it would cost more memory
@@ -161,10 +197,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for piece in self.pieces:
             if piece.view.grad is None and piece.param.grad is not None:
                 piece.view.grad = piece.param.grad.reshape(-1)[piece.begin:piece.end].clone()
+        self.wait_parameters()   # the pieces must not be overwritten by a late gather after their update
         for inner, outer in zip(self.local.param_groups, self.param_groups):
             inner["lr"] = outer["lr"]
         self.local.step()
-        self._all_gather_parameters()
+        self._launch_gathers()
+        if not self._overlap_gather:
+            self.wait_parameters()
         self._name_state()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -177,6 +216,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def state_dict(self) -> dict[str, Any]:
         """Collective over the group: the whole-model form (per parameter, full shapes)."""
+        self.wait_parameters()
         self._ensure_local_state()
         states = [self.local.state[piece.view] for piece in self.pieces]
         per_element = [k for k, v in states[0].items() if torch.is_tensor(v) and v.dim() > 0]
@@ -199,6 +239,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Takes this rank's shard of a whole-model state (keys matched by position, as torch does)."""
+        self.wait_parameters()
         self._ensure_local_state()
         saved_groups = state_dict["param_groups"]
         key_of: dict[int, Any] = {}
@@ -231,13 +272,29 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self.local.state[piece.view][name])
         return self._all_gathered()
 
-    def _all_gather_parameters(self) -> None:
+    def _launch_gathers(self) -> None:
+        """Starts every bucket's all-gather of the updated shards, in the forward's order of use
+        (the buckets are cut in reverse order of use)."""
         for piece in self.pieces:
             self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
-        flat = self._all_gathered()
-        for param in self.params:
-            offset = self.offsets[id(param)]
-            param.data.view(-1).copy_(flat[offset:offset + param.numel()])
+        for index in reversed(range(len(self.buckets))):
+            bucket = self.buckets[index]
+            gathered = torch.empty(bucket.per_rank * self.dp, dtype=self._mine.dtype, device=self._mine.device)
+            mine = self._mine[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
+            self._gathers[index] = (all_gather_flat(gathered, mine, group=self.group, async_op=True), gathered)
+
+    @torch.no_grad()   # called from a forward pre-hook, inside a graph being recorded
+    def _land_gather(self, index: int) -> None:
+        """Waits for bucket ``index``'s all-gather and writes it into the parameters."""
+        pending = self._gathers.pop(index, None)
+        if pending is None:
+            return
+        work, gathered = pending
+        work.wait()
+        bucket = self.buckets[index]
+        for param in bucket.params:
+            offset = self.offsets[id(param)] - bucket.begin
+            param.data.view(-1).copy_(gathered[offset:offset + param.numel()])
 
     def _all_gathered(self) -> torch.Tensor:
         """Every rank's ``_mine``, in the flat order: rank r's part of each bucket back in its place."""

@@ -93,8 +93,13 @@ class PipelineEngine:
         if multi:
             self.optimizer = build_multi_optimizer(optim, self.params, multi.settings)
         elif optim.distributed:   # sharded bucket by bucket where the buckets overlap the backward
+            overlap_bytes = self._overlap_bucket_bytes(train, replicas)
             self.optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                                     self.coords.dp, self._overlap_bucket_bytes(train, replicas))
+                                                     self.coords.dp, overlap_bytes)
+            # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
+            # (forward pre-hooks; compiled layers would trace the wait, so they get the blocking gather)
+            if overlap_bytes is not None and train.compile is None:
+                self.optimizer.gather_before(layer for chunk in chunks for layer in chunk)
         else:
             self.optimizer = build_optimizer(optim, self.params, float(train.lr))
         sharded = self.optimizer if isinstance(self.optimizer, ShardedOptimizer) else None
@@ -166,7 +171,10 @@ class PipelineEngine:
     def drain(self) -> StepResult | None:
         """Finishes every admitted micro-batch (before a checkpoint, or at the end). None for flush
         schedules, which never leave work."""
-        return self.runner.drain()
+        result = self.runner.drain()
+        if isinstance(self.optimizer, ShardedOptimizer):   # the last update's all-gather, if in flight
+            self.optimizer.wait_parameters()
+        return result
 
     def resume_at(self, step: int) -> None:
         """A run restored from a checkpoint taken after ``drain`` continues at ``step``."""

@@ -207,20 +207,28 @@ def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.nd
     bucket = stats.options.grad_bucket_bytes
     if bucket is None:
         return np.full(len(stats.micro_batches), float(per_rank.max()))
-    per_rank, gather = _overlapped_and_after(stats, per_rank)
+    reduce, gather = _reduce_and_gather(stats, per_rank)
     share = 1.0 / _buckets(stats.param_bytes, bucket)   # 1/n
-    backward = stats.backward if compute is None else compute * stats.backward / np.maximum(stats.compute, 1e-30)
-    exposed = np.maximum((per_rank * share)[None, :], per_rank[None, :] - backward * (1.0 - share[None, :]))
-    return exposed.max(axis=1) + gather
+    scale = 1.0 if compute is None else compute / np.maximum(stats.compute, 1e-30)
+    return (_exposed(reduce, share, stats.backward * scale).max(axis=1)
+            + _exposed(gather, share, stats.forward * scale).max(axis=1))
 
 
-def _overlapped_and_after(stats: RankStats, allreduce: np.ndarray) -> tuple[np.ndarray, float]:
-    """The overlappable part of each rank's reduction and the blocking part after it (the slowest
-    rank's): the whole all-reduce and nothing, or with the distributed optimizer its reduce-scatter
-    and its parameters' all-gather after the step, each half of the all-reduce's time."""
+def _exposed(seconds: np.ndarray, share: np.ndarray, hiding: np.ndarray) -> np.ndarray:
+    """(nb, p) of a collective of ``seconds`` per rank in n equal buckets (``share`` = 1/n) chained
+    beside ``hiding`` seconds of compute that the buckets become ready for (or are needed by)
+    evenly: the last bucket's time, or what the chain leaves over beyond the compute after the
+    first 1/n."""
+    return np.maximum((seconds * share)[None, :], seconds[None, :] - hiding * (1.0 - share[None, :]))
+
+
+def _reduce_and_gather(stats: RankStats, allreduce: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each rank's reduction that the backward can hide, and its parameter all-gather that the next
+    step's first forward can hide (the distributed optimizer: the all-reduce's time is its
+    reduce-scatter and its all-gather, half each; bucket by bucket, each layer waiting for its own)."""
     if stats.options.optimizer_shards > 1:
-        return allreduce / 2, float(allreduce.max()) / 2
-    return allreduce, 0.0
+        return allreduce / 2, allreduce / 2
+    return allreduce, np.zeros_like(allreduce)
 
 
 @dataclass(frozen=True)
@@ -232,7 +240,7 @@ class OverlappedReduction:
     seconds: np.ndarray   # (p,) per chunk
     buckets: np.ndarray   # (p,) per chunk
     exposed: float
-    after: float = 0.0    # blocking seconds after the reduction (the distributed optimizer's all-gather)
+    after: float = 0.0    # exposed seconds of the distributed optimizer's all-gather (charged at the sync)
 
 
 def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 0) -> OverlappedReduction | None:
@@ -240,8 +248,9 @@ def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 
     bucket = stats.options.grad_bucket_bytes
     if bucket is None or d <= 1:
         return None
-    per_rank, after = _overlapped_and_after(stats, allreduce_time(cluster, stats.param_bytes, d, stats.t))
+    per_rank, gather = _reduce_and_gather(stats, allreduce_time(cluster, stats.param_bytes, d, stats.t))
     buckets = _buckets(stats.param_bytes / stats.v, bucket)
+    after = float(_exposed(gather, 1.0 / _buckets(stats.param_bytes, bucket), stats.forward)[row].max())
     return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]),
                                after)
 

@@ -73,8 +73,9 @@ def recompute_modes(inputs: Inputs, profile) -> list[tuple[bool, bool]]:
 
 
 def optimizer_modes(inputs: Inputs, d: int) -> tuple[bool, ...]:
-    """With the distributed optimizer allowed and d > 1, both: it saves memory but its parameters'
-    all-gather after the step is not overlapped, so it can cost time."""
+    """With the distributed optimizer allowed and d > 1, both: it saves memory, but its parameters'
+    all-gather is hidden only behind the next forward (whole after the step without overlap), so
+    it can cost time."""
     return (False, True) if inputs.distributed_optimizer and d > 1 else (False,)
 
 

@@ -1,6 +1,7 @@
 """The distributed optimizer (``optim.distributed=true``, ZeRO-1): AdamW with clipping trains as
-single-process training does at (pp, dp) = (2, 2) (reduce-scatter overlapped with the backward, in
-buckets) and (1, 4) (whole at the sync); bf16 and fp16 (loss scaling) match the
+single-process training does at (pp, dp) = (2, 2) under every flush schedule and at (pp, tp, dp) =
+(1, 2, 2) (reduce-scatter overlapped with the backward and the parameters' all-gather with the next
+forward, in buckets) and at (1, 4) (both whole); bf16 and fp16 (loss scaling) match the
 undistributed runs of the same precision; each rank holds half the optimizer state at dp = 2; a
 checkpoint taken at (1, 2) resumes into dp = 1 (undistributed) and into (1, 4) (distributed) and
 both continue exactly as single-process training."""
@@ -21,11 +22,19 @@ DISTRIBUTED = ["optim.distributed=true"]
 FP16 = ["parallel.pp=2", "parallel.dp=2", "precision=fp16", "precision.initial_scale=1024", "precision.growth_interval=2",
         "model.tie_embeddings=false"]
 # the reduce-scatter overlaps the backward in buckets of 1 KiB (several per stage; the tied embedding's
-# waits for the sync), or (pp1-dp4) runs whole at the sync
+# waits for the sync) and the parameters' all-gather the next forward, or (pp1-dp4) both run whole
+# at the sync and the step
+OVERLAP = ["train.overlap_grad_reduce=true", "train.grad_bucket_mb=0.001"]
 RUNS = {
-    "pp2-dp2": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "train.overlap_grad_reduce=true",
-                                      "train.grad_bucket_mb=0.001"],
+    "pp2-dp2": ADAMW + DISTRIBUTED + OVERLAP + ["parallel.pp=2", "parallel.dp=2"],
     "pp1-dp4": ADAMW + DISTRIBUTED + ["parallel.pp=1", "parallel.dp=4", "train.overlap_grad_reduce=false"],
+    # tensor-parallel shards sharded again over dp (the norm adds both); vocabulary divisible by tp
+    "tp2-dp2": ADAMW + DISTRIBUTED + OVERLAP + ["parallel.pp=1", "parallel.tp=2", "parallel.dp=2", "model.vocab_size=255"],
+    # every other flush schedule: several chunks per rank (interleaved, V placements), split backwards
+    **{schedule: ADAMW + DISTRIBUTED + OVERLAP + [f"schedule={schedule}", "parallel.pp=2", "parallel.dp=2"]
+       for schedule in ("gpipe", "interleaved", "zb_h2", "zbv")},
+    "dualpipev": [o for o in ADAMW if not o.startswith("train.micro_batch_size")] + DISTRIBUTED + OVERLAP
+                 + ["schedule=dualpipev", "parallel.pp=2", "parallel.dp=2", "train.micro_batch_size=1"],   # m >= 2p
     "bf16": ADAMW + DISTRIBUTED + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     "bf16-undistributed": ADAMW + ["parallel.pp=2", "parallel.dp=2", "precision=bf16"],
     # fp16: the loss scaler unscales and checks the shards; a small scale that grows every 2 steps
@@ -38,7 +47,7 @@ RUNS = {
 def test_sharded_state_trains_as_one_process(tmp_path: Path) -> None:
     per_rank = run_workers(train_rank, 4, [(overrides, str(tmp_path / name)) for name, overrides in RUNS.items()])
     results = {name: [rank[index] for rank in per_rank] for index, name in enumerate(RUNS)}
-    for name in ("pp2-dp2", "pp1-dp4"):
+    for name in ("pp2-dp2", "pp1-dp4", "tp2-dp2", "gpipe", "interleaved", "zb_h2", "zbv", "dualpipev"):
         assert_matches_reference({"params": merge_params(results[name]), "losses": results[name][0]["losses"]},
                                  reference_training(RUNS[name]), atol=1e-5)
     # half precision rounds differently in a pipeline than in one process (Adam makes that 1e-4 in a

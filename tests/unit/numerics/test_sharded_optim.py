@@ -122,3 +122,39 @@ def test_overlapped_reduce_scatter_trains_as_plain_adamw(tied: bool) -> None:
     _train(sharded_model, sharded, reduction.finish, 3)
     for a, b in zip(plain_model.parameters(), sharded_model.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gather_before_lands_each_bucket_at_its_layers_forward() -> None:
+    """``gather_before``: ``step`` leaves the all-gathers in flight and a layer's forward lands the
+    buckets of its parameters, no others (here a parameter overwritten after the step, as a
+    stale copy on another rank, is restored only when its own layer runs)."""
+    plain_model, model = _model(), _model()
+    plain = build_optimizer(ADAMW, list(plain_model.parameters()), 1e-2)
+    sharded = build_sharded_optimizer(ADAMW, list(model.parameters()), 1e-2, None, 1, 0, bucket_bytes=1)
+    sharded.gather_before([model[0], model[2]])
+    _train(plain_model, plain, lambda: None, 1)
+    _train(model, sharded, sharded.reduce_gradients, 1)
+    first, last = model[0].weight, model[2].weight
+    assert len(sharded._gathers) == len(sharded.buckets) == 4   # one bucket per parameter, all in flight
+    with torch.no_grad():
+        first.zero_()
+        last.zero_()
+    model[0](torch.ones(1, 3))
+    assert first.abs().sum() > 0 and last.abs().sum() == 0   # the first layer's buckets only
+    model[2](torch.ones(1, 5))
+    assert not sharded._gathers
+    for a, b in zip(plain_model.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # the next step waits for anything still in flight before updating the pieces
+    _train(plain_model, plain, lambda: None, 2)
+    _train(model, sharded, sharded.reduce_gradients, 2)
+    sharded.wait_parameters()
+    for a, b in zip(plain_model.parameters(), model.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_gather_before_refuses_parameters_outside_the_layers() -> None:
+    model = _model()
+    sharded = build_sharded_optimizer(ADAMW, list(model.parameters()), 1e-2, None, 1, 0, bucket_bytes=1)
+    with pytest.raises(ValueError, match="every parameter"):
+        sharded.gather_before([model[0]])
