@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cluster.problem import Problem, best_throughput, effective_throughput, equal_share
-from planner.cluster.water_filling import WATER_RISE_REL, _extras_objective, _solve_holding, bottlenecked
+from planner.cluster.water_filling import (WATER_RISE_REL, _extras_objective, _solve_holding, bottlenecked,
+                                          bottlenecked_by_duals)
 
 WITHIN = ("fairness", "fifo")
 
@@ -64,7 +65,9 @@ def hierarchical(p: Problem, within: str) -> tuple[np.ndarray, int]:
         t = max(float(np.min((share[rising] - floor[rising]) / w[rising])), 0.0)  # what X reaches for all
         floor = floor + w * t
         unit = max(float(floor.max()), 1e-3)
-        stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * unit, WATER_RISE_REL * unit)
+        stuck, used = bottlenecked_by_duals(lp, w), 0
+        if not stuck.any():
+            stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * unit, WATER_RISE_REL * unit)
         lps += used
         frozen |= stuck
     # every floor held, the spare GPUs used

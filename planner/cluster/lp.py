@@ -82,6 +82,7 @@ class AllocationLP:
                       bounds=self.bounds, method="highs")
         if res.status != 0:
             raise PlannerError(f"the allocation LP did not solve: {res.message}")
+        self.duals = -res.ineqlin.marginals   # >= 0: the objective's rise per unit that a row's bound tightens
         return res.x
 
     def X(self, v: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ from planner.cluster.problem import Problem, best_throughput, fair_share_weights
 from planner.errors import PlannerError
 
 WATER_RISE_REL = 1e-5  # a job whose share can rise by less than this (relative) is bottlenecked
+DUAL_TOL = 1e-6  # a hold row's weighted dual above this (they sum to 1) marks its job bottlenecked
 HOLD_SLACKS = (KEEP_REL_TOL, 1e-6, 1e-5)  # looser only when the solver finds the tighter hold infeasible
 
 
@@ -40,6 +41,17 @@ def _extras_objective(lp: AllocationLP) -> np.ndarray:
     return c
 
 
+def bottlenecked_by_duals(lp: AllocationLP, weight: np.ndarray) -> np.ndarray:
+    """The jobs that a level LP (max t with share_m >= floor_m + weight_m t for the rising jobs, the
+    hold rows last) shows bottlenecked: those whose hold row has a positive dual y_m. By LP duality
+    (sum_m y_m weight_m = 1, t's coefficient), sum_m y_m share_m(X) stays within the optimum plus the
+    duals' other terms for every valid X, so no X raises such a job above its new level while every
+    other job keeps its own. No LP beyond the level's; jobs with a zero dual may be bottlenecked
+    too: they are found at the next level, which then does not rise."""
+    y = lp.duals[-lp.n:]
+    return (weight > 0) & (y * weight > DUAL_TOL)
+
+
 def bottlenecked(p: Problem, a: np.ndarray, floor: np.ndarray, among: np.ndarray, cap: float,
                  rise: float) -> tuple[np.ndarray, int]:
     """(the jobs of ``among`` whose share a_m . throughput cannot rise while every job holds its
@@ -68,7 +80,8 @@ def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
     as it goes (one LP), freeze the jobs that are bottlenecked there, i.e. whose share cannot rise
     while every other job keeps its level, and repeat until every job is frozen. The result is
     max-min fair: no share can rise without lowering one that is no larger, so no GPU that could
-    speed a job up stays idle. The bottlenecked jobs are found with LPs (``bottlenecked``)."""
+    speed a job up stays idle. The bottlenecked jobs are read from the level LP's duals
+    (``bottlenecked_by_duals``), or found with LPs (``bottlenecked``) where no dual shows one."""
     n = p.shape[0]
     a = fair_share_weights(p)
     floor = np.zeros(n)
@@ -81,7 +94,9 @@ def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
         lps += 1
         level = max(float((a * p.throughput(lp.X(v)))[rising].min()), 0.0)  # what X reaches: a floor it meets
         floor = np.where(rising, level, floor)
-        stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * max(level, 1e-3), WATER_RISE_REL * max(level, 1e-12))
+        stuck, used = bottlenecked_by_duals(lp, rising.astype(float)), 0
+        if not stuck.any():
+            stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * max(level, 1e-3), WATER_RISE_REL * max(level, 1e-12))
         lps += used
         rising &= ~stuck
     # every level held, the spare GPUs used

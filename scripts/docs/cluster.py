@@ -38,7 +38,7 @@ EXPERIMENTS = [
      "LAS, continuous-multiple: 2.2x lower average JCT (Fig. 5.10)"),
     ("ftf_multi", "finish_time_fairness", ["trace.jobs=160", "trace.rate_per_hour=1", "trace.multi_gpu=true"],
      "finish-time fairness, continuous-multiple: 3x lower average JCT, 2.8x better FTF (Fig. 5.11)"),
-    ("las_water_single", "max_min_fairness_water_filling", ["trace.jobs=120", "trace.rate_per_hour=3"],
+    ("las_water_single", "max_min_fairness_water_filling", ["trace.jobs=240", "trace.rate_per_hour=3"],
      "water filling (ch. 5.4.3): the same minimum as LAS, the spare capacity to the lowest shares; the "
      "dissertation reports no JCT for it alone"),
     ("sjf_single", "sjf", ["trace.jobs=240", "trace.rate_per_hour=3"],
