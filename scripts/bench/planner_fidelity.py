@@ -120,10 +120,21 @@ def free_choice(model: str, calibration: Path, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+PINNED_SEARCHES = ("ptdp", "2bw", "pipedream")   # the searches a grid configuration re-plans with
+
+
 def config_of(model: str, plan_json: dict) -> Config:
-    par = plan_json["parallel"]
-    return Config(model, par["pp"], par["dp"], par["tp"], plan_json["batch"]["micro"], plan_json["schedule"],
-                  plan_json["recompute"] != "none", "ptdp")
+    """The grid configuration of a plan: pinned to its degrees, micro-batch, schedule and recomputation
+    and planned again by the search that chose it (PipeDream's DP chooses its stages and replicas
+    itself; planned by PTD-P under the pins, a PipeDream plan would become another plan, and one
+    whose micro-batch exceeds the batch per pipeline is refused)."""
+    par, batch = plan_json["parallel"], plan_json["batch"]
+    if batch["global"] != GLOBAL_BATCH:
+        raise SystemExit(f"the planner's plan for {model} has global batch {batch['global']}, not the "
+                         f"{GLOBAL_BATCH} it was asked for: it cannot be compared with the grid")
+    algorithm = plan_json["planner"]["algorithm"]
+    return Config(model, par["pp"], par["dp"], par["tp"], batch["micro"], plan_json["schedule"],
+                  plan_json["recompute"] != "none", algorithm if algorithm in PINNED_SEARCHES else "ptdp")
 
 
 def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
