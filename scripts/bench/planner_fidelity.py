@@ -22,7 +22,8 @@ Run: .venv/bin/python -m scripts.bench.planner_fidelity [--steps 12] [--repeats 
      .venv/bin/python -m scripts.bench.planner_fidelity --quick   (3 configurations, nothing under docs/)
      .venv/bin/python -m scripts.bench.planner_fidelity --only pipedream --out-dir /tmp/x   (matching rows)
      .venv/bin/python -m scripts.bench.planner_fidelity --only maskseq --merge docs/bench_planner_fidelity.json
-         (the matching rows measured again, the saved others kept; docs/ rewritten with all of them)
+         (the matching rows measured again, the saved others kept, saved matching rows that were
+         not measured again dropped; docs/ rewritten with all of them)
      .venv/bin/python -m scripts.bench.planner_fidelity --repredict docs/bench_planner_fidelity.json
          (the saved rows planned again from the work dir's saved calibrations: no runs)
 """
@@ -359,7 +360,7 @@ def main() -> int:
         return 0
     data = json.loads(Path(args.report_only).read_text()) if args.report_only else run(args)
     if args.merge:
-        data = merge(json.loads(Path(args.merge).read_text()), data)
+        data = merge(json.loads(Path(args.merge).read_text()), data, lambda name: bool(args.only) and selected(name, args.only))
     text = markdown(data)
     print(text)
     out = Path(args.out_dir) if args.out_dir else (None if args.quick else ROOT / "docs")

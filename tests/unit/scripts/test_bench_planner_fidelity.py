@@ -81,6 +81,15 @@ def test_merge_keeps_the_saved_rows_and_replaces_the_fresh_ones(tmp_path):
     assert text.startswith("The rows maskseq x, maskseq y were measured later (2 rounds of 16 steps)")
     assert "median 80% of the CPU during their runs" in text
     assert len(runs.merge(merged, fresh)["later"]) == 1   # measured again: the older note goes
+    # --only maskseq: a saved maskseq row the fresh run no longer has (a changed first choice) goes too
+    old_choice = {**saved, "rows": [*saved["rows"], row("maskseq old choice", 0.5, 0.1)],
+                  "failed": [{"name": "maskseq broken", "error": "x"}],
+                  "later": [{"rows": ["maskseq old choice", "maskseq x"]}]}
+    kept = runs.merge(old_choice, fresh)
+    assert "maskseq old choice" in [r["name"] for r in kept["rows"]] and len(kept["later"]) == 2
+    only = runs.merge(old_choice, fresh, lambda name: bench.selected(name, "maskseq"))
+    assert [r["name"] for r in only["rows"]] == ["a", "maskseq x", "maskseq y"]
+    assert only["failed"] == [] and [x["rows"] for x in only["later"]] == [["maskseq x", "maskseq y"]]
 
 
 @pytest.mark.parametrize("algorithm", ["pipedream", "ptdp"])
