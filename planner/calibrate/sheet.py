@@ -13,7 +13,9 @@ Writes a cluster sheet (``planner.calibration_out``, schema in ``planner.inputs.
   its compute slots and the layers timed alone from it; the layer profile is itself measured
   with every process computing, so ``compute_slowdown`` is 1);
 * between two processes over Gloo: point-to-point one-way time vs message size (ping-pong) and
-  all-reduce time vs size, each fitted as latency + bytes / bandwidth;
+  all-reduce time vs size, each fitted as latency + bytes / bandwidth (``planner.calibrate.fit``:
+  robust to one stalled size; where the times do not rise with the size the bandwidth is a stated
+  bound, logged and kept in the sheet under ``method`` and ``note``);
 * the optimizer step (gradient clipping, AdamW, zeroing) vs parameter bytes;
 * the resident set of a process that has imported the runtime and joined the process group;
 * the model's layers split two ways (tensor parallelism, ``TP_DEGREE``) over two of the processes,
@@ -40,13 +42,16 @@ from typing import Any, Callable, Sequence
 
 from planner.calibrate.harmony import measure_harmony, print_harmony
 from planner.calibrate.runtime import check_as_launcher, measure_runtime, run_overrides
-from planner.inputs.cluster_sheet import SCHEMA, fit_line, model_fingerprint
+from planner.calibrate.fit import fit_latency_bandwidth
+from planner.inputs.cluster_sheet import SCHEMA, model_fingerprint
 from planner.errors import PlannerError
 from planner.inputs.profile import mean_profile
 
-# bytes; the smallest gives the latency, the largest the bandwidth (below 4 KiB Gloo's back-to-back
-# tiny messages stall on TCP acknowledgements, which a pipeline's activations never are)
-MESSAGE_SIZES = (4096, 65536, 524288, 4194304)
+# bytes; the smallest give the latency, the largest the bandwidth (below 4 KiB Gloo's back-to-back
+# tiny messages stall on TCP acknowledgements, which a pipeline's activations never are); 16 MiB
+# takes several ms over loopback, above a busy machine's scheduling stalls
+MESSAGE_SIZES = (4096, 65536, 524288, 4194304, 16777216)
+SMALL_MESSAGE = 65536   # sizes up to this are timed 4x as often (each round is short)
 OPTIMIZER_SIZES = (65536, 524288, 2097152)         # parameters
 TP_DEGREE = 2                                      # tensor-parallel layers measured at this degree
 
@@ -102,9 +107,9 @@ def optimizer_fit(repeats: int) -> dict[str, float]:
             opt.step()
             opt.zero_grad(set_to_none=True)
         points.append((size * 4.0, _median_time(step, repeats)))
-    overhead, bandwidth = fit_line(points)
-    return {"name": "adamw", "seconds_per_parameter_byte": 1.0 / bandwidth, "step_overhead_s": overhead,
-            "points": points}
+    fit = fit_latency_bandwidth(points, "optimizer step")
+    return {"name": "adamw", "seconds_per_parameter_byte": 1.0 / fit.bandwidth, "step_overhead_s": fit.latency_s,
+            "points": points, **{k: v for k, v in fit.to_json().items() if k in ("method", "note")}}
 
 
 def _peak_rss() -> float:
@@ -159,7 +164,7 @@ def _network_worker(rank: int, world: int, port: int, repeats: int, threads: int
     p2p, allreduce = [], []
     for size in MESSAGE_SIZES:
         buf = torch.zeros(max(1, size // 4))
-        reps = repeats * (4 if size <= 65536 else 1)
+        reps = repeats * (4 if size <= SMALL_MESSAGE else 1)
         p2p.append((float(size), _ping_pong(buf, rank, reps)))
         dist.barrier()
         allreduce.append((float(size), _median_time(lambda: dist.all_reduce(buf), reps)))
@@ -218,26 +223,18 @@ def measure_network(processes: int, repeats: int, threads: int, model_cfg: dict,
                            nprocs=processes, join=True, start_method="spawn")
         ranks = [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(processes)]
     rank0 = ranks[0]
-    latency, bandwidth = latency_bandwidth(rank0["p2p"])
-    ar_intercept, ar_bandwidth = latency_bandwidth(rank0["allreduce"])
+    p2p = fit_latency_bandwidth(rank0["p2p"], "p2p one-way")
+    allreduce = fit_latency_bandwidth(rank0["allreduce"], "all-reduce")
     steps = 2.0 * (processes - 1)
-    return {"p2p": {"latency_s": latency, "bandwidth": bandwidth, "points": rank0["p2p"]},
-            "allreduce": {"latency_s": ar_intercept / steps, "bandwidth": ar_bandwidth * steps / processes,
-                          "group": processes, "points": rank0["allreduce"]},
+    return {"p2p": {**p2p.to_json(), "points": rank0["p2p"]},
+            "allreduce": {**allreduce.to_json(), "latency_s": allreduce.latency_s / steps,
+                          "bandwidth": allreduce.bandwidth * steps / processes, "group": processes,
+                          "points": rank0["allreduce"]},
             "process_base_bytes": max(r["base_rss"] for r in ranks),
             "concurrent_flops": statistics.median(r["concurrent_flops"] for r in ranks),
             "slowdown": rank0["slowdown"], "profile": mean_profile([r["profile"] for r in ranks]),
             "profiles_tp": {t: mean_profile([r["profiles_tp"][t] for r in ranks[:int(t)]])
                             for t in rank0["profiles_tp"]}}
-
-
-def latency_bandwidth(points: list) -> tuple[float, float]:
-    """Bandwidth from the slope between the two largest messages; latency the median over sizes of
-    time - bytes / bandwidth (one size stalled by a busy machine's scheduler does not set it)."""
-    pts = sorted(tuple(p) for p in points)
-    (x0, t0), (x1, t1) = pts[-2], pts[-1]
-    bandwidth = (x1 - x0) / (t1 - t0) if t1 > t0 else float("inf")
-    return max(0.0, statistics.median(t - x / bandwidth for x, t in pts)), bandwidth
 
 
 def _cpu_jiffies() -> tuple[int, int]:
@@ -323,6 +320,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
+    for note in fit_notes(data):
+        print(f"warning: {note}", file=sys.stderr)
     d, p2p, ar = data["device"], data["p2p"], data["allreduce"]
     print(f"wrote {out}: {d['flops_fp32'] / 1e9:.1f} GFLOP/s per process ({data['threads']} thread, all busy; "
           f"matmul x{data['matmul_slowdown_all_busy']:.2f} slower than alone), p2p {p2p['latency_s'] * 1e6:.0f} us + "
@@ -344,6 +343,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "process_bytes" in runtime:
         print(f"  process beyond its base and its model: {runtime['process_bytes'] / 2**20:.0f} MiB")
     return 0
+
+
+def fit_notes(data: dict) -> list[str]:
+    """Why a fit of the sheet fell back to a bound (``planner.calibrate.fit``), one line each."""
+    return [data[k]["note"] for k in ("p2p", "allreduce", "optimizer") if data[k].get("note")]
 
 
 def plain_model(cfg: Any) -> dict:

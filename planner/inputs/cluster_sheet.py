@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -149,13 +148,3 @@ def measured_allreduce(cluster: Cluster, nbytes, group: int):
     fit = data["allreduce"]
     return 2.0 * (group - 1) * float(fit["latency_s"]) + 2.0 * (group - 1) / group * nbytes / float(fit["bandwidth"])
 
-
-def fit_line(points: list[tuple[float, float]]) -> tuple[float, float]:
-    """Least-squares (intercept s, bytes/s) of seconds = intercept + bytes / bandwidth."""
-    n = len(points)
-    mx = sum(x for x, _ in points) / n
-    my = sum(y for _, y in points) / n
-    var = sum((x - mx) ** 2 for x, _ in points)
-    slope = sum((x - mx) * (y - my) for x, y in points) / var if var > 0 else 0.0
-    intercept = max(my - slope * mx, 0.0)
-    return intercept, (1.0 / slope if slope > 0 else math.inf)

@@ -10,7 +10,10 @@ still estimated and reported (marked over capacity where it is).
 stage's replicas together, so the micro-batches per step must be a multiple of lcm(replicas).
 The pipedream schedule updates weights after every micro-batch (ch. 2.4.3), so the step only
 groups micro-batches: when the global batch does not fit the replicas, the plan rounds the step to
-the nearest multiple and says so (a note), instead of refusing the partition.
+the nearest multiple and says so (a note), instead of refusing the partition. A micro-batch larger
+than the batch per replica round (B / lcm(replicas): for one replicated stage, B / d, the batch per
+pipeline) would grow the step beyond the batch asked for (b = 32 on two replicas turned B = 32
+into 64), so such a plan is chosen only where no plan keeps a round within the batch.
 """
 from __future__ import annotations
 
@@ -64,6 +67,16 @@ def _breakdown(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recomput
     rest = max(per_input * inputs_per_iteration - compute, 0.0)
     sync_bound = len(stages) == 1 or any(st.replicas > 1 for st in stages)
     return {"compute": compute, "dp_comm" if sync_bound else "p2p_comm": rest}
+
+
+def stage_replicas(c: Candidate) -> tuple[int, ...]:
+    return tuple(len(ranks) for _, _, ranks in c.stages)
+
+
+def holds_a_round(inputs: Inputs, c: Candidate) -> bool:
+    """Does the batch asked for hold one micro-batch of ``c`` per replica of every stage (a multiple
+    of lcm(replicas) micro-batches, as 1F1B-RR needs), so that the step is not grown beyond it?"""
+    return c.micro * math.lcm(*stage_replicas(c)) <= inputs.global_batch
 
 
 def step_microbatches(requested: int, replicas: tuple[int, ...]) -> int:
@@ -134,7 +147,9 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
     n = inputs.cluster.num_devices
     found, baselines, considered = search_candidates(inputs)
     order = lambda c: (-c.samples_per_s, c.memory_bytes)  # noqa: E731 - batches may differ: rank by rate
-    fitting = sorted((c for c in found + baselines if eligible(inputs, c) and c.algorithm == ALGORITHM), key=order)
+    allowed = [c for c in found if eligible(inputs, c)]
+    # the batch asked for, rounded at most to the replicas' round; grown beyond it only if nothing else is left
+    fitting = sorted([c for c in allowed if holds_a_round(inputs, c)] or allowed, key=order)
     if not fitting:
         micro = min(inputs.micro_batches(inputs.global_batch) or [1])
         limit = inputs.capacity if inputs.memory_constraint else None
@@ -146,7 +161,9 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
             f"({inputs.workspace / GIB:.1f} GiB reserve); add devices, try planner.algorithm=ptdp (tensor "
             f"parallelism) or a smaller model")
     best = fitting[0]
-    others = fitting[1:inputs.top_k] + sorted((c for c in baselines if eligible(inputs, c)), key=order)[:1]
+    baseline = [c for c in baselines if eligible(inputs, c)]
+    others = fitting[1:inputs.top_k] + sorted([c for c in baseline if holds_a_round(inputs, c)] or baseline,
+                                              key=order)[:1]
     faster_oom = sorted((c for c in found + baselines if not eligible(inputs, c)
                          and c.samples_per_s > best.samples_per_s), key=order)[:1]
     alternatives = tuple(Candidate(**{**c.__dict__, "why_lost": why_lost(c, best)}) for c in others + faster_oom)
@@ -160,7 +177,7 @@ def pipedream_search(inputs: Inputs) -> SearchResult:
     if used < n:
         notes.append(f"uses {used} of the {n} devices: more would not speed up any stage (planner.fewer_devices)")
     if best.global_batch != inputs.global_batch:
-        reps = [len(r) for _, _, r in best.stages]
+        reps = list(stage_replicas(best))
         notes.append(f"global batch {inputs.global_batch} -> {best.global_batch}: 1F1B-RR routes micro-batches "
                      f"round-robin to stage replicas {reps}, so a step needs a multiple of lcm = {math.lcm(*reps)} "
                      f"micro-batches of {best.micro}; pipedream updates weights every micro-batch (ch. 2.4.3), so "

@@ -22,7 +22,8 @@ Run: .venv/bin/python -m scripts.bench.planner_fidelity [--steps 12] [--repeats 
      .venv/bin/python -m scripts.bench.planner_fidelity --quick   (3 configurations, nothing under docs/)
      .venv/bin/python -m scripts.bench.planner_fidelity --only pipedream --out-dir /tmp/x   (matching rows)
      .venv/bin/python -m scripts.bench.planner_fidelity --only maskseq --merge docs/bench_planner_fidelity.json
-         (the matching rows measured again, the saved others kept; docs/ rewritten with all of them)
+         (the matching rows measured again, the saved others kept, saved matching rows that were
+         not measured again dropped; docs/ rewritten with all of them)
      .venv/bin/python -m scripts.bench.planner_fidelity --repredict docs/bench_planner_fidelity.json
          (the saved rows planned again from the work dir's saved calibrations: no runs)
 """
@@ -120,10 +121,21 @@ def free_choice(model: str, calibration: Path, out: Path) -> dict:
     return json.loads(out.read_text())
 
 
+PINNED_SEARCHES = ("ptdp", "2bw", "pipedream")   # the searches a grid configuration re-plans with
+
+
 def config_of(model: str, plan_json: dict) -> Config:
-    par = plan_json["parallel"]
-    return Config(model, par["pp"], par["dp"], par["tp"], plan_json["batch"]["micro"], plan_json["schedule"],
-                  plan_json["recompute"] != "none", "ptdp")
+    """The grid configuration of a plan: pinned to its degrees, micro-batch, schedule and recomputation
+    and planned again by the search that chose it (PipeDream's DP chooses its stages and replicas
+    itself; planned by PTD-P under the pins, a PipeDream plan would become another plan, and one
+    whose micro-batch exceeds the batch per pipeline is refused)."""
+    par, batch = plan_json["parallel"], plan_json["batch"]
+    if batch["global"] != GLOBAL_BATCH:
+        raise SystemExit(f"the planner's plan for {model} has global batch {batch['global']}, not the "
+                         f"{GLOBAL_BATCH} it was asked for: it cannot be compared with the grid")
+    algorithm = plan_json["planner"]["algorithm"]
+    return Config(model, par["pp"], par["dp"], par["tp"], batch["micro"], plan_json["schedule"],
+                  plan_json["recompute"] != "none", algorithm if algorithm in PINNED_SEARCHES else "ptdp")
 
 
 def train(cfg: Config, plan_path: Path, run_dir: Path, steps: int) -> dict:
@@ -348,7 +360,7 @@ def main() -> int:
         return 0
     data = json.loads(Path(args.report_only).read_text()) if args.report_only else run(args)
     if args.merge:
-        data = merge(json.loads(Path(args.merge).read_text()), data)
+        data = merge(json.loads(Path(args.merge).read_text()), data, lambda name: bool(args.only) and selected(name, args.only))
     text = markdown(data)
     print(text)
     out = Path(args.out_dir) if args.out_dir else (None if args.quick else ROOT / "docs")

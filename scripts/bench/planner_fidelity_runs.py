@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 from scripts import ROOT
 from scripts.bench.load import cpu_busy_jiffies, other_load
@@ -85,19 +86,22 @@ def summarise(rows: list[dict], choices: list[dict]) -> dict:
             "median_other_load": statistics.median(loads) if loads else None}
 
 
-def merge(saved: dict, fresh: dict) -> dict:
+def merge(saved: dict, fresh: dict, remeasured: Callable[[str], bool] = lambda name: False) -> dict:
     """``saved`` with ``fresh``'s rows, first choices and failures in place of those of the same name
     (added where new), the summary over all of them, and under ``later`` when, on which calibration
-    and under what load the fresh rows were measured."""
+    and under what load the fresh rows were measured. ``remeasured(name)``: saved rows that the
+    fresh run selected (``--only``) are dropped even where no fresh row has their name (a first
+    choice that changed, a configuration renamed), so no stale row of the same model stays."""
     def replaced(old: list[dict], new: list[dict], key: str) -> list[dict]:
         names = {n[key] for n in new}
-        return [o for o in old if o[key] not in names] + new
+        return [o for o in old if o[key] not in names and not (key == "name" and remeasured(o[key]))] + new
 
     rows = replaced(saved["rows"], fresh["rows"], "name")
     choices = replaced(saved["choices"], fresh["choices"], "model")
     fresh_names = {r["name"] for r in fresh["rows"]} | {f["name"] for f in fresh.get("failed", [])}
-    failed = [f for f in saved.get("failed", []) if f["name"] not in fresh_names] + fresh.get("failed", [])
-    later = [x for x in saved.get("later", []) if not set(x["rows"]) <= fresh_names]
+    failed = [f for f in saved.get("failed", []) if f["name"] not in fresh_names and not remeasured(f["name"])] \
+        + fresh.get("failed", [])
+    later = [x for x in saved.get("later", []) if not all(n in fresh_names or remeasured(n) for n in x["rows"])]
     later.append({"rows": sorted(fresh_names), "machine": fresh["machine"], "steps": fresh["steps"],
                   "repeats": fresh["repeats"], "calibration": fresh["calibration"],
                   "calibrations": fresh["calibrations"], "summary": fresh["summary"]})

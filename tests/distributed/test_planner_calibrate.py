@@ -3,12 +3,15 @@ measured profile, network and optimizer numbers are what the prediction is built
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from planner.__main__ import main as planner_main
+from planner.calibrate.fit import LARGEST_MESSAGE_BOUND, THEIL_SEN
 from pipedream.config.plan_file import load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,3 +99,18 @@ def test_a_plugin_model_calibrates_and_plans_on_the_sheet(tmp_path, capsys, monk
     layers = entry["profile"]["layers"]
     compute = sum(la["forward_s"][0] + la["backward_s"][0] for la in layers)   # b = 2, the one size
     assert compute <= plan.predicted.iteration_time_s <= 3 * compute + 1.0
+
+    # the planner's free choice (PipeDream's DP for the plugin's uneven layers) from the fitted network:
+    # a finite bandwidth (a fallback is stated), no NaN cut, a finite positive prediction for the batch asked
+    sheet = json.loads(sheet_path.read_text())
+    assert all(0 < sheet[k]["bandwidth"] < math.inf for k in ("p2p", "allreduce"))
+    assert sheet["p2p"]["method"] in (THEIL_SEN, LARGEST_MESSAGE_BOUND)
+    assert ("warning: p2p one-way times do not rise" in proc.stderr) == (sheet["p2p"]["method"] != THEIL_SEN)
+    free_path = tmp_path / "free.json"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        code = planner_main([*PLUGIN, "cluster=measured", f"cluster.calibration={sheet_path}",
+                             "train.global_batch_size=4", "planner.simulate=false", f"planner.out={free_path}"])
+    assert code == 0, capsys.readouterr().err
+    free = load_plan(free_path)
+    assert 0 < free.predicted.iteration_time_s < math.inf and free.batch.global_batch == 4

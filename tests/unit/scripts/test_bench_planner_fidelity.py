@@ -81,3 +81,36 @@ def test_merge_keeps_the_saved_rows_and_replaces_the_fresh_ones(tmp_path):
     assert text.startswith("The rows maskseq x, maskseq y were measured later (2 rounds of 16 steps)")
     assert "median 80% of the CPU during their runs" in text
     assert len(runs.merge(merged, fresh)["later"]) == 1   # measured again: the older note goes
+    # --only maskseq: a saved maskseq row the fresh run no longer has (a changed first choice) goes too
+    old_choice = {**saved, "rows": [*saved["rows"], row("maskseq old choice", 0.5, 0.1)],
+                  "failed": [{"name": "maskseq broken", "error": "x"}],
+                  "later": [{"rows": ["maskseq old choice", "maskseq x"]}]}
+    kept = runs.merge(old_choice, fresh)
+    assert "maskseq old choice" in [r["name"] for r in kept["rows"]] and len(kept["later"]) == 2
+    only = runs.merge(old_choice, fresh, lambda name: bench.selected(name, "maskseq"))
+    assert [r["name"] for r in only["rows"]] == ["a", "maskseq x", "maskseq y"]
+    assert only["failed"] == [] and [x["rows"] for x in only["later"]] == [["maskseq x", "maskseq y"]]
+
+
+@pytest.mark.parametrize("algorithm", ["pipedream", "ptdp"])
+def test_a_chosen_plan_is_planned_again_as_the_grid_configuration(tmp_path, algorithm):
+    """The first choice becomes a grid row: pinned to its degrees and micro-batch and planned again by
+    the search that chose it, it is the same plan (a PipeDream choice re-planned by PTD-P was refused
+    when its micro-batch exceeded the batch per pipeline, or became another plan)."""
+    from planner.__main__ import main as planner_main
+
+    sheet = tmp_path / "calibration0.json"
+    write_sheet(sheet)
+    chosen = tmp_path / "choice.json"
+    assert planner_main([*bench.MODELS["gpt_tiny"], "cluster=measured", f"cluster.calibration={sheet}",
+                         f"train.global_batch_size={bench.GLOBAL_BATCH}", "planner.simulate=false",
+                         f"planner.algorithm={algorithm}", f"planner.out={chosen}"]) == 0
+    choice = json.loads(chosen.read_text())
+    cfg = bench.config_of("gpt_tiny", choice)
+    assert cfg.algorithm == algorithm and cfg.micro * cfg.dp <= bench.GLOBAL_BATCH
+    again = bench.plan(cfg, sheet, tmp_path / "again.json")
+    for key in ("parallel", "schedule", "batch", "recompute", "stages"):
+        assert again[key] == choice[key], key
+    grown = {**choice, "batch": {**choice["batch"], "global": 2 * bench.GLOBAL_BATCH}}
+    with pytest.raises(SystemExit, match=f"global batch {2 * bench.GLOBAL_BATCH}, not the {bench.GLOBAL_BATCH}"):
+        bench.config_of("gpt_tiny", grown)

@@ -101,8 +101,9 @@ def test_never_chooses_a_plan_over_memory(seed):
 
 @pytest.mark.parametrize("costs", ["paper", "released"])
 def test_simulator_check_is_steady_and_bounded(costs):
-    """Before: idle 126-1242% of busy time over fill and drain, and 40 s for one plan."""
-    inp = inputs(*VGG_128, f"planner.pipedream_costs={costs}")
+    """Before: idle 126-1242% of busy time over fill and drain, and 40 s for one plan. At b = 32 the
+    replicas' round exceeds B (the plan grows the step): the plan this check was made for."""
+    inp = inputs(*VGG_128, f"planner.pipedream_costs={costs}", "train.micro_batch_size=32")
     best = pipedream_search(inp).best
     sim = _sim_check(inp, best)   # (its time, ~0.3 s, is a benchmark matter, not asserted here)
     assert sim.ran
@@ -112,3 +113,27 @@ def test_simulator_check_is_steady_and_bounded(costs):
         # which the simulator sends: slower than predicted, as PipeDream's own plans would be
         assert sim.per_input_predicted * 0.95 < sim.per_input_simulated < sim.per_input_predicted * 2
     assert sim.peak_in_flight == sim.peak_in_flight_formula
+
+
+def test_the_batch_asked_for_is_kept_when_a_plan_holds_a_round_of_the_replicas(tmp_path):
+    """Replication wins on this sheet (slow p2p, cheap all-reduce) and so do few, large micro-batches
+    (an update per micro-batch): b = B on two replicas would make the step 2 B (b above the B / d a
+    pipeline gets); a plan with b <= B / d keeps B, the run config the plan writes."""
+    import json
+
+    from tests.unit.planner.calibrate.test_calibration import write_sheet
+
+    path = tmp_path / "sheet.json"
+    sheet = write_sheet(path)
+    sheet["p2p"]["bandwidth"] = 1e6
+    path.write_text(json.dumps(sheet))
+    result = pipedream_search(inputs("cluster=measured", f"cluster.calibration={path}", "train.global_batch_size=16"))
+    best = result.best
+    replicas = [len(ranks) for _, _, ranks in best.stages]
+    assert replicas == [2] and best.global_batch == 16 and best.micro * best.dp <= 16
+    assert best.global_batch == best.micro * best.num_microbatches * best.dp
+    assert not any("global batch 16 ->" in note for note in result.notes)
+    assert all(c.global_batch == 16 for c in result.alternatives)
+    # with one sample per step nothing holds a round: the step grows, and a note says so
+    grown = pipedream_search(inputs("cluster=measured", f"cluster.calibration={path}", "train.global_batch_size=1"))
+    assert grown.best.global_batch == 2 and any("global batch 1 -> 2" in note for note in grown.notes)
