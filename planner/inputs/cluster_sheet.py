@@ -9,10 +9,11 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
                 "memory_bytes": float,       # RAM of the machine
                 "memory_bandwidth": float,   # one process copying a large tensor (read + write)
                 "swap_bandwidth": float},    # bytes/s one tensor copied into another (Harmony's swaps here)
-     "p2p": {"latency_s": float, "bandwidth": float, "points": [[bytes, seconds], ...]},
+     "p2p": {"latency_s": float, "bandwidth": float, "points": [[bytes, seconds], ...],
+             "method": str, "note": str},   # how the line was fitted (planner.calibrate.fit)
      "allreduce": {"latency_s": float,      # per ring step (2 (n-1) steps)
                    "bandwidth": float,      # ring bandwidth: 2 (n-1)/n of the bytes move at it
-                   "group": int, "points": [[bytes, seconds], ...]},
+                   "group": int, "points": [[bytes, seconds], ...], "method": str, "note": str},
      "optimizer": {"name": "adamw", "seconds_per_parameter_byte": float, "step_overhead_s": float},
      "compute_slowdown": float,              # factor on the profile's times (1: profiled with every process busy)
      "matmul_slowdown_all_busy": float,      # for the record: a matmul with every process busy / alone
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
@@ -67,7 +69,16 @@ def load_sheet(path: str | Path) -> dict:
     if data.get("schema") != SCHEMA:
         raise PlannerError(f"cluster.calibration={path} has schema {data.get('schema')!r}, expected {SCHEMA!r}: "
                            f"rerun python -m planner.calibrate")
+    for name, value in _fitted_rates(data):   # a sheet written before the fits were bounded
+        if not (math.isfinite(value) and value > 0):
+            raise PlannerError(f"cluster.calibration={path}: {name} is {value}, not a positive finite rate "
+                               f"(the fit of an older calibration): rerun python -m planner.calibrate")
     return data
+
+
+def _fitted_rates(data: Mapping[str, Any]) -> list[tuple[str, float]]:
+    return [(f"{part}.bandwidth", float(data[part]["bandwidth"])) for part in ("p2p", "allreduce")
+            if isinstance(data.get(part), Mapping) and "bandwidth" in data[part]]
 
 
 def measured_cluster(cfg: Mapping[str, Any]) -> Cluster:

@@ -137,3 +137,8 @@ def test_a_missing_or_foreign_sheet_is_one_line(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"schema": "x"}))
     with pytest.raises(PlannerError, match="has schema 'x', expected 'pipedream-cluster-sheet/1'"):
         plan_for(tmp_path / "bad.json")
+    sheet = write_sheet(tmp_path / "inf.json")   # an older calibration's degenerate fit
+    sheet["p2p"]["bandwidth"] = math.inf
+    (tmp_path / "inf.json").write_text(json.dumps(sheet))
+    with pytest.raises(PlannerError, match=r"p2p.bandwidth is inf, not a positive finite rate .*rerun python -m planner.calibrate"):
+        plan_for(tmp_path / "inf.json")
