@@ -21,7 +21,7 @@ def run(argv: Sequence[str]) -> int:
     from planner.config import compose, inputs_from_config
     from planner.report import alternatives_table, plan_table, training_time
 
-    cfg = compose(argv)
+    cfg = compose(argv, plain_dicts=True)
     p = cfg.planner
     if p.get("validate"):
         plan = load_plan(str(p.validate))

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" / "schedules").glob("*.py")
@@ -35,3 +37,33 @@ def test_torch_free_modules_and_the_planner_dry_run_import_no_torch():
     ])
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# Imported by no small dry run: torch (the default cluster=local_cpu measures this machine with it),
+# Hydra and OmegaConf (plain overrides compose to dicts), the plotting and solver libraries.
+NOT_AT_START_UP = ("torch", "hydra", "omegaconf", "antlr4", "matplotlib", "scipy", "cvxpy", "transformers")
+
+
+@pytest.mark.parametrize("args", [["planner.graph={graph}", "cluster=pipedream_cluster_a", "planner.algorithm=pipedream"],
+                                  DRY_RUN], ids=["graph.txt", "preset"])
+def test_a_small_dry_run_imports_only_what_it_uses(tmp_path, args):
+    """``python -m planner``'s start-up: a graph.txt or a preset on a preset cluster imports none of
+    ``NOT_AT_START_UP`` (numpy it needs: the schedules' closed forms, the DP and the cost model)."""
+    from tests.support.graph_txt_profiles import vgg16_graph
+
+    graph = tmp_path / "vgg16" / "graph.txt"
+    graph.parent.mkdir()
+    graph.write_text(vgg16_graph())
+    script = "\n".join([
+        "import contextlib, io, runpy, sys",
+        f"sys.argv = ['planner', *{[a.format(graph=graph) for a in args]!r}]",
+        "with contextlib.redirect_stdout(io.StringIO()):",
+        "    try:",
+        "        runpy.run_module('planner', run_name='__main__')",
+        "    except SystemExit as done:",
+        "        assert not done.code, done.code",
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & {set(NOT_AT_START_UP)!r}))",
+    ])
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "[]"
