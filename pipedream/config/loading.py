@@ -8,7 +8,10 @@ same files installed next to ``pipedream`` by ``pip install .``. ``pipedream.tra
 """
 from __future__ import annotations
 
+import marshal
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -132,16 +135,58 @@ def _yaml_loader() -> Any:
     return Loader
 
 
-def _load_yaml(path: Path, loader: Any) -> dict:
-    import yaml
+class _ConfigFiles:
+    """The YAML files of one composition: parsed with ``_yaml_loader``, or their values as parsed
+    before, cached next to the files (``conf/__pycache__``, written where Python writes bytecode: not
+    under ``PYTHONDONTWRITEBYTECODE``) and taken only while a file's text is the one parsed. PyYAML's
+    import and parsing were a twentieth of a small planner run."""
 
-    text = path.read_text()
-    if "@package" in text:   # Hydra's package header moves the config: Hydra's job
-        raise _NotPlain(str(path))
-    data = yaml.load(text, Loader=loader)
-    if not isinstance(data, dict):
-        raise _NotPlain(str(path))
-    return data
+    FORMAT = 1   # raise when _yaml_loader's rules change: values parsed under older rules are not reused
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / "__pycache__" / f"yaml-values.{sys.implementation.cache_tag}.{self.FORMAT}.marshal"
+        self.loader: Any = None
+        self.changed = False
+        try:
+            cached = marshal.loads(self.path.read_bytes())
+        except (OSError, EOFError, ValueError, TypeError):
+            cached = {}
+        self.cached: dict = cached if isinstance(cached, dict) else {}
+
+    def load(self, path: Path) -> dict:
+        text = path.read_text()
+        if "@package" in text:   # Hydra's package header moves the config: Hydra's job
+            raise _NotPlain(str(path))
+        key = str(path.relative_to(self.root))
+        entry = self.cached.get(key)
+        if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == text:
+            data = marshal.loads(entry[1])   # a fresh copy: the composition merges into it
+        else:
+            import yaml
+
+            self.loader = self.loader or _yaml_loader()
+            data = yaml.load(text, Loader=self.loader)
+            try:
+                self.cached[key] = (text, marshal.dumps(data))
+                self.changed = True
+            except ValueError:   # a value marshal cannot write (an explicit !!timestamp): parsed each time
+                pass
+        if not isinstance(data, dict):
+            raise _NotPlain(str(path))
+        return data
+
+    def save(self) -> None:
+        """Writes the values parsed this time (a read-only or shared folder: nothing is cached)."""
+        if not self.changed or sys.dont_write_bytecode:
+            return
+        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}")
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            partial.write_bytes(marshal.dumps(self.cached))
+            os.replace(partial, self.path)   # atomic: runs started at once read one whole file or the other
+        except OSError:
+            partial.unlink(missing_ok=True)
 
 
 def _register_hydra_now_resolver() -> None:
@@ -182,8 +227,18 @@ def _compose_data(overrides: Sequence[str], config_name: str,
                   without_hydra_node: bool) -> tuple[dict, dict[str, str]]:
     """``compose_plain``'s composition as plain containers (YAML values, not yet OmegaConf nodes) and
     the group choices; raises ``_NotPlain`` for anything it does not reproduce."""
-    root, loader = config_dir(), _yaml_loader()
-    primary = _load_yaml(root / f"{config_name}.yaml", loader)
+    root = config_dir()
+    files = _ConfigFiles(root)
+    try:
+        return _compose_files(files, overrides, config_name, without_hydra_node)
+    finally:
+        files.save()
+
+
+def _compose_files(files: _ConfigFiles, overrides: Sequence[str], config_name: str,
+                   without_hydra_node: bool) -> tuple[dict, dict[str, str]]:
+    root = files.root
+    primary = files.load(root / f"{config_name}.yaml")
     choices, values, seen = {}, [], set()
     for override in overrides:
         key, eq, text = override.partition("=")
@@ -218,7 +273,7 @@ def _compose_data(overrides: Sequence[str], config_name: str,
         path = root / group / f"{option}.yaml"
         if not isinstance(option, str) or not path.is_file():
             raise _NotPlain(group)
-        loaded = _load_yaml(path, loader)
+        loaded = files.load(path)
         if "defaults" in loaded:
             raise _NotPlain(str(path))
         _merge(cfg, {group: loaded})

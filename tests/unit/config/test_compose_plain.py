@@ -128,12 +128,11 @@ def test_the_yaml_rules_are_omegaconfs():
     from omegaconf._utils import get_yaml_loader
     import yaml
 
-    from pipedream.config.loading import _load_yaml, _yaml_loader, config_dir
+    from pipedream.config.loading import _yaml_loader, config_dir
     assert _yaml_loader().yaml_implicit_resolvers == get_yaml_loader().yaml_implicit_resolvers
     for path in sorted(config_dir().rglob("*.yaml")):
-        reference = yaml.load(path.read_text(), Loader=get_yaml_loader())
-        if "@package" not in path.read_text():
-            assert _load_yaml(path, _yaml_loader()) == reference, path
+        text = path.read_text()
+        assert yaml.load(text, Loader=_yaml_loader()) == yaml.load(text, Loader=get_yaml_loader()), path
     values = "a: 1e5\nb: 1.0e+5\nc: 2001-12-14\nd: .inf\ne: 0x10\nf: 1_000\ng: yes\nh: ~\n"
     assert yaml.load(values, Loader=_yaml_loader()) == yaml.load(values, Loader=get_yaml_loader())
 
@@ -195,3 +194,29 @@ def test_a_value_over_a_mapping_is_left_to_hydra():
     cfg = {"a": {"b": None}}
     _update(cfg, "a.b", [1, 2])
     assert cfg == {"a": {"b": [1, 2]}}
+
+
+def test_parsed_values_are_cached_while_the_text_is_the_same(tmp_path, monkeypatch):
+    """``conf/__pycache__`` keeps each file's parsed values: reused only for the same text, a fresh
+    copy each time, not written under ``PYTHONDONTWRITEBYTECODE``."""
+    from pipedream.config.loading import _ConfigFiles
+
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    path = tmp_path / "model" / "m.yaml"
+    path.parent.mkdir()
+    path.write_text("name: gpt\nlayers: [1, 2]\nlr: 1e-3\n")
+    first = _ConfigFiles(tmp_path)
+    assert first.load(path) == {"name": "gpt", "layers": [1, 2], "lr": 1e-3} and first.loader is not None
+    first.save()
+    again = _ConfigFiles(tmp_path)
+    values = again.load(path)
+    assert values == {"name": "gpt", "layers": [1, 2], "lr": 1e-3} and again.loader is None   # not parsed
+    values["layers"].append(3)
+    assert again.load(path)["layers"] == [1, 2]
+    path.write_text("name: gpt\nlayers: [4]\nlr: 1e-3\n")
+    edited = _ConfigFiles(tmp_path)
+    assert edited.load(path)["layers"] == [4] and edited.loader is not None
+    monkeypatch.setattr("sys.dont_write_bytecode", True)
+    edited.save()
+    not_cached = _ConfigFiles(tmp_path)
+    assert not_cached.load(path)["layers"] == [4] and not_cached.loader is not None   # parsed again
