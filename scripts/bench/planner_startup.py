@@ -1,7 +1,9 @@
 """Planner start-up benchmark: how long ``python -m planner`` takes, end to end, for small plans.
 Writes docs/bench_planner_startup.json, docs/bench_planner_startup.md and its section of
 docs/benchmarks.md (numbers measured here, never typed).
-Run: .venv/bin/python -m scripts.bench.planner_startup [--repeats 15]
+Run: .venv/bin/python -m scripts.bench.planner_startup [--repeats 15] [--baseline DIR]
+(``--baseline``: a checkout of another commit, e.g. ``git worktree add /tmp/base main``, whose
+graph.txt run is measured beside this one's, with this interpreter.)
 
 Each command runs in a fresh interpreter, the cases interleaved round by round so that the
 machine's load falls on all of them alike; one warm-up run each first (it writes the bytecode and
@@ -32,23 +34,26 @@ GRAPH_RUN = ["planner.graph={graph}", "cluster=pipedream_cluster_a", "planner.al
 CASES = {
     "interpreter": ("`python -c pass`", ["-c", "pass"]),
     "numpy": ("`python -c \"import numpy\"`", ["-c", "import numpy"]),
+    "numpy_one_thread": ("`OPENBLAS_NUM_THREADS=1 python -c \"import numpy\"`", ["-c", "import numpy"]),
     "graph_txt": ("`python -m planner planner.graph=vgg16/graph.txt cluster=pipedream_cluster_a "
                   "planner.algorithm=pipedream` (VGG-16's 40 layers on 16 devices: PipeDream's DP, the "
                   "simulator check)", ["-m", "planner", *GRAPH_RUN]),
     "preset": ("`python -m planner model=gpt_tiny cluster=h100_x8 cluster.nodes=1 train.global_batch_size=16` "
                "(PTD-P on a preset cluster)",
                ["-m", "planner", "model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]),
+    "torch": ("`python -c \"import torch\"`", ["-c", "import torch"]),
     "default": ("`python -m planner` (the default `cluster=local_cpu`: measures this machine's matmul speed "
                 "with torch first)", ["-m", "planner"]),
 }
-SLOW = {"default"}   # a few repeats are enough for a run that takes seconds
+SLOW = {"torch", "default"}   # a few repeats are enough for a run that takes seconds
+ENV = {"numpy_one_thread": {"OPENBLAS_NUM_THREADS": "1"}}
 
 
-def run_once(args: list[str], env: dict) -> tuple[float, float]:
-    """(wall, user + sys CPU) seconds of one fresh interpreter running ``args``."""
+def run_once(args: list[str], env: dict, cwd: Path = ROOT) -> tuple[float, float]:
+    """(wall, user + sys CPU) seconds of one fresh interpreter running ``args`` in ``cwd``."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
@@ -76,36 +81,47 @@ def import_split(args: list[str], env: dict, repeats: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--baseline", type=Path, default=None)
     parser.add_argument("--out", default=str(ROOT / "docs" / "bench_planner_startup"))
     args = parser.parse_args()
-    env = dict(os.environ)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)   # Python's default: bytecode cached after the first run
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONDONTWRITEBYTECODE", "OPENBLAS_NUM_THREADS")}
+    cases = dict(CASES)   # Python's default above: bytecode cached after the first run
+    where = {name: ROOT for name in cases}
+    if args.baseline is not None:
+        cases["graph_txt_baseline"] = (f"the same graph.txt run, {baseline_label(args.baseline)}", CASES["graph_txt"][1])
+        where["graph_txt_baseline"] = args.baseline.resolve()
     with tempfile.TemporaryDirectory() as tmp:
         graph = Path(tmp) / "vgg16" / "graph.txt"
         graph.parent.mkdir()
         graph.write_text(vgg16_graph())
-        commands = {name: [a.format(graph=graph) for a in argv] for name, (_, argv) in CASES.items()}
-        for argv in commands.values():
-            run_once(argv, env)   # warm-up
-        walls: dict[str, list[float]] = {name: [] for name in CASES}
-        cpus: dict[str, list[float]] = {name: [] for name in CASES}
+        commands = {name: [a.format(graph=graph) for a in argv] for name, (_, argv) in cases.items()}
+        for name, argv in commands.items():
+            run_once(argv, {**env, **ENV.get(name, {})}, where[name])   # warm-up
+        walls: dict[str, list[float]] = {name: [] for name in cases}
+        cpus: dict[str, list[float]] = {name: [] for name in cases}
         load_before = os.getloadavg()[0]
         for round_ in range(args.repeats):
             for name, argv in commands.items():
                 if name in SLOW and round_ >= 3:
                     continue
-                wall, cpu = run_once(argv, env)
+                wall, cpu = run_once(argv, {**env, **ENV.get(name, {})}, where[name])
                 walls[name].append(wall)
                 cpus[name].append(cpu)
         load_after = os.getloadavg()[0]
         split = import_split(commands["graph_txt"], env, min(args.repeats, 8))
-    cases = {name: {"what": CASES[name][0], "runs": len(walls[name]), "wall_min_s": min(walls[name]),
+    cases = {name: {"what": cases[name][0], "runs": len(walls[name]), "wall_min_s": min(walls[name]),
                     "wall_median_s": statistics.median(walls[name]), "cpu_min_s": min(cpus[name])}
-             for name in CASES}
+             for name in cases}
     report = {"machine": {**machine(), "load_average_1min": [load_before, load_after]}, "cases": cases,
               "graph_txt_imports": split}
     write_report(Path(args.out), report, markdown(report), "bench_planner_startup")
     return 0
+
+
+def baseline_label(path: Path) -> str:
+    """'commit 98e83e5 (Docs: ...)' for the checkout measured as the baseline."""
+    done = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h (%s)"], capture_output=True, text=True)
+    return f"commit {done.stdout.strip()}" if done.returncode == 0 else str(path)
 
 
 def markdown(report: dict) -> str:
