@@ -119,9 +119,9 @@ def main() -> int:
 
 
 def baseline_label(path: Path) -> str:
-    """'commit 98e83e5 (Docs: ...)' for the checkout measured as the baseline."""
+    """'commit 98e83e5 (Docs: ...)' for the checkout measured as the baseline (its folder's name for an export)."""
     done = subprocess.run(["git", "-C", str(path), "log", "-1", "--format=%h (%s)"], capture_output=True, text=True)
-    return f"commit {done.stdout.strip()}" if done.returncode == 0 else str(path)
+    return f"commit {done.stdout.strip()}" if done.returncode == 0 else f"`{path.name}`"
 
 
 def markdown(report: dict) -> str:
