@@ -22,6 +22,16 @@ Modules, from inputs to output:
 """
 from __future__ import annotations
 
-from pipedream.config.plan_file import Plan, PlanError, load_plan
+from typing import Any
 
 __all__ = ["Plan", "PlanError", "load_plan"]
+
+
+def __getattr__(name: str) -> Any:
+    """The re-exports, imported when first read: ``python -m planner`` imports this package before
+    its ``__main__`` can choose how numpy loads (``planner.__main__._load_numpy``)."""
+    if name in __all__:
+        from pipedream.config import plan_file
+
+        return getattr(plan_file, name)
+    raise AttributeError(f"module 'planner' has no attribute {name!r}")

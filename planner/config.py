@@ -2,11 +2,12 @@
 and turns Hydra's multi-line composition errors into one line."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any, Sequence
 
 from models.registry import known_family
-from pipedream.config.loading import compose_config, compose_plain, describe_composition_error
+from pipedream.config.loading import compose_config, compose_plain, compose_plain_dicts, describe_composition_error
 
 from pipedream.schedules import SCHEDULE_INFOS, planned_schedules
 from planner.errors import PlannerError
@@ -19,9 +20,18 @@ from planner.inputs.profile import Profile, analytic_profile, load_profile
 PLANNED_SCHEDULES = planned_schedules()
 
 
-def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
+def compose(overrides: Sequence[str] = (), config_name: str = "planner", plain_dicts: bool = False) -> Any:
     """``conf/planner.yaml`` with ``overrides``; bad overrides become one-line PlannerErrors. Plain
-    overrides are composed without importing Hydra (``compose_plain``, the same config)."""
+    overrides are composed without importing Hydra (``compose_plain``, the same config).
+    ``plain_dicts``: where the config needs nothing of OmegaConf's (no interpolation), the same values
+    as nested dicts read like OmegaConf's (``PlainConfig``), composed without importing OmegaConf
+    either: ``python -m planner``'s start-up."""
+    if plain_dicts:
+        fast = compose_plain_dicts(overrides, config_name)
+        if fast is not None:
+            cfg, choices = fast
+            _label_model(cfg.get("model"), choices.get("model"))
+            return cfg
     from omegaconf import open_dict
 
     plain = compose_plain(overrides, config_name)
@@ -42,17 +52,25 @@ def compose(overrides: Sequence[str] = (), config_name: str = "planner") -> Any:
         choices = dict(cfg.hydra.runtime.choices)
         with open_dict(cfg):
             del cfg["hydra"]
-    choice = choices.get("model")
-    with open_dict(cfg):
-        if choice and not cfg.model.get("preset") and not cfg.model.get("_target_"):
-            cfg.model.preset = choice  # the config's file name (gpt_tiny) labels the model
+    if cfg.get("model") is not None:
+        with open_dict(cfg):
+            _label_model(cfg.model, choices.get("model"))
     return cfg
 
 
+def _label_model(model: Any, choice: str | None) -> None:
+    """The config's file name (gpt_tiny) labels a preset model."""
+    if model is not None and choice and not model.get("preset") and not model.get("_target_"):
+        model["preset"] = choice
+
+
 def _plain(node: Any) -> Any:
+    """A config node as plain containers, a copy (``PlainConfig``s are already plain)."""
+    if isinstance(node, (dict, list)):
+        return copy.deepcopy(node)
     from omegaconf import OmegaConf
 
-    return OmegaConf.to_container(node, resolve=True) if not isinstance(node, (dict, list)) else node
+    return OmegaConf.to_container(node, resolve=True)
 
 
 def build_profile(cfg: Any, spec, cluster) -> Profile:

@@ -8,8 +8,10 @@ same files installed next to ``pipedream`` by ``pip install .``. ``pipedream.tra
 """
 from __future__ import annotations
 
-import difflib
+import marshal
+import os
 import re
+import sys
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -101,39 +103,90 @@ def plain_value(text: str) -> Any:
     return _plain_scalar(text)
 
 
+# OmegaConf's YAML rules (``omegaconf._utils.get_yaml_loader``), restated so that a plain composition
+# need not import OmegaConf (a tenth of a small planner run): YAML 1.2 floats (1e5, not only 1.0e+5),
+# no timestamps. tests/unit/config/test_compose_plain.py checks that they equal OmegaConf's.
+_YAML_FLOAT = re.compile(r"""^(?:
+         [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
+        |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
+        |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""", re.X)
+
+
 def _yaml_loader() -> Any:
-    """OmegaConf's YAML loader (its float and timestamp rules, duplicate keys refused) on libyaml's
-    parser where PyYAML has it: the same values, parsed several times faster."""
+    """PyYAML's safe loader with OmegaConf's float and timestamp rules, duplicate keys refused (Hydra
+    reports them), on libyaml's parser where PyYAML has it: the values OmegaConf reads, parsed
+    several times faster."""
     import yaml
-    from omegaconf._utils import get_yaml_loader
 
-    loader = get_yaml_loader()
-    if not getattr(yaml, "__with_libyaml__", False):
-        return loader
-
-    class Loader(yaml.CSafeLoader):
-        yaml_implicit_resolvers = loader.yaml_implicit_resolvers
-        yaml_constructors = loader.yaml_constructors
-
+    class Loader(yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             keys = [k.value for k, _ in node.value if k.tag == yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG]
             if len(keys) != len(set(keys)):
-                raise _NotPlain("duplicate key")   # Hydra's loader reports it
+                raise _NotPlain("duplicate key")
             return super().construct_mapping(node, deep=deep)
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_FLOAT, list("-+0123456789."))
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+        for first, resolvers in Loader.yaml_implicit_resolvers.items()}
     return Loader
 
 
-def _load_yaml(path: Path, loader: Any) -> Any:
-    import yaml
-    from omegaconf import OmegaConf
+class _ConfigFiles:
+    """The YAML files of one composition: parsed with ``_yaml_loader``, or their values as parsed
+    before, cached next to the files (``conf/__pycache__``, written where Python writes bytecode: not
+    under ``PYTHONDONTWRITEBYTECODE``) and taken only while a file's text is the one parsed. PyYAML's
+    import and parsing were a twentieth of a small planner run."""
 
-    text = path.read_text()
-    if "@package" in text:   # Hydra's package header moves the config: Hydra's job
-        raise _NotPlain(str(path))
-    data = yaml.load(text, Loader=loader)
-    if not isinstance(data, dict):
-        raise _NotPlain(str(path))
-    return OmegaConf.create(data)
+    FORMAT = 1   # raise when _yaml_loader's rules change: values parsed under older rules are not reused
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.path = root / "__pycache__" / f"yaml-values.{sys.implementation.cache_tag}.{self.FORMAT}.marshal"
+        self.loader: Any = None
+        self.changed = False
+        try:
+            cached = marshal.loads(self.path.read_bytes())
+        except (OSError, EOFError, ValueError, TypeError):
+            cached = {}
+        self.cached: dict = cached if isinstance(cached, dict) else {}
+
+    def load(self, path: Path) -> dict:
+        text = path.read_text()
+        if "@package" in text:   # Hydra's package header moves the config: Hydra's job
+            raise _NotPlain(str(path))
+        key = str(path.relative_to(self.root))
+        entry = self.cached.get(key)
+        if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == text:
+            data = marshal.loads(entry[1])   # a fresh copy: the composition merges into it
+        else:
+            import yaml
+
+            self.loader = self.loader or _yaml_loader()
+            data = yaml.load(text, Loader=self.loader)
+            try:
+                self.cached[key] = (text, marshal.dumps(data))
+                self.changed = True
+            except ValueError:   # a value marshal cannot write (an explicit !!timestamp): parsed each time
+                pass
+        if not isinstance(data, dict):
+            raise _NotPlain(str(path))
+        return data
+
+    def save(self) -> None:
+        """Writes the values parsed this time (a read-only or shared folder: nothing is cached)."""
+        if not self.changed or sys.dont_write_bytecode:
+            return
+        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}")
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            partial.write_bytes(marshal.dumps(self.cached))
+            os.replace(partial, self.path)   # atomic: runs started at once read one whole file or the other
+        except OSError:
+            partial.unlink(missing_ok=True)
 
 
 def _register_hydra_now_resolver() -> None:
@@ -145,6 +198,89 @@ def _register_hydra_now_resolver() -> None:
     from omegaconf import OmegaConf
     if not OmegaConf.has_resolver("now"):
         OmegaConf.register_new_resolver("now", lambda pattern: datetime.now().strftime(pattern), use_cache=True)
+
+
+def _merge(into: dict, other: dict) -> None:
+    """OmegaConf's merge of plain containers: mappings merge key by key, anything else replaces."""
+    for key, value in other.items():
+        if isinstance(into.get(key), dict) and isinstance(value, dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _update(cfg: dict, key: str, value: Any) -> None:
+    """``OmegaConf.update(cfg, key, value, merge=True)`` on a struct config, for an existing key whose
+    value is not a mapping (a new key is an error Hydra words; a scalar over a mapping is Hydra's too)."""
+    *parents, last = key.split(".")
+    node = cfg
+    for part in parents:
+        node = node.get(part)
+        if not isinstance(node, dict):
+            raise _NotPlain(key)
+    if last not in node or isinstance(node[last], dict):
+        raise _NotPlain(key)
+    node[last] = value
+
+
+def _compose_data(overrides: Sequence[str], config_name: str,
+                  without_hydra_node: bool) -> tuple[dict, dict[str, str]]:
+    """``compose_plain``'s composition as plain containers (YAML values, not yet OmegaConf nodes) and
+    the group choices; raises ``_NotPlain`` for anything it does not reproduce."""
+    root = config_dir()
+    files = _ConfigFiles(root)
+    try:
+        return _compose_files(files, overrides, config_name, without_hydra_node)
+    finally:
+        files.save()
+
+
+def _compose_files(files: _ConfigFiles, overrides: Sequence[str], config_name: str,
+                   without_hydra_node: bool) -> tuple[dict, dict[str, str]]:
+    root = files.root
+    primary = files.load(root / f"{config_name}.yaml")
+    choices, values, seen = {}, [], set()
+    for override in overrides:
+        key, eq, text = override.partition("=")
+        if not eq or not _KEY.match(key) or key in seen or key.split(".")[0] == "hydra":
+            raise _NotPlain(override)
+        seen.add(key)
+        if "." not in key:   # a group choice
+            if not (root / key).is_dir() or not _WORD.match(text):
+                raise _NotPlain(override)
+            choices[key] = text
+        else:
+            values.append((key, plain_value(text)))
+    entries = primary.pop("defaults", None)
+    if without_hydra_node and isinstance(entries, list):
+        primary.pop("hydra", None)
+        entries = [e for e in entries if not (isinstance(e, dict) and len(e) == 1
+                                              and next(iter(e)).startswith("override hydra/"))]
+    if not isinstance(entries, list) or "_self_" not in entries:
+        raise _NotPlain("defaults")
+    if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries):
+        raise _NotPlain("defaults")   # optional entries, overrides of Hydra's own groups, packages
+    if set(choices) - {next(iter(e)) for e in entries if isinstance(e, dict)}:
+        raise _NotPlain("a group the defaults do not choose")
+    cfg: dict = {}
+    chosen = {}
+    for entry in entries:
+        if entry == "_self_":
+            _merge(cfg, primary)
+            continue
+        (group, option), = entry.items()
+        option = choices.get(group, option)
+        path = root / group / f"{option}.yaml"
+        if not isinstance(option, str) or not path.is_file():
+            raise _NotPlain(group)
+        loaded = files.load(path)
+        if "defaults" in loaded:
+            raise _NotPlain(str(path))
+        _merge(cfg, {group: loaded})
+        chosen[group] = option
+    for key, value in values:
+        _update(cfg, key, value)
+    return cfg, chosen
 
 
 def compose_plain(overrides: Sequence[str], config_name: str,
@@ -162,55 +298,54 @@ def compose_plain(overrides: Sequence[str], config_name: str,
     from omegaconf import OmegaConf
 
     try:
-        root, loader = config_dir(), _yaml_loader()
-        primary = _load_yaml(root / f"{config_name}.yaml", loader)
-        choices, values, seen = {}, [], set()
-        for override in overrides:
-            key, eq, text = override.partition("=")
-            if not eq or not _KEY.match(key) or key in seen or key.split(".")[0] == "hydra":
-                raise _NotPlain(override)
-            seen.add(key)
-            if "." not in key:   # a group choice
-                if not (root / key).is_dir() or not _WORD.match(text):
-                    raise _NotPlain(override)
-                choices[key] = text
-            else:
-                values.append((key, plain_value(text)))
-        defaults = primary.pop("defaults", None) if "defaults" in primary else None
-        entries = OmegaConf.to_container(defaults) if defaults is not None else None
-        if without_hydra_node and isinstance(entries, list):
+        data, chosen = _compose_data(overrides, config_name, without_hydra_node)
+        if without_hydra_node:
             _register_hydra_now_resolver()
-            if "hydra" in primary:
-                primary.pop("hydra")
-            entries = [e for e in entries if not (isinstance(e, dict) and len(e) == 1
-                                                  and next(iter(e)).startswith("override hydra/"))]
-        if not isinstance(entries, list) or "_self_" not in entries:
-            raise _NotPlain("defaults")
-        if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries):
-            raise _NotPlain("defaults")   # optional entries, overrides of Hydra's own groups, packages
-        if set(choices) - {next(iter(e)) for e in entries if isinstance(e, dict)}:
-            raise _NotPlain("a group the defaults do not choose")
-        cfg = OmegaConf.create()
-        chosen = {}
-        for entry in entries:
-            if entry == "_self_":
-                cfg.merge_with(primary)
-                continue
-            (group, option), = entry.items()
-            option = choices.get(group, option)
-            path = root / group / f"{option}.yaml"
-            if not isinstance(option, str) or not path.is_file():
-                raise _NotPlain(group)
-            loaded = _load_yaml(path, loader)
-            if "defaults" in loaded:
-                raise _NotPlain(str(path))
-            cfg.merge_with(OmegaConf.create({group: loaded}))
-            chosen[group] = option
+        cfg = OmegaConf.create(data)
         OmegaConf.set_struct(cfg, True)
-        for key, value in values:
-            OmegaConf.update(cfg, key, value, merge=True)
         cfg = complete_model_config(cfg)   # as compose_config does
     except Exception:  # noqa: BLE001 - _NotPlain or any error: Hydra composes it and names the problem
+        return None
+    return cfg, chosen
+
+
+class PlainConfig(dict):
+    """A composed config as nested dicts read like OmegaConf's (``cfg.planner.out``, ``cfg.model.get``)."""
+    __slots__ = ()
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _as_plain_config(value: Any) -> Any:
+    """Nested ``PlainConfig``s; ``_NotPlain`` for what OmegaConf would read differently from the YAML
+    (an interpolation, ``???``)."""
+    if isinstance(value, dict):
+        return PlainConfig({key: _as_plain_config(item) for key, item in value.items()})
+    if isinstance(value, list):
+        return [_as_plain_config(item) for item in value]
+    if isinstance(value, str) and ("${" in value or value == "???"):
+        raise _NotPlain(value)
+    return value
+
+
+def compose_plain_dicts(overrides: Sequence[str], config_name: str) -> tuple[PlainConfig, dict[str, str]] | None:
+    """``compose_plain``'s config as ``OmegaConf.to_container`` would give it, without importing
+    OmegaConf: for configs with no interpolation and no model read from its own files
+    (``ModelFamily.config_from_files``); None for anything else (``compose_plain`` or Hydra)."""
+    from models.registry import known_family
+
+    try:
+        data, chosen = _compose_data(overrides, config_name, without_hydra_node=False)
+        cfg = _as_plain_config(data)
+        model = cfg.get("model")
+        family = known_family(model.get("name")) if isinstance(model, dict) else None
+        if family is not None and family.config_from_files is not None:
+            raise _NotPlain("model files")
+    except Exception:  # noqa: BLE001 - as compose_plain
         return None
     return cfg, chosen
 
@@ -272,6 +407,8 @@ def config_paths(node: Any, prefix: str = "") -> list[str]:
 
 def suggest_key(key: str, cfg: Any) -> tuple[str | None, str, list[str]]:
     """(the closest existing key or None, the deepest group of ``key`` that exists, that group's keys)."""
+    import difflib
+
     from omegaconf import DictConfig
     parts, node, depth = key.split("."), cfg, 0
     while depth < len(parts) - 1 and isinstance(node, DictConfig) and parts[depth] in node:

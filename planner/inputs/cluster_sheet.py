@@ -34,7 +34,6 @@ runtime's own costs per action, message and step and its process's resident set.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import replace
@@ -54,6 +53,8 @@ SCHEMA = "pipedream-cluster-sheet/1"
 
 def model_fingerprint(model_cfg: Mapping[str, Any]) -> str:
     """The model configuration that a measured profile belongs to (its label ``preset`` left out)."""
+    import hashlib   # here: only a measured sheet's lookups hash a model
+
     keys = {k: v for k, v in model_cfg.items() if k != "preset"}
     return hashlib.sha1(json.dumps(keys, sort_keys=True, default=str).encode()).hexdigest()[:12]
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import copy
 import json
-import statistics
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
 from pathlib import Path
@@ -164,6 +163,8 @@ def profile_from_json(data: dict) -> Profile:
 def mean_profile(profiles: list[dict]) -> dict:
     """Timings of the same model's layers (profile JSON) averaged layer by layer: the processes that
     profiled it at once, or one process's timings at several moments."""
+    import statistics   # here: a plan from a preset or graph.txt does not average profiles
+
     out = copy.deepcopy(profiles[0])
     for i, layer in enumerate(out["layers"]):
         for key in ("forward_s", "backward_s"):

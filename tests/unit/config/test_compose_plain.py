@@ -120,3 +120,103 @@ def test_the_run_dir_timestamp_resolves_without_hydra():
     OmegaConf.clear_resolver("now")
     cfg, _ = compose_plain([], "config", without_hydra_node=True)
     assert str(OmegaConf.to_container(cfg, resolve=True)["train"]["run_dir"]).startswith("runs/2")
+
+
+def test_the_yaml_rules_are_omegaconfs():
+    """The plain path restates OmegaConf's YAML loader (so as not to import OmegaConf): the same
+    implicit types, and every config file read to the same values."""
+    from omegaconf._utils import get_yaml_loader
+    import yaml
+
+    from pipedream.config.loading import _yaml_loader, config_dir
+    assert _yaml_loader().yaml_implicit_resolvers == get_yaml_loader().yaml_implicit_resolvers
+    for path in sorted(config_dir().rglob("*.yaml")):
+        text = path.read_text()
+        assert yaml.load(text, Loader=_yaml_loader()) == yaml.load(text, Loader=get_yaml_loader()), path
+    values = "a: 1e5\nb: 1.0e+5\nc: 2001-12-14\nd: .inf\ne: 0x10\nf: 1_000\ng: yes\nh: ~\n"
+    assert yaml.load(values, Loader=_yaml_loader()) == yaml.load(values, Loader=get_yaml_loader())
+
+
+@pytest.mark.parametrize("overrides", OVERRIDES, ids=" ".join)
+def test_plain_dicts_are_the_same_values(overrides):
+    """``compose_plain_dicts`` (``python -m planner``'s start-up, no OmegaConf) gives the plain
+    containers of ``compose_plain``'s config, and the same choices."""
+    from pipedream.config.loading import PlainConfig, compose_plain_dicts
+
+    reference = compose_plain(overrides, "planner")
+    plain = compose_plain_dicts(overrides, "planner")
+    if reference is None or reference[0].model.get("path") is not None:   # model=hf: its files, OmegaConf's path
+        assert plain is None
+        return
+    cfg, choices = plain
+    assert cfg == OmegaConf.to_container(reference[0]) and choices == reference[1]
+    assert isinstance(cfg.planner, PlainConfig) and cfg.planner.top_k == cfg["planner"]["top_k"]
+    with pytest.raises(AttributeError):
+        cfg.planner.algoritm
+
+
+@pytest.mark.parametrize("overrides", [["planner.algoritm=ptdp"], ["model=nope"], ["+planner.x=1"],
+                                       ["model.name.x=1"], ["planner.top_k.x=1"]])
+def test_plain_dicts_leave_the_rest_to_omegaconf_and_hydra(overrides):
+    from pipedream.config.loading import compose_plain_dicts
+
+    assert compose_plain_dicts(overrides, "planner") is None
+
+
+def test_plain_dicts_refuse_interpolations():
+    """``train.run_dir: runs/${now:...}``: OmegaConf resolves it, so ``config.yaml`` is not plain data."""
+    from pipedream.config.loading import _NotPlain, _as_plain_config
+
+    with pytest.raises(_NotPlain):
+        _as_plain_config({"train": {"run_dir": "runs/${now:%Y}"}})
+    with pytest.raises(_NotPlain):
+        _as_plain_config({"model": {"path": "???"}})
+
+
+@pytest.mark.parametrize("overrides", [["model=gpt_small"], ["planner.graph=/tmp/g/graph.txt", "cluster=pipedream_cluster_a"],
+                                       ["model._target_=my_pkg.build"]])
+def test_the_planner_reads_the_same_config_either_way(overrides):
+    """``planner.config.compose(..., plain_dicts=True)``: the values of the OmegaConf config, the model's
+    preset label included; a plugin model (Hydra's path) comes back as OmegaConf's config."""
+    from planner.config import compose
+
+    fast, reference = compose(overrides, plain_dicts=True), compose(overrides)
+    plain = fast if isinstance(fast, dict) else OmegaConf.to_container(fast)
+    assert plain == OmegaConf.to_container(reference)
+    assert isinstance(fast, dict) != bool(reference.model.get("_target_"))
+
+
+def test_a_value_over_a_mapping_is_left_to_hydra():
+    from pipedream.config.loading import _NotPlain, _update
+
+    with pytest.raises(_NotPlain):
+        _update({"a": {"b": {"c": 1}}}, "a.b", 1)
+    cfg = {"a": {"b": None}}
+    _update(cfg, "a.b", [1, 2])
+    assert cfg == {"a": {"b": [1, 2]}}
+
+
+def test_parsed_values_are_cached_while_the_text_is_the_same(tmp_path, monkeypatch):
+    """``conf/__pycache__`` keeps each file's parsed values: reused only for the same text, a fresh
+    copy each time, not written under ``PYTHONDONTWRITEBYTECODE``."""
+    from pipedream.config.loading import _ConfigFiles
+
+    monkeypatch.setattr("sys.dont_write_bytecode", False)
+    path = tmp_path / "model" / "m.yaml"
+    path.parent.mkdir()
+    path.write_text("name: gpt\nlayers: [1, 2]\nlr: 1e-3\n")
+    first = _ConfigFiles(tmp_path)
+    assert first.load(path) == {"name": "gpt", "layers": [1, 2], "lr": 1e-3} and first.loader is not None
+    first.save()
+    again = _ConfigFiles(tmp_path)
+    values = again.load(path)
+    assert values == {"name": "gpt", "layers": [1, 2], "lr": 1e-3} and again.loader is None   # not parsed
+    values["layers"].append(3)
+    assert again.load(path)["layers"] == [1, 2]
+    path.write_text("name: gpt\nlayers: [4]\nlr: 1e-3\n")
+    edited = _ConfigFiles(tmp_path)
+    assert edited.load(path)["layers"] == [4] and edited.loader is not None
+    monkeypatch.setattr("sys.dont_write_bytecode", True)
+    edited.save()
+    not_cached = _ConfigFiles(tmp_path)
+    assert not_cached.load(path)["layers"] == [4] and not_cached.loader is not None   # parsed again
