@@ -141,14 +141,18 @@ class _Pool:
         return self._workers[:world_size], self._queue
 
     def close(self, grace: float = 5.0) -> None:
-        for worker in self._workers:
+        self.trim(0, grace)
+        self._queue = None
+
+    def trim(self, keep: int, grace: float = 5.0) -> None:
+        """Ends the workers after the first ``keep``."""
+        for worker in self._workers[keep:]:
             try:
                 worker.tasks.send(None)
             except OSError:   # the worker is gone already
                 pass
-        _end(self._workers, grace)
-        self._workers = []
-        self._queue = None
+        _end(self._workers[keep:], grace)
+        del self._workers[keep:]
 
 
 def _end(workers: list[_Worker], grace: float) -> None:
@@ -160,6 +164,7 @@ def _end(workers: list[_Worker], grace: float) -> None:
         worker.tasks.close()
 
 
+KEPT = 4   # workers kept between calls: most tests run 2-4 ranks; the rare wider call starts the rest
 _POOL = _Pool()   # one per test session (pytest's process); tests/conftest.py closes it at the end
 
 
@@ -204,6 +209,8 @@ def run_workers(fn: Callable, world_size: int, *args: Any, timeout: float = 180.
                     worker.process.kill()
         elif errors:
             _POOL.close(grace=0.5)
+        else:
+            _POOL.trim(KEPT)
     if errors:
         raise AssertionError("\n".join(errors))
     return [results[r] for r in range(world_size)]
