@@ -1,10 +1,12 @@
 """The Gloo worker pool (tests/support/workers.py): calls reuse its processes, each call finds a
-process as a new one would have it, and a failed call ends the pool so the next starts afresh."""
+process as a new one would have it (the test's environment, folder and import path; nothing the
+previous call changed), and a failed call ends the pool so the next starts afresh."""
 from __future__ import annotations
 
 import os
 import resource
 import signal
+import sys
 import warnings
 
 import pytest
@@ -17,9 +19,10 @@ def _state(rank: int, world_size: int) -> dict:
     import torch.distributed as dist
 
     return {"pid": os.getpid(), "rank": os.environ["RANK"], "world": os.environ["WORLD_SIZE"],
-            "marker": os.environ.get("POOL_MARKER"), "cwd": os.getcwd(), "initialized": dist.is_initialized(),
-            "usr1": signal.getsignal(signal.SIGUSR1), "fsize": resource.getrlimit(resource.RLIMIT_FSIZE),
-            "filters": len(warnings.filters), "dtype": torch.get_default_dtype(), "draw": torch.rand(1).item()}
+            "marker": os.environ.get("POOL_MARKER"), "cwd": os.getcwd(), "path": sys.path[0],
+            "initialized": dist.is_initialized(), "usr1": signal.getsignal(signal.SIGUSR1),
+            "fsize": resource.getrlimit(resource.RLIMIT_FSIZE), "filters": len(warnings.filters),
+            "dtype": torch.get_default_dtype(), "draw": torch.rand(1).item()}
 
 
 def _change_everything(rank: int, world_size: int) -> dict:
@@ -32,6 +35,7 @@ def _change_everything(rank: int, world_size: int) -> dict:
     dist.all_reduce(total)
     os.environ["POOL_MARKER"] = "left behind"
     os.chdir("/")
+    sys.path.insert(0, "/")
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     warnings.simplefilter("error")
@@ -50,10 +54,11 @@ def _fail_on_rank_one(rank: int, world_size: int) -> int:
 def test_calls_reuse_processes_that_look_new(tmp_path, monkeypatch):
     monkeypatch.setenv("POOL_MARKER", "from the test")
     monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path / "modules"))
     first = run_workers(_change_everything, 2)
     assert [r["total"] for r in first] == [2.0, 2.0]
-    assert [(r["rank"], r["world"], r["marker"], r["cwd"]) for r in first] == \
-           [(str(rank), "2", "from the test", str(tmp_path)) for rank in range(2)]
+    assert [(r["rank"], r["world"], r["marker"], r["cwd"], r["path"]) for r in first] == \
+           [(str(rank), "2", "from the test", str(tmp_path), str(tmp_path / "modules")) for rank in range(2)]
     again = run_workers(_state, 2)
     assert [r["pid"] for r in again] == [r["pid"] for r in first]   # the same processes
     for before, after in zip(first, again):

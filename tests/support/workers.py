@@ -4,16 +4,18 @@ so a hung or crashed rank fails the test instead of hanging the suite.
 The processes are a pool kept for the whole test session: starting one (a Python that imports
 torch, Hydra and this project) costs seconds of CPU, far more than most of the tiny runs the tests
 give it. Worker ``i`` runs rank ``i`` of every call with at least ``i + 1`` ranks, in the test
-process's environment and working directory of the moment. After each call a worker puts back what
-the call may have changed in its process and a new process would not have: the signal handlers,
-the resource limits, the warning filters (and which warnings were already shown), the default
-dtype, the global random state (torch's start-up seed) and torch.compile's caches; it closes a
-process group the function left open. A call that fails or times out ends the whole pool (a later call
-starts new processes), so no failure's state reaches another test. A function that patches code
-(a class's method, say) puts it back before it returns (try/finally); ``fresh=True`` gives a call
-processes of its own, for a function that changes what cannot be put back."""
+process's environment, working directory and import path (``sys.path``) of the moment. After each
+call a worker puts back what the call may have changed in its process and a new process would not
+have: the signal handlers, the resource limits, the warning filters (and which warnings were
+already shown), the default dtype, the global random state (torch's start-up seed) and
+torch.compile's caches; it closes a process group the function left open. A call that fails or
+times out ends the whole pool (a later call starts new processes), so no failure's state reaches
+another test. A function that patches code (a class's method, say) puts it back before it returns
+(try/finally); ``fresh=True`` gives a call processes of its own, for a function that changes what
+cannot be put back."""
 from __future__ import annotations
 
+import importlib
 import os
 import pickle
 import resource
@@ -27,9 +29,6 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
-_RANK_ENV = ("MASTER_ADDR", "MASTER_PORT", "RANK", "LOCAL_RANK", "WORLD_SIZE")
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -42,12 +41,17 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
 
 
 def _run_task(task: bytes, queue) -> None:
-    fn, rank, world_size, port, args, environ, cwd = pickle.loads(task)
-    # the test process's environment and folder as they are now, as a process started now would have
-    os.environ.clear()
-    os.environ.update({**environ, **_rank_env(rank, world_size, port)})
-    os.chdir(cwd)
+    rank, environ, cwd, path, call = pickle.loads(task)
     try:
+        # the test process's environment, folder and import path as they are now, as a process
+        # started now would have them (unpickling the call may import modules from that path)
+        os.environ.clear()
+        os.environ.update(environ)
+        os.chdir(cwd)
+        sys.path[:] = path
+        importlib.invalidate_caches()
+        fn, world_size, port, args = pickle.loads(call)
+        os.environ.update(_rank_env(rank, world_size, port))
         # plain pickle copies tensor data; the queue's own pickler would pass shared-memory handles
         # that die with this process
         queue.put((rank, "ok", pickle.dumps(fn(rank, world_size, *args))))
@@ -65,10 +69,11 @@ def _one_shot(task: bytes, queue) -> None:
 @dataclass
 class _ProcessState:
     """What a call may change in a worker process that a new process would have as at start-up
-    (the environment and the working directory come with each call)."""
+    (the environment, the working directory and the import path come with each call)."""
     handlers: dict = field(default_factory=lambda: {s: signal.getsignal(s) for s in _catchable_signals()})
     limits: dict = field(default_factory=lambda: {r: resource.getrlimit(r) for r in _resource_limits()})
     warning_filters: list = field(default_factory=lambda: list(warnings.filters))
+    path: list = field(default_factory=lambda: list(sys.path))
 
     def restore(self) -> None:
         import torch
@@ -82,6 +87,7 @@ class _ProcessState:
         for limit, value in self.limits.items():
             if resource.getrlimit(limit) != value:
                 resource.setrlimit(limit, value)
+        sys.path[:] = self.path
         warnings.resetwarnings()   # also forgets which warnings were shown "once"
         warnings.filters[:] = self.warning_filters
         torch.set_default_dtype(torch.float32)
@@ -175,8 +181,9 @@ def close_pool() -> None:
 def run_workers(fn: Callable, world_size: int, *args: Any, timeout: float = 180.0, fresh: bool = False) -> list[Any]:
     """Returns fn's result of every rank; raises with the failing rank's traceback."""
     port = free_port()
-    environ, cwd = dict(os.environ), os.getcwd()
-    tasks = [pickle.dumps((fn, rank, world_size, port, args, environ, cwd)) for rank in range(world_size)]
+    environ, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
+    call = pickle.dumps((fn, world_size, port, args))
+    tasks = [pickle.dumps((rank, environ, cwd, path, call)) for rank in range(world_size)]
     if fresh:
         context = mp.get_context("spawn")
         queue = context.Queue()
