@@ -35,7 +35,6 @@ def _change_everything(rank: int, world_size: int) -> dict:
     dist.all_reduce(total)
     os.environ["POOL_MARKER"] = "left behind"
     os.chdir("/")
-    sys.path.insert(0, "/")
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, resource.getrlimit(resource.RLIMIT_FSIZE)[1]))
     warnings.simplefilter("error")
