@@ -40,3 +40,12 @@ def run_dir(tmp_path: Path) -> Path:
     path = tmp_path / "run"
     path.mkdir()
     return path
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Ends the Gloo worker pool's processes, where a test started them."""
+    import sys
+
+    workers = sys.modules.get("tests.support.workers")
+    if workers is not None:
+        workers.close_pool()

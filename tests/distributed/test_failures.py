@@ -47,7 +47,7 @@ def _train_with_broken_rank(rank: int, world_size: int, mode: str, run_dir: str)
 def test_survivor_errors_out_within_the_timeout(tmp_path, mode):
     started = time.monotonic()
     with pytest.raises(AssertionError, match="rank 0 failed") as failure:
-        run_workers(_train_with_broken_rank, 2, mode, str(tmp_path), timeout=60)
+        run_workers(_train_with_broken_rank, 2, mode, str(tmp_path), timeout=60, fresh=True)
     assert time.monotonic() - started < 45
     assert "reported as: error: rank 0: communication failed (a peer died, or was silent longer than " \
            "train.timeout_s=5)" in str(failure.value)

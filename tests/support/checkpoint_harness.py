@@ -30,6 +30,7 @@ def train_interrupted(rank: int, world_size: int, overrides: list[str], run_dir:
     except Interrupted:
         return "stopped"
     finally:
+        RunCheckpoints.after_step = original   # the worker process runs other tests' ranks next
         shutdown()
     return "finished"
 
