@@ -15,12 +15,20 @@ class AllocationLP:
     job and per pair (space sharing); C maps it to each job's steps/s per type."""
 
     def __init__(self, p: Problem, extras: int = 0):
+        self.p, (self.n, self.k), self.extras = p, p.shape, extras
+        self.R, self.size = self.n + p.num_pairs, (self.n + p.num_pairs) * self.k + extras
+        # the validity rows, C and the spread rows depend on the problem alone: a policy solving many
+        # LPs over one problem (bisection, water filling) builds them once (scipy.sparse is slow to build)
+        built = p.lp_parts.get(extras)
+        if built is None:
+            built = p.lp_parts[extras] = self._build()
+        blocks, rhs, bounds, self.C, self.eq = built
+        self.blocks, self.rhs, self.bounds = list(blocks), list(rhs), list(bounds)
+
+    def _build(self) -> tuple:
         from scipy import sparse
 
-        self.p, (self.n, self.k), self.extras = p, p.shape, extras
-        n, k = self.n, self.k
-        R = n + p.num_pairs
-        self.R, self.size = R, R * k + extras
+        p, n, k, R, extras = self.p, self.n, self.k, self.R, self.extras
         runnable = p.runnable()
         member_rows = np.arange(n)
         member_jobs = np.arange(n)
@@ -30,17 +38,17 @@ class AllocationLP:
         member = sparse.csr_matrix((np.ones(len(member_rows)), (member_jobs, member_rows)), shape=(n, R))
         rows = sparse.kron(member, np.ones((1, k)))  # sum over m's rows and types <= 1
         caps = sparse.kron(p.row_scale().reshape(1, -1), sparse.eye(k))  # sum_r s_r X[r, j] <= W_j
-        self.blocks = [sparse.hstack([rows, sparse.csr_matrix((n, extras))]),
-                       sparse.hstack([caps, sparse.csr_matrix((k, extras))])]
-        self.rhs = [np.ones(n), p.counts.astype(float)]
-        self.bounds = [(0.0, float(u)) for u in runnable.ravel()] + [(None, None)] * extras
+        blocks = (sparse.hstack([rows, sparse.csr_matrix((n, extras))]),
+                  sparse.hstack([caps, sparse.csr_matrix((k, extras))]))
+        rhs = (np.ones(n), p.counts.astype(float))
+        bounds = tuple((0.0, float(u)) for u in runnable.ravel()) + ((None, None),) * extras
         # C[(m, j), (r, j)]: job m's steps/s on type j from row r
         rate = np.concatenate([p.T.ravel()] + ([(p.pair_T[:, :, 0] * runnable[n:]).ravel(),
                                                 (p.pair_T[:, :, 1] * runnable[n:]).ravel()] if p.num_pairs else []))
         col = np.arange(R * k) if not p.num_pairs else np.concatenate([np.arange(R * k), np.arange(n * k, R * k)])
         job = np.repeat(member_jobs, k) if p.num_pairs else np.repeat(np.arange(n), k)
-        self.C = sparse.csr_matrix((rate, (job * k + col % k, col)), shape=(n * k, R * k))
-        self.eq = self._spread_rows() if p.spread else None
+        C = sparse.csr_matrix((rate, (job * k + col % k, col)), shape=(n * k, R * k))
+        return blocks, rhs, bounds, C, self._spread_rows() if p.spread else None
 
     def _spread_rows(self):
         """X[m, j] W_j' - X[m, j'] W_j = 0 for consecutive runnable types j, j' of each job."""

@@ -8,6 +8,7 @@ at most 1, and sum_m X[m, j] scale_factor[m] <= GPUs of type j; X[m, j] = 0 wher
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -38,6 +39,12 @@ class Problem:
     # entities' weights; None: every job an entity of its own, weighing its ``weights``
     entity: np.ndarray | None = None
     entity_weights: np.ndarray | None = None
+
+    @cached_property
+    def lp_parts(self) -> dict:
+        """The allocation LP's matrices per number of extra variables (``planner.cluster.lp``), built
+        at the first LP over this problem and shared by the next ones."""
+        return {}
 
     @property
     def shape(self) -> tuple[int, int]:

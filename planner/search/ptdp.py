@@ -10,6 +10,7 @@ vectorised evaluation over all micro-batch sizes, so thousands of devices plan i
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 
@@ -20,7 +21,7 @@ from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
 from planner.search.pins import check_pins
 from planner.search.ranking import Rows, SearchResult, rank
-from planner.costs.uniform import even_boundaries, estimate, rank_stats
+from planner.costs.uniform import MemoryOptions, RankStats, even_boundaries, estimate, rank_stats
 
 
 def ptdp_search(inputs: Inputs) -> SearchResult:
@@ -46,12 +47,16 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                              and zero_bubble.fits(s, p, len(_blocks(profile)))]
                 if not schedules:
                     continue
+                unsharded = {}   # per (recompute, options without optimizer shards): the layers summed once
                 for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
                                                                    optimizer_modes(inputs, d)):
                     per_kind = {}   # recompute.num_layers applies to the flush schedules only
                     for partial in {not schedule_info(s).asynchronous for s in schedules}:
                         options = inputs.memory_options(t, d, selective, profile, sharded, partial)
-                        per_kind[partial] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, options)
+                        key = (rec, replace(options, optimizer_shards=1))
+                        if key not in unsharded:
+                            unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1])
+                        per_kind[partial] = with_optimizer_shards(unsharded[key], options)
                     for schedule in schedules:
                         stats = per_kind[not schedule_info(schedule).asynchronous]
                         if stats is None:
@@ -61,6 +66,15 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                                  selective_recompute=int(selective), sequence_parallel=int(options.sequence_parallel),
                                  distributed_optimizer=int(options.optimizer_shards > 1))
     return rank(inputs, "ptdp", rows)
+
+
+def with_optimizer_shards(stats: RankStats | None, options: MemoryOptions) -> RankStats | None:
+    """``rank_stats`` under ``options`` from its result without optimizer shards: the distributed
+    optimizer divides only the optimizer state, so the layer sums are not done again (a
+    parametrised test checks it equals ``rank_stats`` under the sharded options)."""
+    if stats is None or options.optimizer_shards == 1:
+        return stats
+    return replace(stats, optimizer_bytes=stats.optimizer_bytes / options.optimizer_shards, options=options)
 
 
 def recompute_modes(inputs: Inputs, profile) -> list[tuple[bool, bool]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from planner.errors import DoesNotFitError, PlannerError
+from planner.inputs.profile import Profile
 from planner.inputs.search_inputs import Inputs
 from planner.costs.uniform import Estimates, even_boundaries
 
@@ -73,20 +74,22 @@ class SearchResult:
 
 
 class Rows:
-    """Accumulates per-configuration estimates as columns."""
+    """Accumulates per-configuration estimates as columns. A block's keys (t, p, schedule, ...) are
+    one value each, kept once with the block's row count and repeated when the table is built."""
 
     def __init__(self) -> None:
         self.cols: dict[str, list[np.ndarray]] = {}
+        self.keys: list[dict[str, int | str]] = []
+        self.counts: list[int] = []
 
     def add(self, est: Estimates, micro: np.ndarray, schedule: str, **keys: int) -> None:
         mask = est.valid
-        if not mask.any():
+        n = int(np.count_nonzero(mask))
+        if not n:
             return
-        n = int(mask.sum())
+        self.keys.append({**keys, "schedule": schedule})
+        self.counts.append(n)
         put = self.cols.setdefault
-        for name, value in keys.items():
-            put(name, []).append(np.full(n, value))
-        put("schedule", []).append(np.full(n, schedule, dtype=object))
         put("micro", []).append(np.asarray(micro)[mask])
         for name in ("microbatches", "iteration_time", "memory", "bubble"):
             put(name, []).append(getattr(est, name)[mask])
@@ -94,12 +97,17 @@ class Rows:
             put("t_" + name, []).append((est.bubble_time if name == "bubble" else getattr(est, name))[mask])
 
     def table(self) -> dict[str, np.ndarray]:
-        return {k: np.concatenate(v) for k, v in self.cols.items()}
+        keys = {name: np.repeat(np.array([block[name] for block in self.keys],
+                                         dtype=object if name == "schedule" else None), self.counts)
+                for name in self.keys[0]}
+        return {**keys, **{k: np.concatenate(v) for k, v in self.cols.items()}}
 
 
-def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    """Virtual stage j = chunk * p + rank; rank r owns global ranks [r d t, (r+1) d t) (pp slowest)."""
-    bounds = even_boundaries(inputs.profile_at(t), p * v)
+def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int,
+                   profile: Profile | None = None) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Virtual stage j = chunk * p + rank; rank r owns global ranks [r d t, (r+1) d t) (pp slowest);
+    ``profile`` is ``inputs.profile_at(t)`` where the caller has it already."""
+    bounds = even_boundaries(inputs.profile_at(t) if profile is None else profile, p * v)
     assert bounds is not None
     out = []
     for j in range(p * v):
@@ -108,15 +116,20 @@ def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int) -> tuple[tupl
     return tuple(out)
 
 
-def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: int) -> Candidate:
+def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: int,
+               profiles: dict[int, Profile] | None = None) -> Candidate:
+    """Row ``i`` as a Candidate; ``profiles`` keeps the profile per t across one ranking's rows."""
     p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
+    profiles = {} if profiles is None else profiles
+    if t not in profiles:
+        profiles[t] = inputs.profile_at(t)
     rec = bool(tab["recompute"][i])
     selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
     time = float(tab["iteration_time"][i])
     batch = inputs.global_batch
     return Candidate(
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
-        batch, rec, uniform_stages(inputs, p, v, t, d), time, batch / time,
+        batch, rec, uniform_stages(inputs, p, v, t, d, profiles[t]), time, batch / time,
         inputs.hardware_flops(batch, rec, selective) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
         inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
         model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12,
@@ -161,17 +174,18 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
                            f"{_block_count(inputs)} repeated blocks of its {inputs.profile.num_layers} layers; try a batch "
                            f"divisible by {inputs.cluster.num_devices} or other pins)")
     tab = rows.table()
+    profiles: dict[int, Profile] = {}
     fits = tab["memory"] <= inputs.capacity
     if not fits.any():
         i = int(tab["memory"].argmin())
-        frugal = _candidate(inputs, algorithm, tab, i)
+        frugal = _candidate(inputs, algorithm, tab, i, profiles)
         raise DoesNotFitError(
             f"{inputs.model} fits no configuration on {inputs.cluster.num_devices} x {inputs.cluster.device.name}: "
             f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()}, with the "
             f"{inputs.workspace / GIB:.1f} GiB reserve, but {inputs.capacity / GIB:.1f} GiB are available; add devices "
             f"or use a smaller model")
     order = np.lexsort((tab["memory"], tab["iteration_time"]))
-    best = _candidate(inputs, algorithm, tab, int(order[fits[order]][0]))
+    best = _candidate(inputs, algorithm, tab, int(order[fits[order]][0]), profiles)
     seen, alternatives = {best.key}, []
     fastest_oom = None
     for i in order:
@@ -179,7 +193,7 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
             break
         if not fits[i]:
             if fastest_oom is None and tab["iteration_time"][i] < best.iteration_time:
-                fastest_oom = _candidate(inputs, algorithm, tab, int(i))
+                fastest_oom = _candidate(inputs, algorithm, tab, int(i), profiles)
             continue
         selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
         granularity = "full" if tab["recompute"][i] else "selective" if selective else "none"
@@ -187,7 +201,7 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
         if key in seen or len(alternatives) >= inputs.top_k:
             continue
         seen.add(key)
-        alternatives.append(_candidate(inputs, algorithm, tab, int(i)))
+        alternatives.append(_candidate(inputs, algorithm, tab, int(i), profiles))
     if fastest_oom is not None:
         alternatives.append(fastest_oom)
     alternatives = [Candidate(**{**a.__dict__, "why_lost": why_lost(a, best)}) for a in alternatives]

@@ -8,6 +8,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
+from pipedream.config import loading
 from pipedream.config.loading import _NotPlain, compose_config, compose_plain, config_options, plain_value
 
 VALUES = ["1", "0", "-3", "12", "1.", ".5", "-.5", "1.5", "1e5", "1E-3", "300.0e9", "4e9", "1.0e-9", "1e5x", "1f1b",
@@ -98,15 +99,23 @@ TRAINING = [[f"{group}={option}"] for group in ("model", "data", "optim", "clust
 
 
 @pytest.mark.parametrize("overrides", TRAINING, ids=" ".join)
-def test_training_configs_are_hydras_without_its_node(overrides):
+def test_training_configs_are_hydras_without_its_node(overrides, monkeypatch):
     """``compose_config`` (no Hydra node asked for) composes plain overrides of ``config.yaml`` without
     Hydra: the config Hydra's compose returns, which leaves its own node out."""
-    plain = compose_plain(overrides, "config", without_hydra_node=True)
+    calls = []   # compose_config's own compose_plain call, recorded: the plain path composed once
+
+    def recorded(*args, **kwargs):
+        calls.append((args, kwargs, compose_plain(*args, **kwargs)))
+        return calls[-1][2]
+
+    monkeypatch.setattr(loading, "compose_plain", recorded)
+    cfg = compose_config(overrides)
+    assert [call[:2] for call in calls] == [((overrides, "config"), {"without_hydra_node": True})]
+    plain = calls[0][2]
     reference = _hydra_training(overrides)
-    assert plain is not None
+    assert plain is not None and cfg is plain[0]   # compose_config returned the plain config
     assert OmegaConf.to_yaml(plain[0]) == OmegaConf.to_yaml(reference)
     assert OmegaConf.is_struct(plain[0]) and OmegaConf.is_struct(reference)
-    assert OmegaConf.to_yaml(compose_config(overrides)) == OmegaConf.to_yaml(reference)
 
 
 @pytest.mark.parametrize("overrides", [["train.models=[{lr:0.1}]"], ["launcher.bind_cores=[[0],[1]]"],

@@ -31,32 +31,29 @@ def _cluster_overrides(cluster: str, tmp_path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def model_configs():
-    """Every model preset composed once (the default model first); each cluster's test swaps in its
-    cluster section, which is what composing the pair would give (nothing else reads the choice)."""
+    """Every model preset composed once (the default model first); each cluster's test puts its
+    cluster section in them, which is what composing the pair would give (nothing else reads the
+    choice, and ``inputs_from_config`` changes nothing in the config)."""
     configs = []
     for model in [None, *config_options("model")]:
         try:
-            configs.append(compose(["planner.top_k=8"] + ([f"model={model}"] if model else [])))
+            cfg = compose(["planner.top_k=8"] + ([f"model={model}"] if model else []))
         except PlannerError:   # a preset that needs more (model=hf: its folder) claims nothing
             continue
+        OmegaConf.set_struct(cfg, False)
+        configs.append(cfg)
     return configs
-
-
-def _with_cluster(cfg, cluster_cfg):
-    cfg = OmegaConf.create(OmegaConf.to_container(cfg))
-    OmegaConf.set_struct(cfg, False)
-    cfg.cluster = OmegaConf.create(OmegaConf.to_container(cluster_cfg.cluster))
-    return cfg
 
 
 @pytest.mark.parametrize("cluster", config_options("cluster"))
 def test_no_plan_exceeds_the_device_peak(cluster, tmp_path, monkeypatch, cpu_sheet, model_configs):
     monkeypatch.setattr(hardware, "measure_local_cpu", lambda devices=1, seconds=0.2: cpu_sheet)
     planned = 0
-    cluster_cfg = compose(_cluster_overrides(cluster, tmp_path))
-    for model_cfg in model_configs:
+    cluster_section = OmegaConf.to_container(compose(_cluster_overrides(cluster, tmp_path)).cluster)
+    for cfg in model_configs:
+        cfg.cluster = cluster_section
         try:
-            inputs = inputs_from_config(_with_cluster(model_cfg, cluster_cfg))
+            inputs = inputs_from_config(cfg)
             outcome = make_plan(inputs, "auto", "strict", simulate=False)
         except PlannerError:   # too large for this cluster: nothing is claimed
             continue

@@ -100,3 +100,24 @@ def test_gpt3_on_1024_a100s_is_planned_with_the_savers_and_says_which():
     # without them (the dissertation's options) the same search plans no better
     baseline = make_plan(inputs.as_in_the_dissertation(), "auto", "strict", False).result.best
     assert best.samples_per_s >= baseline.samples_per_s * (1 - 1e-9)
+
+
+@pytest.mark.parametrize("recompute, selective, layers", [(False, False, None), (True, False, 1), (False, True, None)])
+def test_the_search_shards_the_optimizer_as_rank_stats_does(recompute, selective, layers):
+    """The PTD-P search sums the layers once and divides the optimizer state for the distributed
+    optimizer (``with_optimizer_shards``): every field equals ``rank_stats`` under the sharded options."""
+    from dataclasses import fields
+
+    from planner.costs.uniform import rank_stats
+    from planner.search.ptdp import with_optimizer_shards
+    inputs = inputs_from_config(compose(["model=gpt_1.7b", "cluster=dgx_a100", "cluster.nodes=4",
+                                         "train.global_batch_size=512"]))
+    profile = inputs.profile_at(2)
+    common = (profile, inputs.cluster, 2, 2, 2, 8, recompute, np.array([1.0, 2.0, 4.0]))
+    base = MemoryOptions(selective=selective, sequence_parallel=True, grad_bucket_bytes=2.0**20, recompute_layers=layers)
+    for shards in (1, 8):
+        options = replace(base, optimizer_shards=shards)
+        derived, direct = with_optimizer_shards(rank_stats(*common, options=base), options), rank_stats(*common, options=options)
+        for f in fields(direct):
+            a, b = getattr(derived, f.name), getattr(direct, f.name)
+            assert np.array_equal(a, b) if isinstance(b, np.ndarray) else a == b, f.name
