@@ -8,12 +8,11 @@ same files installed next to ``pipedream`` by ``pip install .``. ``pipedream.tra
 """
 from __future__ import annotations
 
-import marshal
-import os
 import re
-import sys
 from pathlib import Path
 from typing import Any, Sequence
+
+from pipedream.config.yaml_files import ConfigFiles, NotPlain
 
 
 def config_dir() -> Path:
@@ -75,10 +74,6 @@ _WORD = re.compile(r"[A-Za-z_/.][A-Za-z0-9_./-]*$|[0-9][A-Za-z0-9./-]*[A-Za-z][A
 _WORDS_HYDRA_READS_OTHERWISE = {"true", "false", "null", "inf", "nan"}   # in any case
 
 
-class _NotPlain(Exception):
-    """An override or config outside what ``compose_plain`` reproduces: Hydra composes it."""
-
-
 def _plain_scalar(text: str) -> Any:
     if text in ("true", "false"):
         return text == "true"
@@ -90,103 +85,17 @@ def _plain_scalar(text: str) -> Any:
         return float(text)
     if _WORD.match(text) and text.lower() not in _WORDS_HYDRA_READS_OTHERWISE:
         return text
-    raise _NotPlain(text)
+    raise NotPlain(text)
 
 
 def plain_value(text: str) -> Any:
     """The value of ``key=text`` as Hydra's override grammar reads it, for the plain forms only (an
     int, a float, true/false/null, a word of letters, digits, ``_./-`` and a list of those);
-    anything else raises ``_NotPlain``."""
+    anything else raises ``NotPlain``."""
     if text.startswith("[") and text.endswith("]"):
         inner = text[1:-1]
         return [] if inner == "" else [_plain_scalar(item) for item in inner.split(",")]
     return _plain_scalar(text)
-
-
-# OmegaConf's YAML rules (``omegaconf._utils.get_yaml_loader``), restated so that a plain composition
-# need not import OmegaConf (a tenth of a small planner run): YAML 1.2 floats (1e5, not only 1.0e+5),
-# no timestamps. tests/unit/config/test_compose_plain.py checks that they equal OmegaConf's.
-_YAML_FLOAT = re.compile(r"""^(?:
-         [-+]?[0-9]+(?:_[0-9]+)*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?[0-9]+(?:_[0-9]+)*(?:[eE][-+]?[0-9]+)
-        |\.[0-9]+(?:_[0-9]+)*(?:[eE][-+][0-9]+)?
-        |[-+]?[0-9]+(?:_[0-9]+)*(?::[0-5]?[0-9])+\.[0-9_]*
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""", re.X)
-
-
-def _yaml_loader() -> Any:
-    """PyYAML's safe loader with OmegaConf's float and timestamp rules, duplicate keys refused (Hydra
-    reports them), on libyaml's parser where PyYAML has it: the values OmegaConf reads, parsed
-    several times faster."""
-    import yaml
-
-    class Loader(yaml.CSafeLoader if getattr(yaml, "__with_libyaml__", False) else yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            keys = [k.value for k, _ in node.value if k.tag == yaml.resolver.BaseResolver.DEFAULT_SCALAR_TAG]
-            if len(keys) != len(set(keys)):
-                raise _NotPlain("duplicate key")
-            return super().construct_mapping(node, deep=deep)
-
-    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _YAML_FLOAT, list("-+0123456789."))
-    Loader.yaml_implicit_resolvers = {
-        first: [(tag, regexp) for tag, regexp in resolvers if tag != "tag:yaml.org,2002:timestamp"]
-        for first, resolvers in Loader.yaml_implicit_resolvers.items()}
-    return Loader
-
-
-class _ConfigFiles:
-    """The YAML files of one composition: parsed with ``_yaml_loader``, or their values as parsed
-    before, cached next to the files (``conf/__pycache__``, written where Python writes bytecode: not
-    under ``PYTHONDONTWRITEBYTECODE``) and taken only while a file's text is the one parsed. PyYAML's
-    import and parsing were a twentieth of a small planner run."""
-
-    FORMAT = 1   # raise when _yaml_loader's rules change: values parsed under older rules are not reused
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self.path = root / "__pycache__" / f"yaml-values.{sys.implementation.cache_tag}.{self.FORMAT}.marshal"
-        self.loader: Any = None
-        self.changed = False
-        try:
-            cached = marshal.loads(self.path.read_bytes())
-        except (OSError, EOFError, ValueError, TypeError):
-            cached = {}
-        self.cached: dict = cached if isinstance(cached, dict) else {}
-
-    def load(self, path: Path) -> dict:
-        text = path.read_text()
-        if "@package" in text:   # Hydra's package header moves the config: Hydra's job
-            raise _NotPlain(str(path))
-        key = str(path.relative_to(self.root))
-        entry = self.cached.get(key)
-        if isinstance(entry, tuple) and len(entry) == 2 and entry[0] == text:
-            data = marshal.loads(entry[1])   # a fresh copy: the composition merges into it
-        else:
-            import yaml
-
-            self.loader = self.loader or _yaml_loader()
-            data = yaml.load(text, Loader=self.loader)
-            try:
-                self.cached[key] = (text, marshal.dumps(data))
-                self.changed = True
-            except ValueError:   # a value marshal cannot write (an explicit !!timestamp): parsed each time
-                pass
-        if not isinstance(data, dict):
-            raise _NotPlain(str(path))
-        return data
-
-    def save(self) -> None:
-        """Writes the values parsed this time (a read-only or shared folder: nothing is cached)."""
-        if not self.changed or sys.dont_write_bytecode:
-            return
-        partial = self.path.with_name(f"{self.path.name}.{os.getpid()}")
-        try:
-            self.path.parent.mkdir(exist_ok=True)
-            partial.write_bytes(marshal.dumps(self.cached))
-            os.replace(partial, self.path)   # atomic: runs started at once read one whole file or the other
-        except OSError:
-            partial.unlink(missing_ok=True)
 
 
 def _register_hydra_now_resolver() -> None:
@@ -217,25 +126,25 @@ def _update(cfg: dict, key: str, value: Any) -> None:
     for part in parents:
         node = node.get(part)
         if not isinstance(node, dict):
-            raise _NotPlain(key)
+            raise NotPlain(key)
     if last not in node or isinstance(node[last], dict):
-        raise _NotPlain(key)
+        raise NotPlain(key)
     node[last] = value
 
 
 def _compose_data(overrides: Sequence[str], config_name: str,
                   without_hydra_node: bool) -> tuple[dict, dict[str, str]]:
     """``compose_plain``'s composition as plain containers (YAML values, not yet OmegaConf nodes) and
-    the group choices; raises ``_NotPlain`` for anything it does not reproduce."""
+    the group choices; raises ``NotPlain`` for anything it does not reproduce."""
     root = config_dir()
-    files = _ConfigFiles(root)
+    files = ConfigFiles(root)
     try:
         return _compose_files(files, overrides, config_name, without_hydra_node)
     finally:
         files.save()
 
 
-def _compose_files(files: _ConfigFiles, overrides: Sequence[str], config_name: str,
+def _compose_files(files: ConfigFiles, overrides: Sequence[str], config_name: str,
                    without_hydra_node: bool) -> tuple[dict, dict[str, str]]:
     root = files.root
     primary = files.load(root / f"{config_name}.yaml")
@@ -243,11 +152,11 @@ def _compose_files(files: _ConfigFiles, overrides: Sequence[str], config_name: s
     for override in overrides:
         key, eq, text = override.partition("=")
         if not eq or not _KEY.match(key) or key in seen or key.split(".")[0] == "hydra":
-            raise _NotPlain(override)
+            raise NotPlain(override)
         seen.add(key)
         if "." not in key:   # a group choice
             if not (root / key).is_dir() or not _WORD.match(text):
-                raise _NotPlain(override)
+                raise NotPlain(override)
             choices[key] = text
         else:
             values.append((key, plain_value(text)))
@@ -257,11 +166,11 @@ def _compose_files(files: _ConfigFiles, overrides: Sequence[str], config_name: s
         entries = [e for e in entries if not (isinstance(e, dict) and len(e) == 1
                                               and next(iter(e)).startswith("override hydra/"))]
     if not isinstance(entries, list) or "_self_" not in entries:
-        raise _NotPlain("defaults")
+        raise NotPlain("defaults")
     if any(not (isinstance(e, dict) and len(e) == 1) and e != "_self_" for e in entries):
-        raise _NotPlain("defaults")   # optional entries, overrides of Hydra's own groups, packages
+        raise NotPlain("defaults")   # optional entries, overrides of Hydra's own groups, packages
     if set(choices) - {next(iter(e)) for e in entries if isinstance(e, dict)}:
-        raise _NotPlain("a group the defaults do not choose")
+        raise NotPlain("a group the defaults do not choose")
     cfg: dict = {}
     chosen = {}
     for entry in entries:
@@ -272,10 +181,10 @@ def _compose_files(files: _ConfigFiles, overrides: Sequence[str], config_name: s
         option = choices.get(group, option)
         path = root / group / f"{option}.yaml"
         if not isinstance(option, str) or not path.is_file():
-            raise _NotPlain(group)
+            raise NotPlain(group)
         loaded = files.load(path)
         if "defaults" in loaded:
-            raise _NotPlain(str(path))
+            raise NotPlain(str(path))
         _merge(cfg, {group: loaded})
         chosen[group] = option
     for key, value in values:
@@ -304,7 +213,7 @@ def compose_plain(overrides: Sequence[str], config_name: str,
         cfg = OmegaConf.create(data)
         OmegaConf.set_struct(cfg, True)
         cfg = complete_model_config(cfg)   # as compose_config does
-    except Exception:  # noqa: BLE001 - _NotPlain or any error: Hydra composes it and names the problem
+    except Exception:  # noqa: BLE001 - NotPlain or any error: Hydra composes it and names the problem
         return None
     return cfg, chosen
 
@@ -321,14 +230,14 @@ class PlainConfig(dict):
 
 
 def _as_plain_config(value: Any) -> Any:
-    """Nested ``PlainConfig``s; ``_NotPlain`` for what OmegaConf would read differently from the YAML
+    """Nested ``PlainConfig``s; ``NotPlain`` for what OmegaConf would read differently from the YAML
     (an interpolation, ``???``)."""
     if isinstance(value, dict):
         return PlainConfig({key: _as_plain_config(item) for key, item in value.items()})
     if isinstance(value, list):
         return [_as_plain_config(item) for item in value]
     if isinstance(value, str) and ("${" in value or value == "???"):
-        raise _NotPlain(value)
+        raise NotPlain(value)
     return value
 
 
@@ -344,7 +253,7 @@ def compose_plain_dicts(overrides: Sequence[str], config_name: str) -> tuple[Pla
         model = cfg.get("model")
         family = known_family(model.get("name")) if isinstance(model, dict) else None
         if family is not None and family.config_from_files is not None:
-            raise _NotPlain("model files")
+            raise NotPlain("model files")
     except Exception:  # noqa: BLE001 - as compose_plain
         return None
     return cfg, chosen

@@ -9,7 +9,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, open_dict
 
 from pipedream.config import loading
-from pipedream.config.loading import _NotPlain, compose_config, compose_plain, config_options, plain_value
+from pipedream.config.loading import compose_config, compose_plain, config_options, plain_value
+from pipedream.config.yaml_files import NotPlain
 
 VALUES = ["1", "0", "-3", "12", "1.", ".5", "-.5", "1.5", "1e5", "1E-3", "300.0e9", "4e9", "1.0e-9", "1e5x", "1f1b",
           "2bw", "zb_h2", "true", "false", "null", "infx", "nanx", "gpt_1.7b", "/tmp/a/graph.txt", "./x", ".", "a-b",
@@ -31,7 +32,7 @@ def test_plain_values_read_as_hydra_reads_them(text):
 
 @pytest.mark.parametrize("text", LEFT_TO_HYDRA)
 def test_other_values_are_left_to_hydra(text):
-    with pytest.raises(_NotPlain):
+    with pytest.raises(NotPlain):
         plain_value(text)
 
 
@@ -137,13 +138,14 @@ def test_the_yaml_rules_are_omegaconfs():
     from omegaconf._utils import get_yaml_loader
     import yaml
 
-    from pipedream.config.loading import _yaml_loader, config_dir
-    assert _yaml_loader().yaml_implicit_resolvers == get_yaml_loader().yaml_implicit_resolvers
+    from pipedream.config.loading import config_dir
+    from pipedream.config.yaml_files import yaml_loader
+    assert yaml_loader().yaml_implicit_resolvers == get_yaml_loader().yaml_implicit_resolvers
     for path in sorted(config_dir().rglob("*.yaml")):
         text = path.read_text()
-        assert yaml.load(text, Loader=_yaml_loader()) == yaml.load(text, Loader=get_yaml_loader()), path
+        assert yaml.load(text, Loader=yaml_loader()) == yaml.load(text, Loader=get_yaml_loader()), path
     values = "a: 1e5\nb: 1.0e+5\nc: 2001-12-14\nd: .inf\ne: 0x10\nf: 1_000\ng: yes\nh: ~\n"
-    assert yaml.load(values, Loader=_yaml_loader()) == yaml.load(values, Loader=get_yaml_loader())
+    assert yaml.load(values, Loader=yaml_loader()) == yaml.load(values, Loader=get_yaml_loader())
 
 
 @pytest.mark.parametrize("overrides", OVERRIDES, ids=" ".join)
@@ -174,11 +176,11 @@ def test_plain_dicts_leave_the_rest_to_omegaconf_and_hydra(overrides):
 
 def test_plain_dicts_refuse_interpolations():
     """``train.run_dir: runs/${now:...}``: OmegaConf resolves it, so ``config.yaml`` is not plain data."""
-    from pipedream.config.loading import _NotPlain, _as_plain_config
+    from pipedream.config.loading import _as_plain_config
 
-    with pytest.raises(_NotPlain):
+    with pytest.raises(NotPlain):
         _as_plain_config({"train": {"run_dir": "runs/${now:%Y}"}})
-    with pytest.raises(_NotPlain):
+    with pytest.raises(NotPlain):
         _as_plain_config({"model": {"path": "???"}})
 
 
@@ -196,9 +198,9 @@ def test_the_planner_reads_the_same_config_either_way(overrides):
 
 
 def test_a_value_over_a_mapping_is_left_to_hydra():
-    from pipedream.config.loading import _NotPlain, _update
+    from pipedream.config.loading import _update
 
-    with pytest.raises(_NotPlain):
+    with pytest.raises(NotPlain):
         _update({"a": {"b": {"c": 1}}}, "a.b", 1)
     cfg = {"a": {"b": None}}
     _update(cfg, "a.b", [1, 2])
@@ -208,24 +210,24 @@ def test_a_value_over_a_mapping_is_left_to_hydra():
 def test_parsed_values_are_cached_while_the_text_is_the_same(tmp_path, monkeypatch):
     """``conf/__pycache__`` keeps each file's parsed values: reused only for the same text, a fresh
     copy each time, not written under ``PYTHONDONTWRITEBYTECODE``."""
-    from pipedream.config.loading import _ConfigFiles
+    from pipedream.config.yaml_files import ConfigFiles
 
     monkeypatch.setattr("sys.dont_write_bytecode", False)
     path = tmp_path / "model" / "m.yaml"
     path.parent.mkdir()
     path.write_text("name: gpt\nlayers: [1, 2]\nlr: 1e-3\n")
-    first = _ConfigFiles(tmp_path)
+    first = ConfigFiles(tmp_path)
     assert first.load(path) == {"name": "gpt", "layers": [1, 2], "lr": 1e-3} and first.loader is not None
     first.save()
-    again = _ConfigFiles(tmp_path)
+    again = ConfigFiles(tmp_path)
     values = again.load(path)
     assert values == {"name": "gpt", "layers": [1, 2], "lr": 1e-3} and again.loader is None   # not parsed
     values["layers"].append(3)
     assert again.load(path)["layers"] == [1, 2]
     path.write_text("name: gpt\nlayers: [4]\nlr: 1e-3\n")
-    edited = _ConfigFiles(tmp_path)
+    edited = ConfigFiles(tmp_path)
     assert edited.load(path)["layers"] == [4] and edited.loader is not None
     monkeypatch.setattr("sys.dont_write_bytecode", True)
     edited.save()
-    not_cached = _ConfigFiles(tmp_path)
+    not_cached = ConfigFiles(tmp_path)
     assert not_cached.load(path)["layers"] == [4] and not_cached.loader is not None   # parsed again
