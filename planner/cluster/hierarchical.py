@@ -16,8 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.cluster.problem import Problem, best_throughput, effective_throughput, equal_share
-from planner.cluster.water_filling import (WATER_RISE_REL, _extras_objective, _solve_holding, bottlenecked,
-                                          bottlenecked_by_duals)
+from planner.cluster.water_filling import WATER_RISE_REL, _extras_objective, _solve_holding, frozen_at_level
 
 WITHIN = ("fairness", "fifo")
 
@@ -65,9 +64,7 @@ def hierarchical(p: Problem, within: str) -> tuple[np.ndarray, int]:
         t = max(float(np.min((share[rising] - floor[rising]) / w[rising])), 0.0)  # what X reaches for all
         floor = floor + w * t
         unit = max(float(floor.max()), 1e-3)
-        stuck, used = bottlenecked_by_duals(lp, w), 0
-        if not stuck.any():
-            stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * unit, WATER_RISE_REL * unit)
+        stuck, used = frozen_at_level(lp, p, a, floor, w, 1e-2 * unit, WATER_RISE_REL * unit)
         lps += used
         frozen |= stuck
     # every floor held, the spare GPUs used

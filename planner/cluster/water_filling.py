@@ -52,6 +52,16 @@ def bottlenecked_by_duals(lp: AllocationLP, weight: np.ndarray) -> np.ndarray:
     return (weight > 0) & (y * weight > DUAL_TOL)
 
 
+def frozen_at_level(lp: AllocationLP, p: Problem, a: np.ndarray, floor: np.ndarray, weight: np.ndarray,
+                    cap: float, rise: float) -> tuple[np.ndarray, int]:
+    """(the jobs bottlenecked at a level LP's new floors, LPs solved for it): read from its duals,
+    or where none shows one, found with LPs (``bottlenecked``, with its ``cap`` and ``rise``)."""
+    stuck = bottlenecked_by_duals(lp, weight)
+    if stuck.any():
+        return stuck, 0
+    return bottlenecked(p, a, floor, weight > 0, cap, rise)
+
+
 def bottlenecked(p: Problem, a: np.ndarray, floor: np.ndarray, among: np.ndarray, cap: float,
                  rise: float) -> tuple[np.ndarray, int]:
     """(the jobs of ``among`` whose share a_m . throughput cannot rise while every job holds its
@@ -94,9 +104,8 @@ def max_min_fairness_water_filling(p: Problem) -> tuple[np.ndarray, int]:
         lps += 1
         level = max(float((a * p.throughput(lp.X(v)))[rising].min()), 0.0)  # what X reaches: a floor it meets
         floor = np.where(rising, level, floor)
-        stuck, used = bottlenecked_by_duals(lp, rising.astype(float)), 0
-        if not stuck.any():
-            stuck, used = bottlenecked(p, a, floor, rising, 1e-2 * max(level, 1e-3), WATER_RISE_REL * max(level, 1e-12))
+        stuck, used = frozen_at_level(lp, p, a, floor, rising.astype(float), 1e-2 * max(level, 1e-3),
+                                      WATER_RISE_REL * max(level, 1e-12))
         lps += used
         rising &= ~stuck
     # every level held, the spare GPUs used
