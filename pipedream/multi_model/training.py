@@ -59,15 +59,25 @@ class StackedSGD(StepsStacks, torch.optim.SGD):
 
 def build_multi_optimizer(optim: OptimSpec, params: list[nn.Parameter], spec: MultiModelSpec
                           ) -> torch.optim.Optimizer:
-    """Two groups per model (matrices decayed, the rest not, as ``optim.parameter_groups``), with
-    the model's learning rate and weight decay; the schedule scales each group's own rate. With
-    ``optim.fused`` each group is one call of torch's fused kernel over all of the model's views."""
-    groups = []
+    """Two groups (matrices decayed, the rest not, as ``optim.parameter_groups``) per distinct
+    learning rate and weight decay: models that share both share the two groups, so one call of
+    torch's fused kernel (``optim.fused``) steps all their views; the update of every tensor is
+    the same either way (it depends only on its group's hyper-parameters). The schedule scales each
+    group's own rate; ``optimizer.model_groups[k]`` is model k's decayed group."""
+    groups: list[dict[str, Any]] = []
+    first_group: dict[tuple[float, float], int] = {}
+    model_groups = []
     for variant in spec.variants:
+        key = (variant.lr, variant.weight_decay)
+        if key not in first_group:
+            first_group[key] = len(groups)
+            groups.append({"params": [], "weight_decay": variant.weight_decay, "lr": variant.lr})
+            groups.append({"params": [], "weight_decay": 0.0, "lr": variant.lr})
+        decayed = first_group[key]
+        model_groups.append(decayed)
         mine = [model_views(p)[variant.index] for p in params]
-        groups.append({"params": [p for p in mine if p.dim() >= 2], "weight_decay": variant.weight_decay,
-                       "lr": variant.lr})
-        groups.append({"params": [p for p in mine if p.dim() < 2], "weight_decay": 0.0, "lr": variant.lr})
+        groups[decayed]["params"] += [p for p in mine if p.dim() >= 2]
+        groups[decayed + 1]["params"] += [p for p in mine if p.dim() < 2]
     lr = spec.variants[0].lr
     if optim.name == "adamw":
         optimizer = _with_fused_kernel(StackedAdamW, optim.fused, groups, lr=lr,
@@ -75,6 +85,7 @@ def build_multi_optimizer(optim: OptimSpec, params: list[nn.Parameter], spec: Mu
     else:
         optimizer = _with_fused_kernel(StackedSGD, optim.fused, groups, lr=lr, momentum=float(optim.momentum))
     optimizer.stacks = list(params)
+    optimizer.model_groups = model_groups
     return optimizer
 
 
@@ -133,7 +144,8 @@ class MultiModelRunner(FlushRunner):
     def run_step(self, batches: dict, grad_norm: bool) -> StepResult:
         losses = self.model.losses
         losses.take(True)
-        lrs = [group["lr"] for group in self.parts.optimizer.param_groups[::2]]
+        optimizer = self.parts.optimizer
+        lrs = [optimizer.param_groups[group]["lr"] for group in optimizer.model_groups]
         result = super().run_step(batches, grad_norm)
         if self.memory is not None:
             self.memory.end_step()

@@ -8,6 +8,9 @@ one intra-op thread per process, each mode in fresh processes (so each has its o
 - sequential: one process running the K single-model trainings one after another;
 - processes: K processes at once, one model each.
 
+Then, in a fresh process, the layers' own forward and backward are timed alone (one model, and the
+K fused): the least a fused step can cost, and so the most fusion can give on this machine.
+
 Throughput is samples of all K models per second of training steps (the median step time after
 warm-up from each run's summary; for the side-by-side processes the sum of their rates), memory
 the peak RSS (summed over the side-by-side processes). The share of the CPU that other processes
@@ -68,11 +71,58 @@ def _worker(overrides_list: list[list[str]], out: str) -> None:
     Path(out).write_text(json.dumps({"runs": results, "peak_rss_bytes": peak_memory_bytes(torch.device("cpu"))["rss"]}))
 
 
-def _spawn(overrides_list: list[list[str]], out: Path, port: int) -> subprocess.Popen:
+def layer_arithmetic(overrides: list[str], models: int, repeats: int = 60) -> dict[str, float]:
+    """The forward and backward (and loss) of the model's layers alone, without the training loop:
+    one model (seed ``SEED``), and the ``models`` models fused, each the median over ``repeats``
+    timed passes on one thread. What a fused step can cost at least, whatever the loop around it."""
+    import torch
+
+    from models import build_model
+    from pipedream.config.loading import compose_config
+    from pipedream.multi_model.fused import fuse_models
+
+    cfg = compose_config(overrides)
+    batch = int(cfg.train.micro_batch_size)
+    members = [build_model(cfg.model, seed=SEED + k) for k in range(models)]
+    fused = fuse_models(members, settings=None)
+
+    def pass_time(model: Any) -> float:
+        layers = model.build_sequential()
+        inputs, targets = model.make_batch(batch, torch.Generator().manual_seed(0))
+        times = []
+        for _ in range(repeats + 5):   # the first passes warm up (allocator, the fused layers' fold check)
+            started = time.perf_counter()
+            model.loss_fn(layers(inputs), targets).backward()
+            times.append(time.perf_counter() - started)
+            layers.zero_grad(set_to_none=True)
+        return statistics.median(times[5:])
+
+    single = pass_time(members[0])
+    return {"single_s": single, "fused_s": pass_time(fused), "repeats": repeats}
+
+
+def _spawn(overrides_list: list[list[str]], out: Path, port: int, worker: str = "--worker") -> subprocess.Popen:
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "scripts.bench.multi_model", "--worker", json.dumps(overrides_list),
+    return subprocess.Popen([sys.executable, "-m", "scripts.bench.multi_model", worker, json.dumps(overrides_list),
                              str(out)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+
+
+def _arithmetic_worker(overrides_and_models: list, out: str) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    overrides, models = overrides_and_models
+    Path(out).write_text(json.dumps(layer_arithmetic(overrides, models)))
+
+
+def _measure_arithmetic(models: int, work: Path) -> dict[str, float]:
+    """``layer_arithmetic`` in a fresh process (one thread), as the modes run."""
+    out = work / "arithmetic.json"
+    process = _spawn([MODEL, models], out, 0, worker="--arithmetic")   # type: ignore[list-item]
+    if process.wait() != 0:
+        raise SystemExit(f"error: the layer timing failed (exit {process.returncode})")
+    return json.loads(out.read_text())
 
 
 def _mode(name: str, jobs: list[list[list[str]]], work: Path, port: int) -> dict[str, Any]:
@@ -130,11 +180,31 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         rounds.append({name: _mode(name, jobs[name], work, args.port + 10 * MODES.index(name)) for name in order})
     return {"machine": machine(), "models": args.models, "steps": args.steps, "fusion_groups": args.fusion_groups,
             "rounds": args.rounds, "workload": " ".join(MODEL),
-            "modes": {name: _median_mode(rounds, name) for name in MODES}, "by_round": rounds}
+            "modes": {name: _median_mode(rounds, name) for name in MODES}, "by_round": rounds,
+            "arithmetic": _measure_arithmetic(args.models, work)}
 
 
 def _share(load: float | None) -> str:
     return "n/a" if load is None else f"{load:.0%}"
+
+
+def arithmetic_bound(data: dict[str, Any]) -> str:
+    """The paragraph on the layers' own forward and backward (``layer_arithmetic``): the rate a fused
+    step costing nothing else would reach, against the sequential run's."""
+    timing = data.get("arithmetic")
+    if not timing:
+        return ""
+    count = data["models"]
+    batch = data["by_round"][0]["sequential"]["runs"][0]["samples_per_step"]
+    sequential = data["modes"]["sequential"]["samples_per_s"]
+    step = batch / sequential   # one model's training step in the sequential run (rates of all models)
+    ceiling = count * batch / timing["fused_s"] / sequential
+    return (f"The layers' own arithmetic, timed alone (forward, loss and backward of one micro-batch, no "
+            f"optimizer or training loop; median of {timing['repeats']} passes, one thread): one model {timing['single_s'] * 1e3:.2f} "
+            f"ms, {timing['single_s'] / step:.0%} of its training step in the sequential run ({step * 1e3:.2f} ms); "
+            f"the {count} fused {timing['fused_s'] * 1e3:.2f} ms, {timing['fused_s'] / (count * timing['single_s']):.2f}x "
+            f"their {count} separate passes. A fused step that cost nothing beyond its layers' forward and backward "
+            f"would reach {ceiling:.2f}x the sequential rate: the most fusion can give on this CPU core for this model.")
 
 
 def markdown(data: dict[str, Any]) -> str:
@@ -177,12 +247,13 @@ def markdown(data: dict[str, Any]) -> str:
         f"Other processes' share of the CPU while each mode ran is in the table: on a shared machine it moves "
         f"the times by tens of percent.",
         "",
+        *([arithmetic_bound(data), ""] if data.get("arithmetic") else []),
     ])
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        _worker(json.loads(sys.argv[2]), sys.argv[3])
+    if len(sys.argv) > 1 and sys.argv[1] in ("--worker", "--arithmetic"):
+        (_worker if sys.argv[1] == "--worker" else _arithmetic_worker)(json.loads(sys.argv[2]), sys.argv[3])
         return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", type=int, default=4)

@@ -13,10 +13,11 @@ from tests.support.training_harness import TINY_GPT, assert_matches_reference, m
 from tests.support.workers import run_workers
 
 STEPS = 3
-# per-model overrides: each model its own seed (weights, data set and order) and learning rate
-OVERRIDES = {2: "[{seed:11,lr:0.003},{seed:12,lr:0.001}]",
-             4: "[{seed:11,lr:0.003},{seed:12,lr:0.001},{seed:13,lr:0.002},{seed:14,lr:0.004,weight_decay:0.0}]"}
-LR = {2: [0.003, 0.001], 4: [0.003, 0.001, 0.002, 0.004]}
+# per-model overrides: each model its own seed (weights, data set and order); the two models share
+# their learning rate and weight decay (so their optimizer groups), of the four two do and the others not
+OVERRIDES = {2: "[{seed:11,lr:0.003},{seed:12,lr:0.003}]",
+             4: "[{seed:11,lr:0.003},{seed:12,lr:0.001},{seed:13,lr:0.003},{seed:14,lr:0.004,weight_decay:0.0}]"}
+LR = {2: [0.003, 0.003], 4: [0.003, 0.001, 0.003, 0.004]}
 BASE = TINY_GPT + [f"train.steps={STEPS}", "optim=adamw", "model.tie_embeddings=true", "train.grad_clip=0.05"]
 
 

@@ -106,14 +106,20 @@ def _spec(*variants):
 
 
 @pytest.mark.parametrize("name", ["adamw", "sgd"])
-def test_the_optimizer_on_the_stacks_is_torchs_update_of_each_model(name):
+@pytest.mark.parametrize("settings", [((0.1, 0.5), (0.01, 0.0)), ((0.1, 0.5), (0.01, 0.0), (0.1, 0.5))],
+                         ids=["own", "shared"])
+def test_the_optimizer_on_the_stacks_is_torchs_update_of_each_model(name, settings):
+    """Models with the same learning rate and weight decay share their groups (one fused call)."""
     torch.manual_seed(0)
-    stacks = [nn.Parameter(torch.randn(2, 4, 3)), nn.Parameter(torch.randn(2, 3))]
-    alone = [[nn.Parameter(s.detach()[k].clone()) for s in stacks] for k in range(2)]
-    spec = _spec((0.1, 0.5), (0.01, 0.0))
+    count = len(settings)
+    stacks = [nn.Parameter(torch.randn(count, 4, 3)), nn.Parameter(torch.randn(count, 3))]
+    alone = [[nn.Parameter(s.detach()[k].clone()) for s in stacks] for k in range(count)]
+    spec = _spec(*settings)
     optim = OptimSpec(name=name, weight_decay=0.0, fused=True, impl="torch", distributed=False, betas=(0.9, 0.99),
                       eps=1e-8, momentum=0.9)
     stacked_optimizer = build_multi_optimizer(optim, stacks, spec)
+    assert len(stacked_optimizer.param_groups) == 2 * len(set(settings))
+    assert [stacked_optimizer.param_groups[g]["lr"] for g in stacked_optimizer.model_groups] == [lr for lr, _ in settings]
     torch_class = torch.optim.AdamW if name == "adamw" else torch.optim.SGD
     extra = {"momentum": 0.9} if name == "sgd" else {"betas": (0.9, 0.99), "eps": 1e-8}
     plain = [torch_class([{"params": [p[0]], "weight_decay": v.weight_decay}, {"params": [p[1]], "weight_decay": 0.0}],
@@ -131,11 +137,11 @@ def test_the_optimizer_on_the_stacks_is_torchs_update_of_each_model(name):
         if step == 1:   # a new gradient tensor (set_to_none by other code) is linked again
             for stack in stacks:
                 stack.grad = None
-        for k in range(2):
+        for k in range(count):
             for param, grad in zip(alone[k], grads):
                 param.grad = grad[k].clone()
             plain[k].step()
-    for k in range(2):
+    for k in range(count):
         for stack, param in zip(stacks, alone[k]):
             assert torch.equal(stack.detach()[k], param.detach())
 
