@@ -1,7 +1,7 @@
 """Simulator check of PipeDream plans (1F1B-RR, no flushes): the steady state, in bounded time.
 
 An asynchronous pipeline has no per-iteration bubble, so the check compares the simulated time per
-input in steady state (the middle third of the run, between the fill and the drain) with the DP's
+input in steady state (whole rounds after the first third of the run, before the drain) with the DP's
 prediction, and reports idle time in that window (stage imbalance: replicas that wait for a slower
 stage). The run is kept to about MAX_ACTIONS actions: a few rounds of lcm(replicas) micro-batches,
 or, where one round is already too long, the straight pipeline with each stage's time divided by
@@ -14,7 +14,7 @@ import math
 from planner.check.simcheck import SimCheck, _simulate
 
 MAX_ACTIONS = 20000  # simulated actions; about a second of the simulator on one core
-WARM_ROUNDS = 3  # enough micro-batches for the fill, a steady middle third and the drain
+WARM_ROUNDS = 3  # enough micro-batches for the fill, steady rounds and the drain
 
 
 def _plan_run(replicas: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
@@ -28,11 +28,16 @@ def _plan_run(replicas: tuple[int, ...]) -> tuple[tuple[int, ...], int]:
     return (1,) * p, max(WARM_ROUNDS * p, min(MAX_ACTIONS // per_microbatch, 60 * p))
 
 
-def _steady(result, ranks: range) -> tuple[float, float]:
-    """(seconds per input, idle / busy) in the middle third of a stage's completions (the stage with the
-    fewest replicas, whose completions are evenly spaced)."""
+def _steady(result, ranks: range, period: int = 1) -> tuple[float, float]:
+    """(seconds per input, idle / busy) after the fill, over whole rounds of ``period`` micro-batches
+    of a stage's completions (the stage with the fewest replicas). A round's completions come in
+    bursts (the replicas upstream finish together), so a window that cuts a burst would count a
+    part of one as a steady rate; with fewer than two rounds past the first third, the middle third."""
     ends = sorted(iv.end for r in ranks for iv in result.timelines[r] if iv.action.kind.name == "BWD")
-    k0, k1 = len(ends) // 3, 2 * len(ends) // 3
+    k0 = -(-(len(ends) // 3) // period) * period   # the first round boundary after the first third
+    k1 = k0 + (len(ends) - 1 - k0) // period * period
+    if period == 1 or k1 - k0 < period:
+        k0, k1 = len(ends) // 3, 2 * len(ends) // 3
     if k1 <= k0:
         return float("nan"), float("nan")
     lo, hi = ends[k0], ends[k1]
@@ -60,7 +65,7 @@ def check_replicated(replicas: tuple[int, ...], forward: list[float], backward: 
         return SimCheck(False, f"simulator check failed: {type(err).__name__}: {err}")
     narrow = min(range(len(sim_replicas)), key=lambda s: sim_replicas[s])
     first = sum(sim_replicas[:narrow])
-    per_input, idle = _steady(result, range(first, first + sim_replicas[narrow]))
+    per_input, idle = _steady(result, range(first, first + sim_replicas[narrow]), math.lcm(*sim_replicas))
     flight = [math.ceil(sum(sim_replicas[s:]) / sim_replicas[s]) for s in stage_of]
     how = (f"as a straight pipeline (one lcm({list(replicas)}) = {math.lcm(*replicas)} round is too long to "
            f"simulate)" if straight else f"with replicas {list(replicas)}")
