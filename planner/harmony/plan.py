@@ -76,13 +76,28 @@ def harmony_overheads(inputs: Inputs, devices: int = 2) -> HarmonyOverheads:
     without a measured sheet."""
     if inputs.harmony_costs:
         known = sorted(inputs.harmony_costs)
-        return inputs.harmony_costs[max([n for n in known if n <= devices] or known[:1])]
+        processes = max([n for n in known if n <= devices] or known[:1])
+        return _without_time_slicing(inputs, processes, inputs.harmony_costs[processes])
     measured = list(inputs.runtime.schedules.values())
     if not measured:
         return HarmonyOverheads()
     return HarmonyOverheads(statistics.median(m.compute_action_s for m in measured),
                             statistics.median(m.message_s for m in measured),
                             statistics.median(m.step_s for m in measured))
+
+
+def _without_time_slicing(inputs: Inputs, processes: int, costs: HarmonyOverheads) -> HarmonyOverheads:
+    """Costs traced with more CPU processes than compute slots: each action's layers also waited
+    while other processes held its core, and the estimator queues the devices' compute for the
+    slots (``Links.compute_slots``) itself, so that share of the traced layer ratios is taken out
+    (counted once: the slots, not the ratio)."""
+    sheet = calibration(inputs.cluster)
+    if inputs.cluster.runtime_device != "cpu" or sheet is None:
+        return costs
+    share = min(1.0, cpu_slots(sheet) / processes)
+    if share == 1.0:
+        return costs
+    return replace(costs, forward_ratio=costs.forward_ratio * share, train_ratio=costs.train_ratio * share)
 
 
 def cpu_slots(sheet) -> int:

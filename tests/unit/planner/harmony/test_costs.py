@@ -85,3 +85,21 @@ def test_costs_round_trip_through_the_sheet_and_by_device_count():
     assert chosen(inputs, 2) == chosen(inputs, 4) == costs[2]
     # without harmony runs in the sheet (and without flush ones): nothing
     assert harmony_overheads(Inputs("m", toy_profile(), cluster, 8), 2) == HarmonyOverheads()
+
+
+def test_costs_traced_with_more_processes_than_slots_leave_the_waiting_to_the_slots():
+    """4 processes on 2 cores: each traced layer also waited for its core, which the estimator's 2
+    compute slots queue again; the ratios keep the slots' share (2 of 4), the rest is unchanged."""
+    from planner.inputs.hardware import Cluster, Level
+    from planner.inputs.search_inputs import Inputs
+    from pipedream.devices import DEVICES
+
+    two = HarmonyOverheads(swap_s=1e-4, forward_ratio=1.2, train_ratio=1.3)
+    four = HarmonyOverheads(swap_s=2e-4, forward_ratio=2.0, train_ratio=2.4)
+    sheet = {"cores": 2, "processes": 4, "matmul_slowdown_all_busy": 2.0}
+    cluster = Cluster("m", DEVICES["h200"], (Level("p2p", 4, 1e9),), 4, "cpu", MappingProxyType({"sheet": sheet}))
+    inputs = replace(Inputs("m", toy_profile(), cluster, 8), harmony_costs=MappingProxyType({2: two, 4: four}))
+    assert harmony_overheads(inputs, 2) == two
+    assert harmony_overheads(inputs, 4) == replace(four, forward_ratio=1.0, train_ratio=1.2)
+    gpu = replace(cluster, runtime_device="cuda")
+    assert harmony_overheads(replace(inputs, cluster=gpu), 4) == four   # devices of their own: nothing shared
