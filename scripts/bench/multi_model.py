@@ -101,25 +101,25 @@ def layer_arithmetic(overrides: list[str], models: int, repeats: int = 60) -> di
     return {"single_s": single, "fused_s": pass_time(fused), "repeats": repeats}
 
 
-def _spawn(overrides_list: list[list[str]], out: Path, port: int, worker: str = "--worker") -> subprocess.Popen:
+def _spawn(argument: Any, out: Path, port: int, worker: str = "--worker") -> subprocess.Popen:
+    """A fresh one-thread process running ``worker`` (``--worker`` or ``--arithmetic``) on ``argument``."""
     env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
                OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    return subprocess.Popen([sys.executable, "-m", "scripts.bench.multi_model", worker, json.dumps(overrides_list),
+    return subprocess.Popen([sys.executable, "-m", "scripts.bench.multi_model", worker, json.dumps(argument),
                              str(out)], env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
 
 
-def _arithmetic_worker(overrides_and_models: list, out: str) -> None:
+def _arithmetic_worker(models: int, out: str) -> None:
     import torch
 
     torch.set_num_threads(1)
-    overrides, models = overrides_and_models
-    Path(out).write_text(json.dumps(layer_arithmetic(overrides, models)))
+    Path(out).write_text(json.dumps(layer_arithmetic(MODEL, models)))
 
 
 def _measure_arithmetic(models: int, work: Path) -> dict[str, float]:
-    """``layer_arithmetic`` in a fresh process (one thread), as the modes run."""
+    """``layer_arithmetic`` of the benchmark's model in a fresh process (one thread), as the modes run."""
     out = work / "arithmetic.json"
-    process = _spawn([MODEL, models], out, 0, worker="--arithmetic")   # type: ignore[list-item]
+    process = _spawn(models, out, 0, worker="--arithmetic")
     if process.wait() != 0:
         raise SystemExit(f"error: the layer timing failed (exit {process.returncode})")
     return json.loads(out.read_text())
