@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from models import boundary
 from models.contract import layer_type_name
@@ -26,6 +27,8 @@ CHECK_BATCH = 2   # samples of the example batch the layers are checked with (on
 class CheckedModel:
     model: LayerModel
     forward_flops_per_sample: float   # counted on the meta device (torch.utils.flop_counter)
+    # per layer, for CHECK_BATCH samples: (forward FLOPs, operators dispatched)
+    layer_counts: tuple[tuple[float, int], ...] = ()
 
 
 def _first_line(error: BaseException) -> str:
@@ -84,14 +87,33 @@ def checked_model(model_cfg: Any, seed: int = 0) -> CheckedModel:
     label = f"model.{TARGET}={plugin_target(model_cfg)}"
     if not isinstance(model.num_layers, int) or model.num_layers < 1:
         raise ConfigError(f"{label} has num_layers={model.num_layers!r}: a model needs at least one layer")
-    return CheckedModel(model, meta_forward_flops(model, label) / CHECK_BATCH)
-
+    per_layer = meta_layer_counts(model, label)
+    return CheckedModel(model, sum(flops for flops, _ in per_layer) / CHECK_BATCH, tuple(per_layer))
 
 
 def meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | None = None,
                         problem: str = "layers do not chain") -> float:
     """Runs ``batch`` (default: the model's example batch) through the layers and the loss on the
     meta device; returns the forward FLOPs."""
+    return sum(flops for flops, _ in meta_layer_counts(model, label, batch, problem))
+
+
+class _OperatorCounter(TorchDispatchMode):
+    """Counts the operators dispatched under it (each costs a fixed time on a real device)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def meta_layer_counts(model: LayerModel, label: str, batch: tuple[Any, Any] | None = None,
+                      problem: str = "layers do not chain") -> list[tuple[float, int]]:
+    """As ``meta_forward_flops``, per layer: (forward FLOPs, operators dispatched); the loss's
+    count goes to the last layer."""
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
@@ -103,10 +125,13 @@ def meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | N
         raise ConfigError(f"{label}: building the layers or the example batch failed ({_first_line(error)}): "
                           f"build_layer and make_batch must run under torch.device('meta')") from None
     # warnings.catch_warnings: the check's own runs stay quiet (the training run warns again)
-    with FlopCounterMode(display=False) as counter, torch.no_grad(), warnings.catch_warnings():
+    per_layer: list[tuple[float, int]] = []
+    with (FlopCounterMode(display=False) as counter, _OperatorCounter() as operators, torch.no_grad(),
+          warnings.catch_warnings()):
         warnings.simplefilter("ignore")
         for index in range(model.num_layers):
             layer = layers[index]
+            counted, dispatched = counter.get_total_flops(), operators.count
             try:
                 value = boundary.call_layer(layer, value)
             except Exception as error:  # noqa: BLE001
@@ -116,6 +141,8 @@ def meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | N
             if not is_boundary(value):
                 raise ConfigError(f"{label}: layer {index} ({layer_type_name(layer)}) returned {describe(value)}: a "
                                   f"layer returns a tensor or a tuple of tensors")
+            per_layer.append((float(counter.get_total_flops() - counted), operators.count - dispatched))
+        counted, dispatched = counter.get_total_flops(), operators.count
         try:
             loss = model.loss_fn(value, target)
         except Exception as error:  # noqa: BLE001
@@ -125,7 +152,9 @@ def meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | N
     if not (isinstance(loss, torch.Tensor) and loss.dim() == 0 and loss.is_floating_point()):
         raise ConfigError(f"{label}: the loss returned {describe(loss)}, not a scalar floating-point tensor: "
                           f"reduce it (e.g. .mean()) in loss_fn")
-    return float(counter.get_total_flops())
+    flops, ops = per_layer[-1]
+    per_layer[-1] = (flops + float(counter.get_total_flops() - counted), ops + operators.count - dispatched)
+    return per_layer
 
 
 def _to_meta(value: Any) -> Any:

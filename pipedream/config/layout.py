@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
+from pipedream.config.balance import balanced_counts
 from pipedream.errors import ConfigError
 from pipedream.schedules.placement import PLACEMENTS, Placement
 from pipedream.schedules.replicated import ReplicatedPipeline
@@ -155,16 +156,17 @@ class ParallelLayout:
         return self.coords(rank).dp
 
 
-def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] | None = None
-                 ) -> list[tuple[int, int]]:
-    """[start, end) layer ranges of each (virtual) stage: even by default (earlier stages take the
-    remainder), or exactly ``layers_per_stage``."""
+def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] | None = None,
+                 layer_costs: Sequence[float] | None = None) -> list[tuple[int, int]]:
+    """[start, end) layer ranges of each (virtual) stage: exactly ``layers_per_stage``; else with
+    ``layer_costs`` (one per layer) the most balanced stages (``balance.balanced_counts``); else
+    even by count (earlier stages take the remainder)."""
     if layers_per_stage is not None:
         if isinstance(layers_per_stage, (str, int, float, bool)) or not all(
                 isinstance(c, int) and not isinstance(c, bool) for c in layers_per_stage):
             shown = layers_per_stage if isinstance(layers_per_stage, (str, int, float, bool)) else list(layers_per_stage)
             raise ConfigError(f"parallel.layers_per_stage={shown} must be a list of whole layer counts, one per "
-                              f"(virtual) stage: e.g. [3,3], or null for an even split")
+                              f"(virtual) stage: e.g. [3,3], or null for stages of equal estimated cost")
         counts = list(layers_per_stage)
         if len(counts) != num_stages:
             raise ConfigError(f"parallel.layers_per_stage has {len(counts)} entries but there are {num_stages} "
@@ -178,8 +180,11 @@ def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] |
         if num_layers < num_stages:
             raise ConfigError(f"the model has {num_layers} layers, fewer than pp*vpp = {num_stages} (virtual) stages: "
                               f"lower parallel.pp or parallel.vpp, or add layers")
-        base, extra = divmod(num_layers, num_stages)
-        counts = [base + (1 if s < extra else 0) for s in range(num_stages)]
+        if layer_costs is not None and len(layer_costs) == num_layers:
+            counts = balanced_counts(layer_costs, num_stages)
+        else:
+            base, extra = divmod(num_layers, num_stages)
+            counts = [base + (1 if s < extra else 0) for s in range(num_stages)]
     bounds, start = [], 0
     for count in counts:
         bounds.append((start, start + count))

@@ -20,6 +20,7 @@ from models.registry import MODEL_FAMILIES, model_family
 from pipedream.errors import ConfigError
 from pipedream.config.harmony import HarmonySpec, harmony_spec
 from pipedream.numerics.apex import check_apex
+from pipedream.config.balance import estimated_seconds
 from pipedream.config.layout import ParallelLayout, split_layers
 from pipedream.lifecycle.preemption import PreemptionSpec
 from pipedream.config.multi_model import MultiModelSpec, check_multi_model
@@ -89,12 +90,13 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def _check_model(cfg: Any) -> tuple[int, Any]:
-    """The model's pipeline layers, and a plugin's ``LayerModel`` (None for a built-in model)."""
+def _check_model(cfg: Any) -> tuple[int, Any, tuple | None]:
+    """The model's pipeline layers, a plugin's ``LayerModel`` (None for a built-in model) and the
+    plugin's (forward FLOPs, operators) per layer (None for a built-in: ``_layer_costs`` counts them)."""
     if plugin_target(cfg.model) is not None:
         from models.plugins import checked_model
-        model = checked_model(cfg.model).model   # imports, builds and checks the plugin
-        return model.num_layers, model
+        checked = checked_model(cfg.model)   # imports, builds and checks the plugin
+        return checked.model.num_layers, checked.model, checked.layer_counts
     name = _get(cfg, "model.name")
     if name not in MODEL_FAMILIES:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
@@ -103,7 +105,27 @@ def _check_model(cfg: Any) -> tuple[int, Any]:
     for key in family.required_keys:
         _positive(cfg, f"model.{key}")
     family.check_config(cfg.model, _get(cfg, "train.micro_batch_size"))
-    return pipeline_layer_count(cfg.model), None
+    return pipeline_layer_count(cfg.model), None, None
+
+
+def _layer_costs(cfg: Any, num_layers: int, num_stages: int, counted: tuple | None) -> list[float] | None:
+    """Estimated forward seconds per layer for the default split (``config.balance``), where it has
+    a choice to make: FLOPs and operators counted on the meta device (hundredths of a second; torch
+    is imported here). A built-in model the meta device cannot run gets the even split."""
+    if _get(cfg, "parallel.layers_per_stage") is not None or not 1 < num_stages < num_layers:
+        return None
+    import torch
+
+    from models import build_model
+    from models.plugins import CHECK_BATCH, meta_layer_counts
+    if counted is None:
+        try:
+            with torch.random.fork_rng(devices=[]):   # the caller's random stream stays as it was
+                counted = meta_layer_counts(build_model(cfg.model, seed=0), f"model={_get(cfg, 'model.name')}")
+        except Exception:  # noqa: BLE001 - an estimate only; the run itself reports a model that does not build
+            return None
+    return estimated_seconds(counted, CHECK_BATCH, int(_get(cfg, "train.micro_batch_size")),
+                             str(Section(cfg, "cluster").raw("device")))
 
 
 def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
@@ -262,7 +284,7 @@ def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_mod
 
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
-    num_layers, plugin_model = _check_model(cfg)
+    num_layers, plugin_model, plugin_layer_flops = _check_model(cfg)
     seq_len = _check_data(cfg, plugin_model)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
@@ -318,7 +340,8 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
                           f"= {layout.dp}*{micro} = {layout.dp * micro}: use a multiple of {layout.dp * micro}")
     microbatches = global_batch // (layout.dp * micro)
     # before any schedule is built: pp = 10**12 must not build 10**12 action lists
-    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"))
+    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"),
+                          _layer_costs(cfg, num_layers, layout.num_virtual_stages, plugin_layer_flops))
     harmony = None
     try:
         if replicas:

@@ -164,6 +164,15 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def layer_splits(workload: Workload) -> dict[str, list[int]]:
+    """Layers per (virtual) stage that both runtimes run, per placement: the runtime's default split."""
+    from pipedream.config.run_spec import build_run_spec
+
+    placements = {"one chunk per rank": "1f1b", "interleaved": "interleaved", "V": "zbv"}
+    return {where: [end - start for start, end in build_run_spec(compose(workload, Case("pipedream", schedule))).bounds]
+            for where, schedule in placements.items()}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     out_dir = Path(args.out_dir) if args.out_dir else (None if args.quick or args.workloads else ROOT / "docs")
     trace_root = (out_dir / "img" / "bench_runtime") if out_dir else None
@@ -196,6 +205,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "description": workload.description, "overrides": list(workload.overrides),
             "micro_batch": workload.micro_batch, "microbatches": workload.microbatches,
             "global_batch": workload.global_batch,
+            "layers_per_stage": layer_splits(workload),
             "cases": analyse(result["times_s"], workload.global_batch, workload.microbatches, PP),
             "other_load_per_run": result["other_load"],
             "traced": result["traced"]}

@@ -29,12 +29,6 @@ class Workload:
     micro_batch: int
     microbatches: int
     description: str
-    # vpp -> layers per virtual stage, where an even split of the layer count would not balance the
-    # ranks (both runtimes use the same split)
-    layers_per_stage: tuple[tuple[int, tuple[int, ...]], ...] = ()
-
-    def stage_split(self, vpp: int) -> tuple[int, ...] | None:
-        return dict(self.layers_per_stage).get(vpp)
 
     @property
     def global_batch(self) -> int:
@@ -90,12 +84,11 @@ def workloads(quick: bool) -> list[Workload]:
                                   "model.num_heads=4", "model.seq_len=64", "model.tie_embeddings=false",
                                   "model.dropout=0.0"), 8, 8,
                  "GPT, 4 blocks, hidden 128, 4 heads, sequence 64, byte vocabulary, untied embeddings"),
-        # torch's own modules through the plugin path: [embedding, 4 encoder blocks, LayerNorm, Linear],
-        # split so each rank holds two blocks (round-robin and V placements alike)
+        # torch's own modules through the plugin path: [embedding, 4 encoder blocks, LayerNorm, Linear];
+        # the default split (equal estimated cost) gives each rank two blocks, round-robin and V alike
         Workload("stock", stock, 8, 8,
                  "torch modules as a plugin: nn.Embedding, 4 nn.TransformerEncoderLayer (hidden 128, 4 heads, "
-                 "feed-forward 512), nn.LayerNorm + nn.Linear head; sequence 64, vocabulary 256",
-                 layers_per_stage=((1, (3, 4)), (2, (2, 1, 1, 3)))),
+                 "feed-forward 512), nn.LayerNorm + nn.Linear head; sequence 64, vocabulary 256"),
     ]
 
 

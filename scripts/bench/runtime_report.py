@@ -256,6 +256,15 @@ def _binding_note(core_sets: list | None) -> str:
             "single process, runs in the same processes: the same placement for all.")
 
 
+def split_line(workload: dict) -> str:
+    """The layers per stage both runtimes ran (the runtime's default split), where recorded."""
+    splits = workload.get("layers_per_stage")
+    if not splits:
+        return ""
+    return (" Layers per stage (the default split, equal estimated cost; torch's schedules get the same): "
+            + "; ".join(f"{where} {counts}" for where, counts in splits.items()) + ".")
+
+
 def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
     m, s = data["machine"], data["settings"]
     load = data.get("other_load")
@@ -283,7 +292,7 @@ def markdown(data: dict[str, Any], images: dict[str, str]) -> str:
                      f"{statistics.median(loads):.0%}, max {max(loads):.0%}." if loads else "")
         out += [f"### {w['description']}", "",
                 f"Global batch {w['global_batch']} = {w['microbatches']} micro-batches of {w['micro_batch']}."
-                + load_line, "",
+                + split_line(w) + load_line, "",
                 "| runtime | step time ms | samples/s | vs torch | speedup vs 1 process | ideal ms | of ideal |",
                 "|---|---|---|---|---|---|---|"]
         for case_name, row in w["cases"].items():

@@ -21,8 +21,6 @@ def compose(workload: Workload, case: Case) -> Any:
         f"schedule={ours}",
         f"parallel.pp={PP}",
         f"parallel.vpp={case.vpp}", "parallel.dp=1", "train.timeout_s=300",
-        *([f"parallel.layers_per_stage=[{','.join(map(str, split))}]"] if (split := workload.stage_split(case.vpp))
-          else []),
         # asynchronous schedules build the whole run's action list up front: keep the run short
         f"train.steps={200 if schedule_info(ours).asynchronous else 1000}"]
     return compose_config(overrides)

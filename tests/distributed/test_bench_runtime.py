@@ -36,7 +36,11 @@ def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
     assert all(row["step_time_s"]["min"] <= row["step_time_s"]["median"] <= row["step_time_s"]["max"]
                for row in cases.values())
     assert data["machine"]["cores"] and data["machine"]["torch"]
+    # the quick stock plugin: [embedding, 2 encoder blocks, LayerNorm, Linear], one block per rank
+    splits = data["workloads"]["stock"]["layers_per_stage"]
+    assert splits["one chunk per rank"] == [2, 3] and sum(splits["V"]) == 5
     text = (tmp_path / "benchmarks.md").read_text()
+    assert "Layers per stage (the default split" in text
     assert text.count("<!-- bench_runtime:begin -->") == 1 and "| pipedream 1f1b |" in text
     assert "Where our 1f1b's lead over torch's Schedule1F1B comes from" in text
     assert (tmp_path / "img" / "bench_runtime" / "mlp" / "timeline.png").exists()
