@@ -164,7 +164,23 @@ def _workload_limits(label: str, w: dict[str, Any], pp: int) -> list[str]:
                         "flush." if on_path else
                         ": the rest is communication latency and waiting for the CPU, on top of slower "
                         "per-stage compute while both cores work."))
+        lines.append(ceiling_note(w, slowest))
     return lines
+
+
+def ceiling_note(w: dict[str, Any], slowest: float) -> str:
+    """The fastest any runtime could step with these stages' compute: the slowest stage running its
+    m micro-batches back to back, against torch's 1f1b."""
+    m = w["microbatches"]
+    theirs = w["cases"].get("torch 1f1b", {}).get("step_time_s", {}).get("median")
+    if not theirs:
+        return ""
+    bound = m * slowest
+    return (f"A ceiling for any schedule on this split: the slowest stage computing its {m} micro-batches back to "
+            f"back, with no bubble, no message and no optimizer step, takes {bound * 1e3:.1f} ms, so a step "
+            f"at most {theirs / bound:.2f}x faster than torch's 1f1b ({theirs * 1e3:.1f} ms). It bounds gpipe and 1f1b; "
+            f"the two-chunk schedules' ranks hold as many blocks each. Past that, only faster per-layer compute "
+            f"(the same kernels in both runtimes) would raise the ratio.")
 
 
 def gains(workload: dict[str, Any]) -> list[str]:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 from scripts import ROOT
-from scripts.bench.runtime_report import analyse, ideal_bubble, replace_section
+from scripts.bench.runtime_report import analyse, ceiling_note, ideal_bubble, replace_section
 
 
 def test_quick_run_writes_json_and_markdown(tmp_path) -> None:
@@ -124,3 +124,10 @@ def test_generated_text_describes_only_rows_that_ran() -> None:
                         {"name": "our 1f1b >= 1.10x the throughput of torch Schedule1F1B (MLP)", "met": True}]}
     text = " ".join(limits(data))
     assert text.startswith("What limits it (GPT)") and "(MLP)" not in text
+
+
+def test_ceiling_is_the_slowest_stage_back_to_back() -> None:
+    workload = {"microbatches": 8, "cases": {"torch 1f1b": {"step_time_s": {"median": 0.240}}}}
+    text = ceiling_note(workload, slowest=0.024)
+    assert "takes 192.0 ms" in text and "at most 1.25x faster than torch's 1f1b (240.0 ms)" in text
+    assert ceiling_note({"microbatches": 8, "cases": {}}, slowest=0.024) == ""
