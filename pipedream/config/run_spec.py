@@ -124,8 +124,10 @@ def _layer_costs(cfg: Any, num_layers: int, num_stages: int, counted: tuple | No
                 counted = meta_layer_counts(build_model(cfg.model, seed=0), f"model={_get(cfg, 'model.name')}")
         except Exception:  # noqa: BLE001 - an estimate only; the run itself reports a model that does not build
             return None
-    return estimated_seconds(counted, CHECK_BATCH, int(_get(cfg, "train.micro_batch_size")),
-                             str(Section(cfg, "cluster").raw("device")))
+    device = str(Section(cfg, "cluster").raw("device"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    return estimated_seconds(counted, CHECK_BATCH, int(_get(cfg, "train.micro_batch_size")), device)
 
 
 def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:

@@ -9,9 +9,6 @@ measured like a CPU.
 """
 from __future__ import annotations
 
-import json
-import os
-import platform
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -20,8 +17,8 @@ from pathlib import Path
 import torch
 
 from pipedream.devices import DEVICES
+from pipedream.observe.host import cache_dir, cached_flops, cpu_model, write_cache
 
-CACHE_ENV = "PIPEDREAM_CACHE_DIR"
 # substring of torch.cuda.get_device_name() -> pipedream.devices.DEVICES key
 _CUDA_SHEETS = (("h200", "h200"), ("h100", "h100_80gb"), ("a100-sxm4-40gb", "a100_40gb"), ("a100", "a100_80gb"),
                 ("v100", "v100_32gb"), ("1080 ti", "gtx_1080ti"))
@@ -38,19 +35,7 @@ class PeakFlops:
 
 
 def cache_path() -> Path:
-    root = os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "pipedream"
-    return Path(root) / "peak_flops.json"
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name (``/proc/cpuinfo``), or the architecture where that is unavailable."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cache_dir() / "peak_flops.json"
 
 
 def device_key(device: torch.device, threads: int) -> str:
@@ -94,24 +79,6 @@ def _sheet_peak(device: torch.device, compute: str = "fp32") -> PeakFlops | None
     return None if sheet is None else PeakFlops(DEVICES[sheet].flops(precision), f"sheet:{sheet}", name, precision)
 
 
-def _read_cache(path: Path) -> dict[str, dict]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return {str(k): v for k, v in data.items() if isinstance(v, dict)} if isinstance(data, dict) else {}
-
-
-def _write_cache(path: Path, key: str, flops: float) -> None:
-    """Read-modify-write through a temporary file, so a concurrent reader never sees half a file."""
-    entries = _read_cache(path)
-    entries[key] = {"flops": flops, "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(entries, indent=1, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
-
-
 def peak_flops(device: torch.device, threads: int | None = None, path: Path | None = None,
                measure=measure_matmul_flops, precision: str = "fp32") -> PeakFlops:
     """The device's peak: sheet (known GPU, at the run's ``precision``), else cache, else measured
@@ -123,12 +90,12 @@ def peak_flops(device: torch.device, threads: int | None = None, path: Path | No
             return sheet
     key = device_key(device, threads)
     path = path or cache_path()
-    cached = _read_cache(path).get(key, {}).get("flops")
-    if isinstance(cached, (int, float)) and cached > 0:
-        return PeakFlops(float(cached), "cache", key)
+    cached = cached_flops(path, key)
+    if cached is not None:
+        return PeakFlops(cached, "cache", key)
     flops = measure(device)
     try:
-        _write_cache(path, key, flops)
+        write_cache(path, key, flops)
     except OSError:  # read-only home: still usable, just measured again next time
         pass
     return PeakFlops(flops, "measured", key)

@@ -11,16 +11,34 @@ import math
 import os
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Mapping
 
 from pipedream.devices import DEVICES, GIB, DeviceSheet
+from pipedream.observe.host import cache_dir, cached_flops, cpu_model, write_cache
 
 from planner.errors import PlannerError
 
 
-def measure_local_cpu(devices: int = 1, seconds: float = 0.2) -> DeviceSheet:
-    """The machine we run on, measured: fp32 matmul FLOP/s and RAM, shared by ``devices`` processes."""
+def measure_local_cpu(devices: int = 1, seconds: float = 0.2, cache: Path | None = None) -> DeviceSheet:
+    """The machine we run on: fp32 matmul FLOP/s and RAM, shared by ``devices`` processes. The
+    FLOP/s are measured once per host, CPU, core count and torch version and kept in
+    ``local_cpu.json`` beside the runtime's peak cache (``PIPEDREAM_CACHE_DIR``, default
+    ``~/.cache/pipedream``): later dry runs neither import torch nor time anything. Delete the file to
+    measure again (say, after measuring on a busy machine)."""
+    path = cache or cache_dir() / "local_cpu.json"
+    key = _host_key()
+    flops = cached_flops(path, key)
+    if flops is None:
+        flops = _matmul_flops(seconds)
+        _cache_flops(path, key, flops)
+    memory = _total_ram_bytes()
+    return DeviceSheet("local_cpu", memory / devices, MappingProxyType({"fp32": flops / devices}),
+                       20e9 / devices, "fp32", 1.0, 1e6)
+
+
+def _matmul_flops(seconds: float) -> float:
     import torch  # local import: the rest of the planner runs without torch
 
     n = 512
@@ -30,10 +48,26 @@ def measure_local_cpu(devices: int = 1, seconds: float = 0.2) -> DeviceSheet:
     while time.perf_counter() - start < seconds:
         a @ b
         reps += 1
-    flops = 2 * n**3 * reps / (time.perf_counter() - start)
-    memory = _total_ram_bytes()
-    return DeviceSheet("local_cpu", memory / devices, MappingProxyType({"fp32": flops / devices}),
-                       20e9 / devices, "fp32", 1.0, 1e6)
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def _host_key() -> str:
+    """What the measured speed depends on, read without importing torch."""
+    import importlib.metadata   # here: with email and socket, a hundredth of a second every plan would pay
+    import socket
+
+    try:
+        torch_version = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = "none"
+    return f"{socket.gethostname()}|{cpu_model()}|cores={len(os.sched_getaffinity(0))}|torch={torch_version}"
+
+
+def _cache_flops(path: Path, key: str, flops: float) -> None:
+    try:
+        write_cache(path, key, flops)
+    except OSError:   # a read-only home only means measuring again next time
+        pass
 
 
 def _total_ram_bytes() -> float:

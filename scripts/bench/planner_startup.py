@@ -42,11 +42,14 @@ CASES = {
                "(PTD-P on a preset cluster)",
                ["-m", "planner", "model=gpt_tiny", "cluster=h100_x8", "cluster.nodes=1", "train.global_batch_size=16"]),
     "torch": ("`python -c \"import torch\"`", ["-c", "import torch"]),
-    "default": ("`python -m planner` (the default `cluster=local_cpu`: measures this machine's matmul speed "
-                "with torch first)", ["-m", "planner"]),
+    "default": ("`python -m planner` (the default `cluster=local_cpu`), first run on a machine: measures "
+                "this machine's matmul speed with torch", ["-m", "planner"]),
+    "default_cached": ("`python -m planner` again: reads that speed from `local_cpu.json` in the cache folder",
+                       ["-m", "planner"]),
 }
 SLOW = {"torch", "default"}   # a few repeats are enough for a run that takes seconds
 ENV = {"numpy_one_thread": {"OPENBLAS_NUM_THREADS": "1"}}
+FRESH_CACHE = {"default"}     # every run gets an empty cache folder (PIPEDREAM_CACHE_DIR)
 
 
 def run_once(args: list[str], env: dict, cwd: Path = ROOT) -> tuple[float, float]:
@@ -95,8 +98,14 @@ def main() -> int:
         graph.parent.mkdir()
         graph.write_text(vgg16_graph())
         commands = {name: [a.format(graph=graph) for a in argv] for name, (_, argv) in cases.items()}
+        env["PIPEDREAM_CACHE_DIR"] = str(Path(tmp) / "cache")   # the cached case's, filled by its warm-up
+
+        def env_for(name: str) -> dict:
+            fresh = {"PIPEDREAM_CACHE_DIR": tempfile.mkdtemp(dir=tmp)} if name in FRESH_CACHE else {}
+            return {**env, **ENV.get(name, {}), **fresh}
+
         for name, argv in commands.items():
-            run_once(argv, {**env, **ENV.get(name, {})}, where[name])   # warm-up
+            run_once(argv, env_for(name), where[name])   # warm-up
         walls: dict[str, list[float]] = {name: [] for name in cases}
         cpus: dict[str, list[float]] = {name: [] for name in cases}
         load_before = os.getloadavg()[0]
@@ -104,7 +113,7 @@ def main() -> int:
             for name, argv in commands.items():
                 if name in SLOW and round_ >= 3:
                     continue
-                wall, cpu = run_once(argv, {**env, **ENV.get(name, {})}, where[name])
+                wall, cpu = run_once(argv, env_for(name), where[name])
                 walls[name].append(wall)
                 cpus[name].append(cpu)
         load_after = os.getloadavg()[0]

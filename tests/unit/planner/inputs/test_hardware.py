@@ -80,3 +80,33 @@ def test_bad_model_config():
         spec_from_config({"name": "lstm"})
     with pytest.raises(PlannerError, match="model.hidden_size is missing"):
         spec_from_config({"name": "gpt", "num_layers": 2})
+
+
+def test_local_cpu_is_measured_once_then_read_from_the_cache(tmp_path, monkeypatch):
+    from planner.inputs import hardware
+
+    timed = []
+    monkeypatch.setattr(hardware, "_matmul_flops", lambda seconds: timed.append(seconds) or 4e10)
+    cache = tmp_path / "local_cpu.json"
+    first = hardware.measure_local_cpu(2, cache=cache)
+    assert timed == [0.2] and first.flops("fp32") == 2e10        # the machine's speed, shared by 2 processes
+    again = hardware.measure_local_cpu(4, cache=cache)
+    assert timed == [0.2] and again.flops("fp32") == 1e10        # read back, not measured again
+    cache.write_text("{not json")                                # a damaged cache is measured again
+    hardware.measure_local_cpu(1, cache=cache)
+    assert len(timed) == 2 and hardware.measure_local_cpu(1, cache=cache).flops("fp32") == 4e10
+    monkeypatch.setenv("PIPEDREAM_CACHE_DIR", str(tmp_path / "elsewhere"))
+    hardware.measure_local_cpu(1)
+    assert (tmp_path / "elsewhere" / "local_cpu.json").exists() and len(timed) == 3
+
+
+def test_the_default_dry_run_reads_the_cache_without_torch(tmp_path, monkeypatch):
+    import sys
+
+    from pipedream.observe.host import write_cache
+    from planner.inputs.hardware import _host_key, measure_local_cpu
+
+    write_cache(tmp_path / "local_cpu.json", _host_key(), 5e10)
+    monkeypatch.setitem(sys.modules, "torch", None)   # any "import torch" now raises ImportError
+    monkeypatch.setenv("PIPEDREAM_CACHE_DIR", str(tmp_path))
+    assert measure_local_cpu(1).flops("fp32") == 5e10
