@@ -2,7 +2,7 @@
 stacked (tuples member by member)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -20,6 +20,9 @@ class GlobalBatchOrder:
     dataset_size: int
     global_batch: int
     seed: int
+    # epoch -> its permutation: drawn once, not at every step (a draw costs O(dataset size)); at most
+    # the two epochs a batch can be reading from are kept
+    _drawn: dict[int, np.ndarray] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def indices(self, step: int) -> list[int]:
         start = step * self.global_batch
@@ -32,7 +35,11 @@ class GlobalBatchOrder:
         return out.tolist()
 
     def _permutation(self, epoch: int) -> np.ndarray:
-        return np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size)
+        if epoch not in self._drawn:
+            for older in [e for e in self._drawn if e < epoch - 1]:
+                del self._drawn[older]
+            self._drawn[epoch] = np.random.default_rng([self.seed, epoch]).permutation(self.dataset_size)
+        return self._drawn[epoch]
 
     def shard(self, step: int, dp_rank: int, dp: int) -> list[int]:
         indices = self.indices(step)

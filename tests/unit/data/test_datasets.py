@@ -70,3 +70,12 @@ def test_microbatches_split_a_shard():
     train, _ = build_datasets({"name": "mlp", "hidden_size": 4}, {"name": "synthetic", "num_samples": 64, "val_fraction": 0.1}, 0)
     parts = microbatches(train, list(range(8)), 2)
     assert len(parts) == 4 and parts[0][0].shape == (2, 4)
+
+
+def test_each_epoch_is_drawn_once_and_reads_as_a_fresh_draw():
+    # 10 samples in batches of 4: batches cross epoch boundaries; a fresh order has drawn nothing
+    order = GlobalBatchOrder(dataset_size=10, global_batch=4, seed=3)
+    for step in range(25):
+        assert order.indices(step) == GlobalBatchOrder(10, 4, 3).indices(step)
+        assert len(order._drawn) <= 2   # only the epochs a batch can still read
+    assert order == GlobalBatchOrder(10, 4, 3)   # the drawn permutations are no part of its value
