@@ -286,7 +286,7 @@ def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_mod
 
 def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
-    num_layers, plugin_model, plugin_layer_flops = _check_model(cfg)
+    num_layers, plugin_model, plugin_layer_counts = _check_model(cfg)
     seq_len = _check_data(cfg, plugin_model)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     schedule = _get(cfg, "schedule.name")
@@ -343,7 +343,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     microbatches = global_batch // (layout.dp * micro)
     # before any schedule is built: pp = 10**12 must not build 10**12 action lists
     bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"),
-                          _layer_costs(cfg, num_layers, layout.num_virtual_stages, plugin_layer_flops))
+                          _layer_costs(cfg, num_layers, layout.num_virtual_stages, plugin_layer_counts))
     harmony = None
     try:
         if replicas:
