@@ -46,11 +46,13 @@ def main(argv: list[str]) -> int:
         from pipedream.config.plan_config import apply_plan
         from pipedream.observe.run_outputs import claim_run_dir
         from pipedream.config.run_spec import build_run_spec
+        from models import checked_plugin
         label = model_label(cfg, argv)
         run_dir = str(cfg.train.run_dir)
         check_launch_keys(cfg)
         plan = build_launch(cfg, overrides, run_dir)
-        spec = build_run_spec(apply_plan(cfg), plan.world_size)
+        plugin = checked_plugin(cfg.model)   # a model plugin is imported, built and checked once, here
+        spec = build_run_spec(apply_plan(cfg, plugin), plan.world_size, plugin)
         check_buildable(cfg, label)
         preemption = spec.preemption
         if cfg.launcher.emit:

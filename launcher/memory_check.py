@@ -88,12 +88,13 @@ def activation_bytes_per_sample(layers: list, spec: Any) -> float:
     layer's input, selective drops the attention cores, both only in each chunk's first
     ``recompute.num_layers`` layers; sequence parallelism keeps 1/t of the LayerNorm and dropout
     regions."""
-    from planner.costs.uniform import MemoryOptions, kept_activation_bytes
+    from planner.costs.uniform import kept_activation_bytes
+    from planner.inputs.memory_options import MemoryOptions
 
-    options = MemoryOptions(selective=spec.selective_recompute, sequence_parallel=spec.sequence_parallel,
-                            recompute_layers=spec.recompute_layers)
+    options = MemoryOptions(selective=spec.recompute.selective, sequence_parallel=spec.sequence_parallel,
+                            recompute_layers=spec.recompute.num_layers)
     bounds = spec.bounds if len(layers) == spec.num_layers else ()
-    return float(kept_activation_bytes(layers, spec.layout.tp, spec.recompute, options, bounds).sum())
+    return float(kept_activation_bytes(layers, spec.layout.tp, spec.recompute.full, options, bounds).sum())
 
 
 def available_memory() -> tuple[float, str]:

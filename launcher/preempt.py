@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from pipedream.errors import stderr_line
-from pipedream.lifecycle.preemption import PreemptionSpec, read_marker
+from pipedream.config.preemption import PreemptionSpec
+from pipedream.lifecycle.preemption import read_marker
 
 REPEAT_S = 1.0
 

@@ -11,7 +11,7 @@ import shlex
 from typing import Any
 
 from pipedream.errors import ConfigError
-from pipedream.lifecycle.preemption import PreemptionSpec
+from pipedream.config.preemption import PreemptionSpec
 
 from launcher.slurm import explicit_launcher_keys
 

@@ -16,6 +16,7 @@ from models.plugin_config import plugin_target
 from models.registry import MODEL_FAMILIES, known_family, model_family
 
 if TYPE_CHECKING:
+    from models.plugins import CheckedModel
     from models.tensor_parallel import TensorParallel
 
     from models.spec import LayerModel
@@ -65,15 +66,24 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
 
 
 __all__ = ["CoreAttention", "LayerModel", "MODEL_FAMILIES", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model",
-           "build_model", "check_tensor_parallel_config", "gpt_model", "layer_count", "mlp_model", "model_family",
+           "build_model", "check_tensor_parallel_config", "checked_plugin", "gpt_model", "layer_count", "mlp_model", "model_family",
            "pipeline_layer_count", "resnet50_model", "vgg16_model"]
 
 
-def layer_count(model_cfg: Any) -> int:
-    """Pipeline layers of the configured model; a plugin is built (and checked) to count them."""
+def checked_plugin(model_cfg: Any) -> CheckedModel | None:
+    """The plugin model of ``model._target_``, imported, built and checked on the meta device
+    (``models.plugins.checked_model``), or None for a built-in family. A run reads it once and
+    passes it on (``apply_plan``, ``build_run_spec``): the user's code runs once per check."""
     if plugin_target(model_cfg) is None:
-        return pipeline_layer_count(model_cfg)
+        return None
     from models.plugins import checked_model   # torch and the user's code, only for plugins
 
-    return checked_model(model_cfg).model.num_layers
+    return checked_model(model_cfg)
+
+
+def layer_count(model_cfg: Any, plugin: CheckedModel | None = None) -> int:
+    """Pipeline layers of the configured model; a plugin's from ``plugin`` (read here when not given)."""
+    if plugin_target(model_cfg) is None:
+        return pipeline_layer_count(model_cfg)
+    return (plugin if plugin is not None else checked_plugin(model_cfg)).model.num_layers
 

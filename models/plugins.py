@@ -29,6 +29,7 @@ class CheckedModel:
     forward_flops_per_sample: float   # counted on the meta device (torch.utils.flop_counter)
     # per layer, for CHECK_BATCH samples: (forward FLOPs, operators dispatched)
     layer_counts: tuple[tuple[float, int], ...] = ()
+    attention_cores: int = 0          # models.CoreAttention modules in the layers (selective recomputation)
 
 
 def _first_line(error: BaseException) -> str:
@@ -87,8 +88,9 @@ def checked_model(model_cfg: Any, seed: int = 0) -> CheckedModel:
     label = f"model.{TARGET}={plugin_target(model_cfg)}"
     if not isinstance(model.num_layers, int) or model.num_layers < 1:
         raise ConfigError(f"{label} has num_layers={model.num_layers!r}: a model needs at least one layer")
-    per_layer = meta_layer_counts(model, label)
-    return CheckedModel(model, sum(flops for flops, _ in per_layer) / CHECK_BATCH, tuple(per_layer))
+    layers, per_layer = _run_on_meta(model, label, None, "layers do not chain")
+    return CheckedModel(model, sum(flops for flops, _ in per_layer) / CHECK_BATCH, tuple(per_layer),
+                        _attention_core_count(layers))
 
 
 def meta_forward_flops(model: LayerModel, label: str, batch: tuple[Any, Any] | None = None,
@@ -114,6 +116,12 @@ def meta_layer_counts(model: LayerModel, label: str, batch: tuple[Any, Any] | No
                       problem: str = "layers do not chain") -> list[tuple[float, int]]:
     """As ``meta_forward_flops``, per layer: (forward FLOPs, operators dispatched); the loss's
     count goes to the last layer."""
+    return _run_on_meta(model, label, batch, problem)[1]
+
+
+def _run_on_meta(model: LayerModel, label: str, batch: tuple[Any, Any] | None,
+                 problem: str) -> tuple[Any, list[tuple[float, int]]]:
+    """The layers built on the meta device, and ``meta_layer_counts`` of running them."""
     from torch.utils.flop_counter import FlopCounterMode
 
     try:
@@ -154,7 +162,7 @@ def meta_layer_counts(model: LayerModel, label: str, batch: tuple[Any, Any] | No
                           f"reduce it (e.g. .mean()) in loss_fn")
     flops, ops = per_layer[-1]
     per_layer[-1] = (flops + float(counter.get_total_flops() - counted), ops + operators.count - dispatched)
-    return per_layer
+    return layers, per_layer
 
 
 def _to_meta(value: Any) -> Any:
@@ -184,9 +192,7 @@ def describe(value: Any) -> str:
     return f"a {type(value).__name__}"
 
 
-def attention_core_count(model: LayerModel) -> int:
-    """How many ``models.CoreAttention`` modules the model's layers hold (built on the meta device)."""
+def _attention_core_count(layers: Any) -> int:
+    """How many ``models.CoreAttention`` modules the built layers hold."""
     from models.attention import CoreAttention
-    with torch.device("meta"):
-        layers = model.build()
     return sum(isinstance(m, CoreAttention) for layer in layers.values() for m in layer.modules())

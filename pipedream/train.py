@@ -27,6 +27,7 @@ from pipedream.config.loading import complete_model_config
 from pipedream.config.plan_config import apply_plan, check_plan_world_size
 from pipedream.observe.run_outputs import claim_run_dir
 from pipedream.config.run_spec import build_run_spec
+from models import checked_plugin
 
 
 def first_attempt_rank0() -> bool:
@@ -38,8 +39,9 @@ def run(cfg: Any) -> int:
     try:
         cfg = complete_model_config(cfg)   # as compose_config does: @hydra.main composed this one
         check_plan_world_size(cfg, world_size_from_env())
-        cfg = apply_plan(cfg)
-        spec = build_run_spec(cfg, world_size_from_env())   # the last read of cfg: below, the spec only
+        plugin = checked_plugin(cfg.model)   # a model plugin is imported, built and checked once, here
+        cfg = apply_plan(cfg, plugin)
+        spec = build_run_spec(cfg, world_size_from_env(), plugin)   # the last read of cfg: below, the spec only
         if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
             claim_run_dir(spec, Path(spec.loop.run_dir))
             from pipedream.data.checks import check_data   # what the launcher checks, for runs started by torchrun

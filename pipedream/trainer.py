@@ -27,7 +27,7 @@ from pipedream.runtime.engine import PipelineEngine, StepResult
 from pipedream.runtime.engine_protocol import Engine
 from pipedream.runtime.groups import build_groups
 from pipedream.multi_model.fused import build_fused_model
-from pipedream.multi_model.training import StackedData
+from pipedream.runtime.fused_training import StackedData
 from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_tensorboard, format_step_line,
                                        model_flops_per_iteration, peak_memory_bytes, progress_bar_wanted, warmup_steps)
 from pipedream.observe.peak_flops import PeakFlops, peak_flops
@@ -54,7 +54,7 @@ class RankStats:
     peak_memory_bytes: dict[str, int]
     optimizer_state_bytes: int      # this rank's optimizer state (its shard with optim.distributed)
     bubble_fraction: float | None = None   # measured in traced iterations (filled on rank 0)
-    memory: dict[str, Any] | None = None   # harmony_pp: device budget, peak resident bytes, swap volume
+    memory: dict[str, Any] | None = None   # memory_virtualised: device budget, peak resident bytes, swap volume
     cpu_affinity: list[int] | None = None   # the cores this rank may run on (launcher.bind_cores)
     intra_op_threads: int | None = None
 
@@ -120,8 +120,9 @@ class ShardedData:
 def _throughput(spec: RunSpec, ctx: DistContext) -> tuple[Throughput, PeakFlops | None]:
     """Only rank 0 logs, so only rank 0 looks up (or measures once, then caches) the peak."""
     peak = peak_flops(ctx.device, torch.get_num_threads(), precision=spec.precision.name) if ctx.rank == 0 else None
-    recomputes_all = spec.recompute and spec.recompute_layers is None   # recompute.num_layers: model FLOPs only
-    flops = model_flops_per_iteration(spec.model_config, spec.global_batch, spec.seq_len, recomputes_all)
+    recomputes_all = spec.recompute.full and spec.recompute.num_layers is None   # recompute.num_layers: model FLOPs only
+    flops = model_flops_per_iteration(spec.model_config, spec.global_batch, spec.seq_len, recomputes_all,
+                                      spec.plugin_forward_flops)
     return Throughput(spec.global_batch, spec.seq_len, flops, ctx.world_size, peak.flops if peak else 0.0), peak
 
 
@@ -197,6 +198,7 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
             if step < steps and preemption.requested():
                 preemption.stop(step, checkpoints)
                 return step
+    checkpoints.finished(steps, start_step)
     return None
 
 

@@ -36,7 +36,7 @@ def run(argv: Sequence[str]) -> int:
     from pipedream.config.plan_file import load_plan
     from planner.search.auto import make_plan
     from planner.config import compose, inputs_from_config
-    from planner.report import alternatives_table, plan_table, training_time
+    from planner.report import alternatives_table, harmony_table, plan_table, training_time
 
     cfg = compose(argv, plain_dicts=True)
     p = cfg.planner
@@ -56,8 +56,6 @@ def run(argv: Sequence[str]) -> int:
     outcome = make_plan(inputs, str(p.algorithm), str(p.semantics), bool(p.simulate))
     precision = inputs.spec.precision if inputs.spec is not None else inputs.profile.precision
     if outcome.harmony is not None:
-        from planner.harmony.report import harmony_table
-
         print(harmony_table(outcome, inputs.cluster.device.flops(precision)))
     else:
         print(plan_table(outcome, inputs.cluster.device.flops(precision)))

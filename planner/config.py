@@ -130,7 +130,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
         schedules=_schedules(p.schedules), recompute=tuple(bool(r) for r in p.recompute),
         max_tp=p.get("max_tp") or cfg.cluster.get("max_tp"), replication=bool(p.replication), memory_constraint=bool(p.memory_constraint),
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
-        fewer_devices=bool(p.fewer_devices), pipedream_costs=_costs(p.pipedream_costs),
+        **_pipedream_costs(p),
         device_budget=_budget(p.get("device_budget_bytes")), **_memory_savers(p, spec),
         **_calibrated(cfg, cluster, profile))
 
@@ -209,8 +209,22 @@ def _schedules(values: Any) -> tuple[str, ...]:
     return names
 
 
-def _costs(value: Any) -> str:
-    if value not in ("paper", "released"):
-        raise PlannerError(f"planner.pipedream_costs={value!r} is unknown: choose paper (the dissertation's "
+def _pipedream_costs(p: Any) -> dict[str, Any]:
+    """planner.pipedream_costs, planner.fewer_devices (null: as the cost model's source does, the
+    dissertation leaving idle devices out, the released optimizer using every device unless told
+    --use_fewer_machines) and planner.activation_compression_ratio (released boundaries)."""
+    costs = p.get("pipedream_costs", "paper")
+    if costs not in ("paper", "released"):
+        raise PlannerError(f"planner.pipedream_costs={costs!r} is unknown: choose paper (the dissertation's "
                            f"formulas) or released (PipeDream's released optimizer)")
-    return str(value)
+    fewer = p.get("fewer_devices")
+    if fewer is not None and not isinstance(fewer, bool):
+        raise PlannerError(f"planner.fewer_devices={fewer!r} must be true, false or null (null: true with "
+                           f"planner.pipedream_costs=paper, false with released, as each source does)")
+    ratio = p.get("activation_compression_ratio", 1.0)
+    if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or ratio <= 0):
+        raise PlannerError(f"planner.activation_compression_ratio={ratio!r} must be a positive number (1: "
+                           f"activations sent as they are) or null (boundaries cost nothing, the released "
+                           f"optimizer's default)")
+    return {"pipedream_costs": str(costs), "fewer_devices": costs == "paper" if fewer is None else fewer,
+            "activation_compression": None if ratio is None else float(ratio)}

@@ -314,11 +314,12 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
 
 
 class RunCheckpoints:
-    """The trainer's view: resume at start (``train.resume``), save every ``checkpoint.every`` steps."""
+    """The trainer's view: resume at start (``train.resume``), save every ``checkpoint.every`` steps
+    and, with ``checkpoint.at_end``, once more when the run has done its steps."""
 
     def __init__(self, spec: CheckpointSpec, record: dict[str, Any], engine: Engine, rank: int, run_dir: Path):
         """``record`` (the resolved config, the plan) is stored beside every checkpoint."""
-        self.every, self.keep = spec.every, spec.keep
+        self.every, self.keep, self.at_end = spec.every, spec.keep, spec.at_end
         self.root = spec.root(run_dir)
         self.resume_from = spec.resume
         self.engine, self.rank = engine, rank
@@ -356,6 +357,12 @@ class RunCheckpoints:
 
     def after_step(self, steps_done: int) -> None:
         if self.every > 0 and steps_done % self.every == 0:
+            self.save(steps_done)
+
+    def finished(self, steps_done: int, resumed_at: int) -> None:
+        """Collective, once the run has done its steps: the final checkpoint, unless this run did no
+        step (resumed at its end: that checkpoint is already there)."""
+        if self.at_end and steps_done > resumed_at:
             self.save(steps_done)
 
     def save(self, steps_done: int) -> Path:

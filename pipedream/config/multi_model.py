@@ -2,35 +2,13 @@
 launcher refuses a bad sweep before anything starts)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from pipedream.errors import ConfigError
+from pipedream.multi_model.spec import ModelVariant, MultiModelSpec
 from pipedream.schedules import schedule_info
 
 OVERRIDABLE = ("seed", "lr", "weight_decay")   # what one model of a set may change
-
-
-@dataclass(frozen=True)
-class ModelVariant:
-    """One model of a fused set: it trains as a run with ``train.seed=seed`` (initial weights, data
-    set and data order) and these optimizer settings would train alone."""
-
-    index: int
-    seed: int
-    lr: float
-    weight_decay: float
-
-
-@dataclass(frozen=True)
-class MultiModelSpec:
-    variants: tuple[ModelVariant, ...]
-    fusion_groups: int | None      # None: chosen by a timing at start-up
-    device_budget_bytes: int | None = None   # memory.device_budget_bytes: swap or recompute feature maps
-
-    @property
-    def count(self) -> int:
-        return len(self.variants)
 
 
 def _number(value: Any, key: str) -> float:

@@ -13,8 +13,9 @@ from models import layer_count
 from pipedream.schedules import schedule_info
 
 
-def apply_plan(cfg: Any) -> Any:
-    """Returns ``cfg`` unchanged without a plan, else a copy carrying the plan's choices."""
+def apply_plan(cfg: Any, plugin: Any = None) -> Any:
+    """Returns ``cfg`` unchanged without a plan, else a copy carrying the plan's choices. ``plugin``:
+    the model plugin as ``models.checked_plugin`` read it (read here when not given)."""
     path = cfg.parallel.get("plan")
     if not path:
         return cfg
@@ -27,7 +28,7 @@ def apply_plan(cfg: Any) -> Any:
         raise ConfigError(f"plan {path} prices schedule={plan.schedule} as one stage per rank and does not split each "
                           f"rank's layers into the V's two chunks: train it with schedule={plan.schedule} parallel.pp="
                           f"{plan.parallel.pp} without parallel.plan")
-    expected_layers = layer_count(cfg.model)
+    expected_layers = layer_count(cfg.model, plugin)
     if plan.model.num_layers != expected_layers:
         label = cfg.model.get("name") or cfg.model.get("_target_")
         raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={label} has "

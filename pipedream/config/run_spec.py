@@ -9,26 +9,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from models import check_tensor_parallel_config, pipeline_layer_count
+from models import check_tensor_parallel_config, checked_plugin, pipeline_layer_count
 from models.family import IMAGES, TEACHER_REGRESSION
+from models.plugin_config import plugin_target
 from models.registry import MODEL_FAMILIES, model_family
 
-from pipedream.errors import ConfigError
-from pipedream.config.harmony import HarmonySpec, harmony_spec
-from pipedream.numerics.apex import check_apex
+from pipedream.config.apex_check import check_apex
 from pipedream.config.balance import estimated_seconds
+from pipedream.config.harmony import HarmonySpec, harmony_spec
 from pipedream.config.layout import ParallelLayout, split_layers
-from pipedream.lifecycle.preemption import PreemptionSpec
-from pipedream.config.multi_model import MultiModelSpec, check_multi_model
+from pipedream.config.multi_model import check_multi_model
 from pipedream.config.precision import PrecisionSpec
-from models.plugin_config import plugin_target
+from pipedream.config.preemption import PreemptionSpec
+from pipedream.config.specs import (CheckpointSpec, LoopSpec, OptimSpec, RecomputeSpec, Section, TraceSpec,
+                                    TrainSpec)
+from pipedream.errors import ConfigError
+from pipedream.multi_model.spec import MultiModelSpec
 from pipedream.schedules import (ScheduleError, ScheduleInfo, build_schedule, pipedream_replicated, schedule_info,
                                  unknown_schedule)
-from pipedream.config.specs import CheckpointSpec, LoopSpec, OptimSpec, Section, TraceSpec, TrainSpec
+
+if TYPE_CHECKING:
+    from models.plugins import CheckedModel
 
 OPTIMIZERS = ("adamw", "sgd")
 DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
@@ -45,7 +50,7 @@ class RunSpec:
     global_batch: int
     num_layers: int            # pipeline layers of the model (GPT: blocks + 2)
     bounds: tuple[tuple[int, int], ...]   # [start, end) per virtual stage
-    recompute: bool
+    recompute: RecomputeSpec   # recompute.granularity and recompute.num_layers
     seq_len: int | None        # tokens per sample (None for the MLP)
     vertical_sync: bool        # pipedream only: every stage uses the input stage's version
     scatter_gather: bool       # tp > 1: boundary tensors travel as 1/t slices (ch. 4.4.1)
@@ -61,9 +66,8 @@ class RunSpec:
     multi_model: MultiModelSpec | None   # train.models: a fused model set (None: one model)
     config: dict[str, Any]     # the whole config as plain data, interpolations resolved (the run's record)
     harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
-    selective_recompute: bool = False    # recompute.granularity=selective: only the attention cores (models/attention.py)
     sequence_parallel: bool = False      # parallel.sequence_parallel: 1/t of the sequence between the TP GEMMs
-    recompute_layers: int | None = None  # recompute.num_layers: only the first k layers of each chunk (None: all)
+    plugin_forward_flops: float | None = None   # a plugin model's forward FLOPs per sample (counted when checked)
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -90,13 +94,10 @@ def _get(cfg: Any, dotted: str) -> Any:
     return node
 
 
-def _check_model(cfg: Any) -> tuple[int, Any, tuple | None]:
-    """The model's pipeline layers, a plugin's ``LayerModel`` (None for a built-in model) and the
-    plugin's (forward FLOPs, operators) per layer (None for a built-in: ``_layer_costs`` counts them)."""
-    if plugin_target(cfg.model) is not None:
-        from models.plugins import checked_model
-        checked = checked_model(cfg.model)   # imports, builds and checks the plugin
-        return checked.model.num_layers, checked.model, checked.layer_counts
+def _num_layers(cfg: Any, plugin: CheckedModel | None) -> int:
+    """The model's pipeline layers: a plugin's as checked, a built-in family's once its keys are."""
+    if plugin is not None:
+        return plugin.model.num_layers
     name = _get(cfg, "model.name")
     if name not in MODEL_FAMILIES:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
@@ -105,7 +106,7 @@ def _check_model(cfg: Any) -> tuple[int, Any, tuple | None]:
     for key in family.required_keys:
         _positive(cfg, f"model.{key}")
     family.check_config(cfg.model, _get(cfg, "train.micro_batch_size"))
-    return pipeline_layer_count(cfg.model), None, None
+    return pipeline_layer_count(cfg.model)
 
 
 def _layer_costs(cfg: Any, num_layers: int, num_stages: int, counted: tuple | None) -> list[float] | None:
@@ -143,6 +144,19 @@ def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, boun
                               f"parallel.layers_per_stage that keeps them on one stage")
 
 
+def _granularity(cfg: Any) -> str:
+    granularity = _get(cfg, "recompute.granularity")
+    if granularity not in RECOMPUTE:
+        raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
+    return granularity
+
+
+def _recompute(cfg: Any, granularity: str, plugin: CheckedModel | None, info: ScheduleInfo) -> RecomputeSpec:
+    if granularity == "selective":
+        _check_selective_recompute(cfg, plugin, info)
+    return RecomputeSpec(granularity, _recompute_layers(cfg, granularity, info))
+
+
 def _recompute_layers(cfg: Any, granularity: str, info: ScheduleInfo) -> int | None:
     """recompute.num_layers (Megatron's --recompute-num-layers, block method): an integer >= 0 where
     something is recomputed, on the flush schedules' plain stages."""
@@ -162,11 +176,10 @@ def _recompute_layers(cfg: Any, granularity: str, info: ScheduleInfo) -> int | N
     return layers
 
 
-def _check_selective_recompute(cfg: Any, plugin_model: Any, info: ScheduleInfo) -> None:
+def _check_selective_recompute(cfg: Any, plugin: CheckedModel | None, info: ScheduleInfo) -> None:
     """Selective recomputation needs attention cores to recompute (``models.attention``)."""
-    if plugin_model is not None:
-        from models.plugins import attention_core_count
-        has_cores = attention_core_count(plugin_model) > 0
+    if plugin is not None:
+        has_cores = plugin.attention_cores > 0
         what = f"model._target_={plugin_target(cfg.model)} builds no models.CoreAttention"
     else:
         has_cores = model_family(_get(cfg, "model.name")).attention_core
@@ -182,9 +195,11 @@ def _check_selective_recompute(cfg: Any, plugin_model: Any, info: ScheduleInfo) 
                           "torch.vmap, where it does not apply; use recompute.granularity=none or full")
 
 
-def _check_compile(backend: str, info: ScheduleInfo, tp: int, fused: bool) -> None:
+def _check_compile(backend: str | None, info: ScheduleInfo, tp: int, fused: bool) -> None:
     """train.compile runs each layer through torch.compile; where the runtime reaches into a layer's
     parameters or autograd graph itself, it is refused."""
+    if backend is None:
+        return
     reason = ("its stages run on stashed weight versions" if info.asynchronous else
               "its backward is split into input- and weight-gradient parts" if info.split_backward else
               "it swaps layer packs through host memory" if info.memory_virtualised else None)
@@ -199,7 +214,7 @@ def _check_compile(backend: str, info: ScheduleInfo, tp: int, fused: bool) -> No
                           f"torch.vmap; set train.compile=false")
 
 
-def _check_sequence_parallel(cfg: Any, tp: Any, plugin_model: Any) -> bool:
+def _check_sequence_parallel(cfg: Any, tp: Any, plugin: CheckedModel | None) -> bool:
     """parallel.sequence_parallel: a family whose tensor-parallel form supports it, tp > 1, and a
     sequence that splits into t parts."""
     if not Section(cfg, "parallel").flag("sequence_parallel"):
@@ -207,7 +222,7 @@ def _check_sequence_parallel(cfg: Any, tp: Any, plugin_model: Any) -> bool:
     if not isinstance(tp, int) or tp < 2:
         raise ConfigError(f"parallel.sequence_parallel=true shards the sequence over the tensor-parallel group, "
                           f"but parallel.tp={tp}: set parallel.tp >= 2 or parallel.sequence_parallel=false")
-    family = None if plugin_model is not None else model_family(_get(cfg, "model.name"))
+    family = None if plugin is not None else model_family(_get(cfg, "model.name"))
     if family is None or not family.sequence_parallel:
         name = _get(cfg, "model.name") if family else f"{plugin_target(cfg.model)} (a plugin)"
         supported = ", ".join(f.name for f in MODEL_FAMILIES.values() if f.sequence_parallel)
@@ -220,13 +235,13 @@ def _check_sequence_parallel(cfg: Any, tp: Any, plugin_model: Any) -> bool:
     return True
 
 
-def _check_data(cfg: Any, plugin_model: Any) -> int | None:
+def _check_data(cfg: Any, plugin: CheckedModel | None) -> int | None:
     model_plugin = plugin_target(cfg.model)
     if plugin_target(cfg.data) is not None:
         from pipedream.data.plugins import check_data_fits, plugin_datasets
         train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
-        if plugin_model is not None:
-            check_data_fits(cfg.model, plugin_model, cfg.data, train_set)
+        if plugin is not None:
+            check_data_fits(cfg.model, plugin.model, cfg.data, train_set)
         return None if model_plugin or not model_family(cfg.model.name).sequence else int(cfg.model.seq_len)
     if model_plugin is not None:
         raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
@@ -284,33 +299,27 @@ def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_mod
         raise ConfigError(f"optim.distributed=true needs optim.impl=torch (got {optim.impl}): set optim.impl=torch")
 
 
-def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
-    """Validates ``cfg``; with ``world_size`` also checks it against pp*tp*dp."""
-    num_layers, plugin_model, plugin_layer_counts = _check_model(cfg)
-    seq_len = _check_data(cfg, plugin_model)
-    optim = OptimSpec.from_config(cfg, OPTIMIZERS)
-    schedule = _get(cfg, "schedule.name")
+def _schedule(cfg: Any) -> ScheduleInfo:
+    name = _get(cfg, "schedule.name")
     try:
-        info = schedule_info(schedule)
+        return schedule_info(name)
     except ScheduleError:
-        raise ConfigError(unknown_schedule(schedule)) from None
-    granularity = _get(cfg, "recompute.granularity")
-    if granularity not in RECOMPUTE:
-        raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
-    for key in ("train.steps", "train.global_batch_size", "train.micro_batch_size"):
-        _positive(cfg, key)
-    if granularity == "selective":
-        _check_selective_recompute(cfg, plugin_model, info)
-    recompute_layers = _recompute_layers(cfg, granularity, info)
-    train = TrainSpec.from_config(cfg)
+        raise ConfigError(unknown_schedule(name)) from None
+
+
+def _tensor_parallel(cfg: Any) -> Any:
+    """parallel.tp, checked against the model (refused with per-stage replica counts)."""
     tp = _get(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
         check_tensor_parallel_config(cfg.model, tp)
         if _get(cfg, "parallel.stage_replicas"):
             raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
                               f"with tp=1, or use parallel.dp for equal replicas")
+    return tp
 
-    sequence_parallel = _check_sequence_parallel(cfg, tp, plugin_model)
+
+def _layout(cfg: Any, info: ScheduleInfo) -> ParallelLayout:
+    """The degrees, per-stage replica counts and the placement of virtual stages on ranks."""
     replicas = _get(cfg, "parallel.stage_replicas")
     replicas = tuple(replicas) if replicas else ()
     if replicas and not info.replicated_stages:
@@ -322,60 +331,112 @@ def build_run_spec(cfg: Any, world_size: int | None = None) -> RunSpec:
     placement = info.placement_for(layout.pp)
     if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
         if layout.vpp not in (1, 2):
-            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={schedule} holds exactly 2 chunks per rank "
+            raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={info.name} holds exactly 2 chunks per rank "
                               f"(a V); set parallel.vpp=2 or leave it at 1")
-        layout = ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp,
-                                placement=placement.kind)
-    elif layout.vpp > 1 and not info.interleaves:
-        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev (got schedule={schedule})")
+        return ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp, placement=placement.kind)
+    if layout.vpp > 1 and not info.interleaves:
+        raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev "
+                          f"(got schedule={info.name})")
+    return layout
+
+
+def _vertical_sync(cfg: Any, info: ScheduleInfo) -> bool:
     vertical_sync = Section(cfg, "schedule").flag("vertical_sync")
     if vertical_sync and not info.replicated_stages:
-        raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got schedule={schedule}): "
-                          f"set schedule.vertical_sync=false or use schedule=pipedream")
+        raise ConfigError(f"schedule.vertical_sync=true applies to schedule=pipedream only (got "
+                          f"schedule={info.name}): set schedule.vertical_sync=false or use schedule=pipedream")
+    return vertical_sync
+
+
+def _check_tied_embedding(cfg: Any, info: ScheduleInfo, layout: ParallelLayout) -> None:
     if info.asynchronous and layout.pp > 1 and _get(cfg, "model.tie_embeddings"):
-        raise ConfigError(f"schedule={schedule} cannot tie the embedding (stage 0) to the head "
+        raise ConfigError(f"schedule={info.name} cannot tie the embedding (stage 0) to the head "
                           f"(stage {layout.pp - 1}): stages update at different times, so their copies would diverge; "
                           f"set model.tie_embeddings=false")
+
+
+def _microbatches(cfg: Any, layout: ParallelLayout) -> int:
+    """Micro-batches per pipeline per iteration: the global batch over dp micro-batches."""
     global_batch, micro = cfg.train.global_batch_size, cfg.train.micro_batch_size
     if global_batch % (layout.dp * micro):
         raise ConfigError(f"train.global_batch_size={global_batch} is not divisible by parallel.dp*train.micro_batch_size "
                           f"= {layout.dp}*{micro} = {layout.dp * micro}: use a multiple of {layout.dp * micro}")
-    microbatches = global_batch // (layout.dp * micro)
-    # before any schedule is built: pp = 10**12 must not build 10**12 action lists
-    bounds = split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"),
-                          _layer_costs(cfg, num_layers, layout.num_virtual_stages, plugin_layer_counts))
-    harmony = None
+    return global_batch // (layout.dp * micro)
+
+
+def _bounds(cfg: Any, num_layers: int, layout: ParallelLayout, plugin: CheckedModel | None) -> list:
+    """[start, end) layers per virtual stage: parallel.layers_per_stage, or a split by estimated cost."""
+    counted = plugin.layer_counts if plugin is not None else None
+    return split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"),
+                        _layer_costs(cfg, num_layers, layout.num_virtual_stages, counted))
+
+
+def _harmony(cfg: Any, info: ScheduleInfo, layout: ParallelLayout, num_layers: int,
+             microbatches: int) -> HarmonySpec | None:
+    """Harmony's packs and groups for schedule=harmony_pp (None otherwise), after checking that the
+    schedule can be built for these stages and micro-batches."""
     try:
-        if replicas:
-            pipedream_replicated(replicas, microbatches)
+        if layout.stage_replicas:
+            pipedream_replicated(layout.stage_replicas, microbatches)
         elif info.memory_virtualised:
-            harmony = harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")), info)
+            return harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")), info)
         else:
-            build_schedule(schedule, layout.pp, microbatches, layout.vpp)
+            build_schedule(info.name, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
         raise ConfigError(f"{error} (microbatches = global_batch_size / (dp * micro_batch_size))") from None
-    precision = PrecisionSpec.from_config(cfg, schedule, info.asynchronous)
-    device = str(Section(cfg, "cluster").raw("device"))
-    check_apex(optim.impl, device)
-    multi_model = check_multi_model(cfg, schedule, info.asynchronous, layout.tp, optim.impl)
-    if train.compile is not None:
-        _check_compile(train.compile, info, layout.tp, multi_model is not None)
+    return None
+
+
+def _multi_model(cfg: Any, info: ScheduleInfo, layout: ParallelLayout, optim: OptimSpec,
+                 train: TrainSpec) -> MultiModelSpec | None:
+    """train.models as a fused model set (None: one model), with what it composes with checked and
+    every layer run fused once on the meta device (torch)."""
+    multi_model = check_multi_model(cfg, info.name, info.asynchronous, layout.tp, optim.impl)
+    _check_compile(train.compile, info, layout.tp, multi_model is not None)
     _check_distributed_optimizer(optim, info, multi_model is not None)
     if multi_model is not None:
-        from pipedream.multi_model.fused import build_fused_model   # torch: every layer runs fused once on the meta device
+        from pipedream.multi_model.fused import build_fused_model   # torch, only for a fused set
         build_fused_model(cfg.model, multi_model)
-    if info.asynchronous and plugin_model is not None:
-        _check_ties_in_one_stage(cfg, plugin_model.tied, layout, bounds, schedule)
+    return multi_model
+
+
+def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel | None = None) -> RunSpec:
+    """Validates ``cfg`` into the run's spec, section by section; with ``world_size`` also checks it
+    against pp*tp*dp. ``plugin``: the model plugin as ``models.checked_plugin`` read it (read here
+    when not given)."""
+    if plugin is None:
+        plugin = checked_plugin(cfg.model)
+    num_layers = _num_layers(cfg, plugin)
+    seq_len = _check_data(cfg, plugin)
+    optim = OptimSpec.from_config(cfg, OPTIMIZERS)
+    info = _schedule(cfg)
+    granularity = _granularity(cfg)
+    for key in ("train.steps", "train.global_batch_size", "train.micro_batch_size"):
+        _positive(cfg, key)
+    recompute = _recompute(cfg, granularity, plugin, info)
+    train = TrainSpec.from_config(cfg)
+    sequence_parallel = _check_sequence_parallel(cfg, _tensor_parallel(cfg), plugin)
+    layout = _layout(cfg, info)
+    vertical_sync = _vertical_sync(cfg, info)
+    _check_tied_embedding(cfg, info, layout)
+    microbatches = _microbatches(cfg, layout)
+    bounds = _bounds(cfg, num_layers, layout, plugin)   # before any schedule is built: pp = 10**12 must not
+    harmony = _harmony(cfg, info, layout, num_layers, microbatches)   # build 10**12 action lists
+    precision = PrecisionSpec.from_config(cfg, info.name, info.asynchronous)
+    device = str(Section(cfg, "cluster").raw("device"))
+    check_apex(optim.impl, device)
+    multi_model = _multi_model(cfg, info, layout, optim, train)
+    if info.asynchronous and plugin is not None:
+        _check_ties_in_one_stage(cfg, plugin.model.tied, layout, bounds, info.name)
     if world_size is not None:
         layout.check_world_size(world_size)
-    return RunSpec(layout=layout, schedule=info, micro_batch=micro, microbatches=microbatches,
-                   global_batch=global_batch, num_layers=num_layers, bounds=tuple(bounds),
-                   recompute=granularity == "full", seq_len=seq_len, vertical_sync=vertical_sync,
+    return RunSpec(layout=layout, schedule=info, micro_batch=cfg.train.micro_batch_size, microbatches=microbatches,
+                   global_batch=cfg.train.global_batch_size, num_layers=num_layers, bounds=tuple(bounds),
+                   recompute=recompute, seq_len=seq_len, vertical_sync=vertical_sync,
                    scatter_gather=Section(cfg, "comm").flag("scatter_gather") and not sequence_parallel,
                    device=device, plan=Section(cfg, "parallel").optional_text("plan"), precision=precision,
                    train=train, optim=optim, loop=LoopSpec.from_config(cfg),
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony,
-                   selective_recompute=granularity == "selective", sequence_parallel=sequence_parallel,
-                   recompute_layers=recompute_layers,
-                   preemption=PreemptionSpec.from_config(cfg), multi_model=multi_model,
-                   config=OmegaConf.to_container(cfg, resolve=True))
+                   sequence_parallel=sequence_parallel, preemption=PreemptionSpec.from_config(cfg),
+                   multi_model=multi_model, config=OmegaConf.to_container(cfg, resolve=True),
+                   plugin_forward_flops=plugin.forward_flops_per_sample if plugin is not None else None)

@@ -142,6 +142,24 @@ class LoopSpec:
 
 
 @dataclass(frozen=True)
+class RecomputeSpec:
+    """``recompute:``, what the backward computes again instead of keeping: nothing, whole layers
+    (``full``) or only their attention cores (``selective``, models/attention.py), in every layer
+    of a stage chunk or only its first ``num_layers`` (None: all)."""
+
+    granularity: str = "none"      # none | full | selective
+    num_layers: int | None = None
+
+    @property
+    def full(self) -> bool:
+        return self.granularity == "full"
+
+    @property
+    def selective(self) -> bool:
+        return self.granularity == "selective"
+
+
+@dataclass(frozen=True)
 class OptimSpec:
     """``optim:``; the learning rate and its schedule are in ``TrainSpec``."""
 
@@ -182,6 +200,7 @@ def default_checkpoint_root(run_dir: Path) -> Path:
 @dataclass(frozen=True)
 class CheckpointSpec:
     every: int                     # 0: never
+    at_end: bool                   # one more after the last step (export and resume need one)
     dir: str | None                # None: <run_dir>/checkpoints
     keep: int                      # complete checkpoints kept; 0 keeps all
     resume: str | None             # train.resume: "auto", a checkpoint folder, or None
@@ -193,7 +212,8 @@ class CheckpointSpec:
     @classmethod
     def from_config(cls, cfg: Any) -> CheckpointSpec:
         checkpoint = Section(cfg, "checkpoint")
-        return cls(every=checkpoint.integer("every", 0), dir=checkpoint.optional_text("dir"),
+        return cls(every=checkpoint.integer("every", 0), at_end=checkpoint.flag("at_end"),
+                   dir=checkpoint.optional_text("dir"),
                    keep=checkpoint.integer("keep", 0), resume=Section(cfg, "train").optional_text("resume"))
 
 

@@ -18,7 +18,8 @@ import torch.distributed as dist
 
 from pipedream.checkpoint.store import RunCheckpoints
 from pipedream.runtime.distributed import DistContext
-from pipedream.lifecycle.preemption import PreemptionSpec, clear_marker, write_marker
+from pipedream.config.preemption import PreemptionSpec
+from pipedream.lifecycle.preemption import clear_marker, write_marker
 
 
 class PreemptionWatch:

@@ -17,7 +17,7 @@ from pipedream.multi_model.degree import choose_fusion_groups, stage_inputs
 from pipedream.multi_model.feature_plan import BudgetTooSmall, Event, FeatureMap, FeaturePlan, plan
 from pipedream.multi_model.fused import FusedLayer
 from pipedream.multi_model.memory import FeatureMapMemory
-from pipedream.config.multi_model import MultiModelSpec
+from pipedream.multi_model.spec import MultiModelSpec
 
 UNLIMITED = 1 << 62
 

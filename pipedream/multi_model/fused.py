@@ -33,7 +33,7 @@ from models.contract import layer_type_name, meta_copy
 from models.spec import LayerModel
 
 from pipedream.errors import ConfigError
-from pipedream.config.multi_model import MultiModelSpec
+from pipedream.multi_model.spec import MultiModelSpec
 from pipedream.multi_model.twins import batched_twin, holds_state
 
 MODEL_DIM = 0   # stacked inputs, outputs, parameters: model k at index k of dimension 0
@@ -334,10 +334,6 @@ def fuse_models(members: list[LayerModel], settings: MultiModelSpec, groups: int
     return FusedLayerModel(name=f"{first.name}x{count}", num_layers=first.num_layers, build_layer=build_layer,
                            loss_fn=fused_loss(first.loss_fn, count, losses), make_batch=make_batch, tied=tied,
                            members=tuple(members), losses=losses, settings=settings)
-
-
-def fused_layers(modules: Any) -> list[FusedLayer]:
-    return [m for m in modules if isinstance(m, FusedLayer)]
 
 
 def check_fusable(model: FusedLayerModel, batch_size: int = 2) -> None:

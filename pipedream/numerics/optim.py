@@ -42,7 +42,7 @@ def build_sharded_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: fl
 
 
 def optimizer_for_groups(optim: OptimSpec, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
-    if optim.impl == "apex":   # NVIDIA apex's fused kernels (checked before launch: apex_support.check_apex)
+    if optim.impl == "apex":   # NVIDIA apex's fused kernels (checked before launch: config.apex_check)
         from pipedream.numerics.apex import apex_optimizer
         options = dict(betas=tuple(float(b) for b in optim.betas), eps=float(optim.eps)) if optim.name == "adamw" \
             else dict(momentum=float(optim.momentum))

@@ -44,14 +44,16 @@ def warmup_steps(total_steps: int) -> int:
     return min(5, total_steps // 5)
 
 
-def model_flops_per_iteration(model_cfg: Any, global_batch: int, seq_len: int | None, recompute: bool) -> float:
+def model_flops_per_iteration(model_cfg: Any, global_batch: int, seq_len: int | None, recompute: bool,
+                              plugin_forward_flops: float | None = None) -> float:
     """Model FLOPs of one training iteration over the global batch (the numerator of MFU). The
     planner predicts with the same ``models.facts`` formulas, so MFU compares with its prediction.
-    A plugin model's forward FLOPs are counted on the meta device (backward: twice the forward)."""
+    A plugin model gives its forward FLOPs per sample, as counted on the meta device when it was
+    checked (``RunSpec.plugin_forward_flops``; backward: twice the forward)."""
     if model_cfg.get("_target_") is not None:
-        from models.plugins import checked_model
-        passes = 4 if recompute else 3
-        return passes * checked_model(model_cfg).forward_flops_per_sample * global_batch
+        if plugin_forward_flops is None:
+            raise ValueError("a plugin model's FLOPs come from its check: pass plugin_forward_flops")
+        return (4 if recompute else 3) * plugin_forward_flops * global_batch
     return flops_per_iteration(model_cfg, global_batch, recompute, seq_len)
 
 

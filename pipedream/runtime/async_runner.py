@@ -1,4 +1,4 @@
-"""Keeps an asynchronous schedule's pipeline full across steps (pipedream, 2bw).
+"""Keeps an asynchronous schedule's pipeline full across steps (``ScheduleInfo.asynchronous``).
 
 One call runs this rank's window for the step (see ``async_segment``); micro-batch ids continue
 across calls. The runner holds the step's micro-batches until their forward on this rank, the
@@ -34,7 +34,8 @@ class AsyncRunner:
 
     @staticmethod
     def updates_per_step(spec: RunSpec, topology: ReplicatedPipeline, schedule_rank: int) -> int:
-        """pipedream updates after every micro-batch this rank runs; 2bw once per step."""
+        """With ``ScheduleInfo.updates_per_microbatch``, one update per micro-batch this rank runs;
+        otherwise one per step."""
         if not spec.schedule.updates_per_microbatch:
             return 1
         return len(topology.microbatches_of(schedule_rank, spec.microbatches))
@@ -44,7 +45,7 @@ class AsyncRunner:
         spec = parts.spec
         self.schedule, self.topology, self.rank = spec.schedule.name, parts.topology, parts.schedule_rank
         self.microbatches, self.total_steps, self.vertical_sync = spec.microbatches, parts.train.steps, spec.vertical_sync
-        # pipedream: every micro-batch is a mini-batch; 2bw: the batch's m micro-batches are averaged
+        # updates_per_microbatch: every micro-batch is a mini-batch; otherwise the m micro-batches are averaged
         self.loss_scale = 1.0 if spec.schedule.updates_per_microbatch else 1.0 / spec.microbatches
         self.build = build
         self.executor = parts.make_executor(self._update, sends_before_sync=False)

@@ -24,7 +24,7 @@ from pipedream.runtime.groups import ProcessGroups, layer_owner
 from pipedream.numerics.loss_scaler import LossScaler
 from pipedream.multi_model.budget import prepare_fused_stage
 from pipedream.multi_model.fused import FusedLayer, FusedLayerModel
-from pipedream.multi_model.training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
+from pipedream.runtime.fused_training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from pipedream.numerics.precision import MixedPrecision
 from pipedream.numerics.grad_buckets import BucketedReduction
 from pipedream.numerics.optim import GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer
@@ -52,87 +52,122 @@ class PipelineEngine:
                  groups: ProcessGroups, optim: OptimSpec, train: TrainSpec, timeout: timedelta, recorder=None,
                  tp: TensorParallel | None = None, shape_model: LayerModel | None = None):
         """``model`` is this rank's tensor-parallel slice when ``tp`` is given; ``shape_model`` (the
-        dense description) then serves shape inference, since boundary tensors are dense."""
+        dense description) then serves shape inference, since boundary tensors are dense. The
+        builders run in this order: each reads what the ones before it set."""
         self.spec, self.model, self.rank, self.device = spec, model, rank, device
         self.tp = tp
         multi = model if isinstance(model, FusedLayerModel) else None   # a fused model set (multi_model/)
         layout = spec.layout
         self.coords = layout.coords(rank)
         self.virtual_stages = [layout.virtual_stage(self.coords.pp, c) for c in range(layout.vpp)]
-        my_layers = [i for vs in self.virtual_stages for i in range(*spec.bounds[vs])]
-        built = model.build(my_layers)
-        for module in built.values():
-            module.to(device)
         precision = MixedPrecision(spec.precision.name, device.type)
-        precision.apply(list(built.values()))
-        if optim.impl == "apex":
-            for module in built.values():
-                use_apex_layer_norm(module)
-        chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
-        if spec.selective_recompute:   # recompute.num_layers = k: the cores of each chunk's first k layers
-            selectively_recompute(chunks if spec.recompute_layers is None
-                                  else [layer for chunk in chunks for layer in islice(chunk, spec.recompute_layers)])
-        if train.compile is not None:   # layer by layer: the schedule still runs each stage's actions
-            for module in built.values():
-                module.compile(backend=train.compile)
-        last = layout.num_virtual_stages - 1
-        self.stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
-                           precision.fp32_loss(model.loss_fn), recompute=spec.recompute,
-                           autocast=precision.autocast if precision.enabled else nullcontext,
-                           recompute_layers=spec.recompute_layers)
-        # fused layers run their Linears under vmap; compiled ones leave the weight gradients to the compiler
-        if train.fuse_grad_accumulation and multi is None and train.compile is None:
-            for chunk in chunks:
-                fuse_grad_accumulation(chunk, self.stage.weight_grads)
-        self.stage.split_graphs = train.split_weight_graphs
+        built = self._build_layers(precision, optim, train)
+        self.stage = self._build_stage(built, precision, train, fused=multi is not None)
         self.params = self.stage.parameters()
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
         runner = runner_class(spec.schedule)
         replicas = layout.stage_replica_count(self.coords.pp)
-        if multi:
-            self.optimizer = build_multi_optimizer(optim, self.params, multi.settings)
-        elif optim.distributed:   # sharded bucket by bucket where the buckets overlap the backward
-            overlap_bytes = self._overlap_bucket_bytes(train, replicas)
-            self.optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                                     self.coords.dp, overlap_bytes)
-            # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
-            # (forward pre-hooks; compiled layers would trace the wait, so they get the blocking gather)
-            if overlap_bytes is not None and train.compile is None:
-                self.optimizer.gather_before(layer for chunk in chunks for layer in chunk)
-        else:
-            self.optimizer = build_optimizer(optim, self.params, float(train.lr))
-        sharded = self.optimizer if isinstance(self.optimizer, ShardedOptimizer) else None
+        self.optimizer = self._build_optimizer(optim, train, groups, replicas, multi)
         self.scheduler = build_scheduler(self.optimizer, train, runner.updates_per_step(spec, self.topology,
                                                                                          schedule_rank))
-        norm_group = groups.pp if layout.pp > 1 and runner.global_grad_norm else None
-        sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
-        tied = self._tied_copies(built, groups)
-        self.gradients = sync(self.params, groups.dp, replicas, tied, norm_group,
-                              tp_group=groups.tp if layout.tp > 1 else None, sharded=sharded,
-                              reduction=self._reduction(groups, replicas, train, recorder, multi is None, sharded, tied))
+        self.gradients = self._build_gradient_sync(built, groups, replicas, train, recorder, runner.global_grad_norm,
+                                                   multi)
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
                                                       layout.chunk_placement)[self.coords.pp])
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
         self.boundaries = BoundaryShapes(shape_model or model, list(spec.bounds), input_dtype)
-        self.comm = None
-        parts = RankParts(spec, train, self.stage, self.params, None, self.optimizer, self.scheduler, self.gradients,
-                          self.topology, schedule_rank, self.coords.pp, device, recorder=recorder,
-                          scaler=LossScaler(spec.precision.loss_scale, device) if spec.precision.loss_scale else None)
-        if layout.pp > 1:
-            shape_of = parts.shapes.of
-            self.comm = PipeComm(layout, rank, device, timeout, groups.p2p,
-                                 input_spec=lambda mb, c: precision.on_wire(
-                                     self.boundaries.stage_input(shape_of(mb), self.virtual_stages[c])),
-                                 output_spec=lambda mb, c: precision.on_wire(
-                                     self.boundaries.stage_output(shape_of(mb), self.virtual_stages[c])),
-                                 tp=tp, scatter_gather=spec.scatter_gather)
-            self.comm.connect()
-            parts.comm = self.comm
-        self.parts = parts
+        self.parts = self._build_parts(train, schedule_rank, recorder)
+        self.comm = self._connect(precision, groups, timeout) if layout.pp > 1 else None
+        self.parts.comm = self.comm
         self._chunks_training = False
-        self.runner: Runner = MultiModelRunner(parts, multi) if multi else runner(parts)
+        self.runner: Runner = MultiModelRunner(self.parts, multi) if multi else runner(self.parts)
         self.fused_stage = prepare_fused_stage(self, multi.settings) if multi else None
+
+    def _build_layers(self, precision: MixedPrecision, optim: OptimSpec, train: TrainSpec) -> dict[int, nn.Module]:
+        """This rank's layers (global index -> module) on its device, in the run's precision."""
+        my_layers = [i for vs in self.virtual_stages for i in range(*self.spec.bounds[vs])]
+        built = self.model.build(my_layers)
+        for module in built.values():
+            module.to(self.device)
+        precision.apply(list(built.values()))
+        if optim.impl == "apex":
+            for module in built.values():
+                use_apex_layer_norm(module)
+        return built
+
+    def _build_stage(self, built: dict[int, nn.Module], precision: MixedPrecision, train: TrainSpec,
+                     fused: bool) -> Stage:
+        """One chunk per virtual stage of this rank, and the Stage that runs them."""
+        spec, layout = self.spec, self.spec.layout
+        chunks = [PipelineSequential(*(built[i] for i in range(*spec.bounds[vs]))) for vs in self.virtual_stages]
+        if spec.recompute.selective:   # recompute.num_layers = k: the cores of each chunk's first k layers
+            selectively_recompute(chunks if spec.recompute.num_layers is None
+                                  else [layer for chunk in chunks for layer in islice(chunk, spec.recompute.num_layers)])
+        if train.compile is not None:   # layer by layer: the schedule still runs each stage's actions
+            for module in built.values():
+                module.compile(backend=train.compile)
+        last = layout.num_virtual_stages - 1
+        stage = Stage(chunks, [vs == 0 for vs in self.virtual_stages], [vs == last for vs in self.virtual_stages],
+                      precision.fp32_loss(self.model.loss_fn), recompute=spec.recompute.full,
+                      autocast=precision.autocast if precision.enabled else nullcontext,
+                      recompute_layers=spec.recompute.num_layers)
+        # fused layers run their Linears under vmap; compiled ones leave the weight gradients to the compiler
+        if train.fuse_grad_accumulation and not fused and train.compile is None:
+            for chunk in chunks:
+                fuse_grad_accumulation(chunk, stage.weight_grads)
+        stage.split_graphs = train.split_weight_graphs
+        return stage
+
+    def _build_optimizer(self, optim: OptimSpec, train: TrainSpec, groups: ProcessGroups, replicas: int,
+                         multi: FusedLayerModel | None) -> torch.optim.Optimizer:
+        """One optimizer per fused model, the distributed (sharded) one, or a plain one."""
+        if multi:
+            return build_multi_optimizer(optim, self.params, multi.settings)
+        if not optim.distributed:
+            return build_optimizer(optim, self.params, float(train.lr))
+        # sharded bucket by bucket where the buckets overlap the backward
+        overlap_bytes = self._overlap_bucket_bytes(train, replicas)
+        optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
+                                            self.coords.dp, overlap_bytes)
+        # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
+        # (forward pre-hooks; compiled layers would trace the wait, so they get the blocking gather)
+        if overlap_bytes is not None and train.compile is None:
+            optimizer.gather_before(layer for chunk in self.stage.chunks for layer in chunk)
+        return optimizer
+
+    def _build_gradient_sync(self, built: dict[int, nn.Module], groups: ProcessGroups, replicas: int,
+                             train: TrainSpec, recorder: Any, global_grad_norm: bool,
+                             multi: FusedLayerModel | None) -> GradientSync:
+        """The gradient sync across data-parallel replicas and tied copies, with its clipping norm."""
+        layout = self.spec.layout
+        sharded = self.optimizer if isinstance(self.optimizer, ShardedOptimizer) else None
+        norm_group = groups.pp if layout.pp > 1 and global_grad_norm else None
+        sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
+        tied = self._tied_copies(built, groups)
+        return sync(self.params, groups.dp, replicas, tied, norm_group,
+                    tp_group=groups.tp if layout.tp > 1 else None, sharded=sharded,
+                    reduction=self._reduction(groups, replicas, train, recorder, multi is None, sharded, tied))
+
+    def _build_parts(self, train: TrainSpec, schedule_rank: int, recorder: Any) -> RankParts:
+        """What the runner shares with the engine (its ``comm`` set once connected)."""
+        spec = self.spec
+        return RankParts(spec, train, self.stage, self.params, None, self.optimizer, self.scheduler, self.gradients,
+                         self.topology, schedule_rank, self.coords.pp, self.device, recorder=recorder,
+                         scaler=LossScaler(spec.precision.loss_scale, self.device) if spec.precision.loss_scale
+                         else None)
+
+    def _connect(self, precision: MixedPrecision, groups: ProcessGroups, timeout: timedelta) -> PipeComm:
+        """The point-to-point links to the neighbouring stages (pp > 1), connected."""
+        shape_of = self.parts.shapes.of
+        comm = PipeComm(self.spec.layout, self.rank, self.device, timeout, groups.p2p,
+                        input_spec=lambda mb, c: precision.on_wire(
+                            self.boundaries.stage_input(shape_of(mb), self.virtual_stages[c])),
+                        output_spec=lambda mb, c: precision.on_wire(
+                            self.boundaries.stage_output(shape_of(mb), self.virtual_stages[c])),
+                        tp=self.tp, scatter_gather=self.spec.scatter_gather)
+        comm.connect()
+        return comm
 
     @property
     def executor(self) -> Executor:

@@ -1,9 +1,9 @@
 """The one interface the trainer and the checkpoints drive a rank through.
 
-``PipelineEngine`` (fixed stages, every schedule but harmony_pp) and ``HarmonyEngine`` (harmony_pp)
-both implement it, so the training loop never asks which engine it holds. A member only one engine
-needs has the natural answer in the other (no fused set: no per-model losses; no host tier: no
-memory report).
+``PipelineEngine`` (fixed stages) and ``HarmonyEngine`` (layer packs swapped through the devices:
+``ScheduleInfo.memory_virtualised``) both implement it, so the training loop never asks which
+engine it holds. A member only one engine needs has the natural answer in the other (no fused
+set: no per-model losses; no host tier: no memory report).
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ class Engine(Protocol):
 
     @property
     def weight_versions(self) -> int:
-        """Peak weight versions this rank has held (1 for the flush schedules and harmony_pp)."""
+        """Peak weight versions this rank has held (1 unless ``ScheduleInfo.asynchronous``)."""
 
     @property
     def loss_scaler(self) -> LossScaler | None:
@@ -63,7 +63,8 @@ class Engine(Protocol):
         """Bytes this rank has sent and received between stages so far."""
 
     def memory_report(self) -> dict[str, Any] | None:
-        """summary.json's per-rank memory record (harmony_pp's device budget and swaps), or None."""
+        """summary.json's per-rank memory record (a memory-virtualised run's device budget and swaps),
+        or None."""
 
     def fusion_report(self) -> dict[str, Any] | None:
         """A fused model set: this rank's fusion timings and feature-map memory, or None."""

@@ -1,10 +1,12 @@
 """Walks one rank's action list in issue order (``schedules.issue_order``: receives posted one
 compute ahead, so a transfer overlaps the compute before it): compute on the Stage, transfers
-through PipeComm, gradient sync and the optimizer step through callbacks. A run given a
-WeightStore (asynchronous schedules) runs every forward and backward on the weight version the
-store assigns to it; without one, on the parameters.
+through PipeComm, gradient sync and the optimizer step through callbacks. Each action kind has
+its handler (``Executor._handlers``). A run given a WeightStore (``ScheduleInfo.asynchronous``)
+runs every forward and backward on the weight version the store assigns to it; without one, on
+the parameters.
 
-A list with WEIGHT actions (the zero-bubble schedules) splits every backward: BWD computes the
+When a backward's weight-gradient GEMMs run is one ``WeightGradTiming``, chosen per run. A list
+with WEIGHT actions (``ScheduleInfo.split_backward``) splits every backward: BWD computes the
 input gradient only and leaves the Linear weight-gradient GEMMs of that (micro-batch, chunk) in
 the stage's ``WeightGradQueue``; its WEIGHT runs them. Such a list holds nothing back by itself
 (``weight_grads_delay`` does not apply)."""
@@ -21,6 +23,7 @@ from pipedream.schedules import Action, Kind
 from pipedream.schedules.issue_order import issue_order
 from pipedream.schedules.weight_hold import held_until_activation_send
 from pipedream.runtime.stage import Stage
+from pipedream.runtime.weight_grad_timing import WeightGradTiming
 from pipedream.runtime.weights import WeightStore
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -52,6 +55,21 @@ class IterationResult:
 
 
 @dataclass
+class _Run:
+    """What the handlers of one ``Executor.run`` share."""
+
+    batches: dict[int, Batch]
+    loss_scale: float
+    train: bool
+    weights: WeightStore | None
+    weight_grads: WeightGradTiming
+    result: IterationResult = field(default_factory=IterationResult)
+
+
+Handler = Callable[[Action, tuple[Action, ...], _Run], None]
+
+
+@dataclass
 class Executor:
     stage: Stage
     comm: PipeComm | None                    # None when pp = 1
@@ -64,7 +82,7 @@ class Executor:
     # the weight-gradient GEMMs, so the previous stage starts its backward sooner. Runs without a
     # weight store only (weight versions take their gradients at the backward's end). The first
     # stage, which sends no gradient, holds them until its next activation send where a forward
-    # comes before its next backward (``schedules.weight_hold``).
+    # comes before its next backward (``schedules.weight_hold``). See ``WeightGradTiming``.
     weight_grads_after_send: bool
     # How many later backwards' sends a backward's weight-gradient GEMMs wait for (0: right after
     # its own send). With 1, the GEMMs of B(k) run after B(k+1)'s send: the forward that follows a
@@ -83,6 +101,12 @@ class Executor:
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
         self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
         self._orders: dict[int, _Order] = {}   # id(actions) -> its prepared order
+        self._handlers: dict[Kind, Handler] = {
+            Kind.RECV_ACT: self._post_recv_activation, Kind.RECV_GRAD: self._post_recv_gradient,
+            Kind.FWD: self._forward, Kind.BWD: self._backward, Kind.WEIGHT: self._weight,
+            Kind.SEND_ACT: self._send_activation, Kind.SEND_GRAD: self._send_gradient,
+            Kind.SYNC_GRADS: self._sync_grads, Kind.STEP: self._step,
+        }
 
     def run(self, actions: list[Action], batches: dict[int, Batch], loss_scale: float,
             train: bool = True, weights: WeightStore | None = None) -> IterationResult:
@@ -90,59 +114,16 @@ class Executor:
         and only the last reads targets. ``loss_scale`` is 1/m (losses are averaged over the batch).
         With ``train=False`` forwards run without a graph (evaluation); ``weights`` gives every
         forward and backward its weight version."""
-        result = IterationResult()
         prepared = self._issue_order(actions)
-        split, recorder = prepared.split, self.recorder
-        holding = weights is None   # weight versions take their gradients at the backward's end
+        timing = WeightGradTiming.choose(prepared.split, self.weight_grads_after_send, weights is not None)
+        run = _Run(batches, loss_scale, train, weights, timing)
+        handlers = self._handlers
         for action, held in zip(prepared.order, prepared.held):
-            kind = action.kind
-            if kind is Kind.RECV_ACT:
-                self.comm.post_recv_activation(action.microbatch, action.chunk)
-                continue
-            if kind is Kind.RECV_GRAD:
-                self.comm.post_recv_gradient(action.microbatch, action.chunk)
-                continue
-            start = self.clock() if recorder is not None else 0.0   # the clock only for the trace
-            wait = 0.0
-            if kind is Kind.FWD:
-                wait = self._forward(action, batches, loss_scale, result, train, weights)
-            elif kind is Kind.BWD:
-                wait = self._backward(action, weights, split, bool(held) and holding)
-            elif kind is Kind.WEIGHT:
-                self.stage.weight_grad(action.microbatch, action.chunk)
-                if recorder is not None:
-                    recorder.record_weight_grads(action.microbatch, action.chunk, start, self.clock())
-                continue
-            elif kind is Kind.SEND_ACT:
-                self.comm.send_activation(action.microbatch, action.chunk,
-                                          self._outputs.pop((action.microbatch, action.chunk)))
-                if held and holding:   # a first stage's held GEMMs, after the send
-                    if recorder is not None:
-                        recorder.record(action, start, self.clock(), wait)
-                    self._run_held_weight_grads(held)
-                    continue
-            elif kind is Kind.SEND_GRAD:
-                grad = self._last_input_grads.pop((action.microbatch, action.chunk))
-                self.comm.send_gradient(action.microbatch, action.chunk, grad)
-                if recorder is not None:
-                    recorder.record(action, start, self.clock(), wait)
-                if not split:
-                    self._run_weight_grads(keep=self.weight_grads_delay)
-                continue
-            elif kind is Kind.SYNC_GRADS:
-                self._run_weight_grads(keep=0)
-                start = self.clock() if recorder is not None else 0.0
-                if self.comm is not None and self.sends_before_sync:
-                    self.comm.wait_sends()
-                self.sync_grads()
-            elif kind is Kind.STEP:
-                self.step()
-            if recorder is not None:
-                recorder.record(action, start, self.clock(), wait)
+            handlers[action.kind](action, held, run)
         self._run_weight_grads(keep=0)
         if self.comm is not None:
             self.comm.wait_sends()
-        return result
+        return run.result
 
     def _issue_order(self, actions: list[Action]) -> _Order:
         """``actions`` prepared (``_Order``), kept for the list a runner passes every step
@@ -162,70 +143,122 @@ class Executor:
                 del self._orders[next(iter(self._orders))]
         return cached
 
-    def _run_weight_grads(self, keep: int) -> None:
-        """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""
-        queue = self.stage.weight_grads
-        while len(queue) > keep:
-            start = self.clock() if self.recorder is not None else 0.0
-            microbatch, chunk = queue.run_oldest()
-            if self.recorder is not None:
-                self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
+    def _now(self) -> float:
+        return self.clock() if self.recorder is not None else 0.0   # the clock only for the trace
 
-    def _run_held_weight_grads(self, backwards: tuple[Action, ...]) -> None:
-        """Runs the groups of these backwards only: other chunks' groups keep their own turn (each
-        weight belongs to one chunk, so its gradient is summed in the same order either way)."""
-        for backward in backwards:
-            start = self.clock() if self.recorder is not None else 0.0
-            self.stage.weight_grads.run((backward.microbatch, backward.chunk))
-            if self.recorder is not None:
-                self.recorder.record_weight_grads(backward.microbatch, backward.chunk, start, self.clock())
+    def _record(self, action: Action, start: float, wait: float = 0.0) -> None:
+        if self.recorder is not None:
+            self.recorder.record(action, start, self.clock(), wait)
 
-    def _forward(self, action: Action, batches: dict[int, Batch], loss_scale: float, result: IterationResult,
-                 train: bool, weights: WeightStore | None) -> float:
+    def _record_weight_grads(self, microbatch: int, chunk: int, start: float) -> None:
+        if self.recorder is not None:
+            self.recorder.record_weight_grads(microbatch, chunk, start, self.clock())
+
+    # The handlers, one per action kind: (action, the backwards it holds or releases, the run).
+
+    def _post_recv_activation(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        self.comm.post_recv_activation(action.microbatch, action.chunk)
+
+    def _post_recv_gradient(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        self.comm.post_recv_gradient(action.microbatch, action.chunk)
+
+    def _forward(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        start = self._now()
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         if self.stage.is_first[chunk]:
-            inputs = batches[mb][0]
+            inputs = run.batches[mb][0]
         elif chunk in self.handover:
             inputs = self._outputs.pop((mb, self.handover[chunk]))
         else:
-            before = self.clock() if self.recorder is not None else 0.0
+            before = self._now()
             inputs = self.comm.wait_activation(mb, chunk)
             if self.recorder is not None:
                 wait = self.clock() - before
-        target = batches[mb][1] if self.stage.is_last[chunk] else None
-        if train:
-            version = weights.weights_for(action) if weights is not None else None
-            out = self.stage.forward(mb, chunk, inputs, target, loss_scale, version)
-            if weights is not None:
-                weights.after_forward(action)
+        target = run.batches[mb][1] if self.stage.is_last[chunk] else None
+        if run.train:
+            version = run.weights.weights_for(action) if run.weights is not None else None
+            out = self.stage.forward(mb, chunk, inputs, target, run.loss_scale, version)
+            if run.weights is not None:
+                run.weights.after_forward(action)
         else:
             out = self.stage.forward_only(chunk, inputs, target)
         if self.stage.is_last[chunk]:
-            loss = result.losses[mb] = float(out)
-            result.loss_sum += loss
-            result.loss_count += 1
+            loss = run.result.losses[mb] = float(out)
+            run.result.loss_sum += loss
+            run.result.loss_count += 1
         else:
             self._outputs[(mb, chunk)] = out
-        return wait
+        self._record(action, start, wait)
 
-    def _backward(self, action: Action, weights: WeightStore | None, split: bool, held: bool) -> float:
+    def _backward(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        start = self._now()
         mb, chunk = action.microbatch, action.chunk
         wait = 0.0
         grad_output = None
         if chunk in self._handed_to:
             grad_output = self._last_input_grads.pop((mb, self._handed_to[chunk]))
         elif not self.stage.is_last[chunk]:
-            before = self.clock() if self.recorder is not None else 0.0
+            before = self._now()
             grad_output = self.comm.wait_gradient(mb, chunk)
             if self.recorder is not None:
                 wait = self.clock() - before
-        defer = held or (self.weight_grads_after_send and weights is None and not self.stage.is_first[chunk])
-        grad_input = self.stage.backward(mb, chunk, grad_output, defer_weight_grads=defer and not split,
-                                         split=split and weights is None)
-        if weights is not None:
-            weights.after_backward(action)
+        timing = run.weight_grads
+        grad_input = self.stage.backward(mb, chunk, grad_output,
+                                         defer_weight_grads=timing.defers(self.stage.is_first[chunk], bool(held)),
+                                         split=timing.splits_backward)
+        if run.weights is not None:
+            run.weights.after_backward(action)
         if grad_input is not None:
             self._last_input_grads[(mb, chunk)] = grad_input
-        return wait
+        self._record(action, start, wait)
 
+    def _weight(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        start = self._now()
+        self.stage.weight_grad(action.microbatch, action.chunk)
+        self._record_weight_grads(action.microbatch, action.chunk, start)
+
+    def _send_activation(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        start = self._now()
+        self.comm.send_activation(action.microbatch, action.chunk,
+                                  self._outputs.pop((action.microbatch, action.chunk)))
+        self._record(action, start)
+        if held and run.weight_grads.runs_after_sends:   # a first stage's held GEMMs, after the send
+            self._run_held_weight_grads(held)
+
+    def _send_gradient(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        start = self._now()
+        grad = self._last_input_grads.pop((action.microbatch, action.chunk))
+        self.comm.send_gradient(action.microbatch, action.chunk, grad)
+        self._record(action, start)
+        if run.weight_grads.runs_after_sends:
+            self._run_weight_grads(keep=self.weight_grads_delay)
+
+    def _sync_grads(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        self._run_weight_grads(keep=0)
+        start = self._now()
+        if self.comm is not None and self.sends_before_sync:
+            self.comm.wait_sends()
+        self.sync_grads()
+        self._record(action, start)
+
+    def _step(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
+        start = self._now()
+        self.step()
+        self._record(action, start)
+
+    def _run_weight_grads(self, keep: int) -> None:
+        """Runs held weight-gradient groups, oldest first, until ``keep`` remain."""
+        queue = self.stage.weight_grads
+        while len(queue) > keep:
+            start = self._now()
+            microbatch, chunk = queue.run_oldest()
+            self._record_weight_grads(microbatch, chunk, start)
+
+    def _run_held_weight_grads(self, backwards: tuple[Action, ...]) -> None:
+        """Runs the groups of these backwards only: other chunks' groups keep their own turn (each
+        weight belongs to one chunk, so its gradient is summed in the same order either way)."""
+        for backward in backwards:
+            start = self._now()
+            self.stage.weight_grads.run((backward.microbatch, backward.chunk))
+            self._record_weight_grads(backward.microbatch, backward.chunk, start)

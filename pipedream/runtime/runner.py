@@ -2,8 +2,9 @@
 resumes at a step, owns the optimizer update its executor calls (``executor.step``) and reports
 the weight versions it held.
 
-``FlushRunner`` (1f1b, gpipe, interleaved) is here; ``AsyncRunner`` (pipedream, 2bw) is in
-``async_runner.py``. The engine picks one from the schedule, once (``engine.runner_class``).
+``FlushRunner`` (a schedule whose ``ScheduleInfo.asynchronous`` is false: every step ends in a
+flush) is here; ``AsyncRunner`` (``ScheduleInfo.asynchronous``) is in ``async_runner.py``. The
+engine picks one from that flag, once (``engine.runner_class``).
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""The layers one rank owns (one chunk, or v chunks when interleaved), and what each in-flight
+"""The layers one rank owns (one chunk per virtual stage it holds), and what each in-flight
 micro-batch keeps between its forward and its backward."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -15,6 +15,7 @@ from torch.utils.checkpoint import checkpoint
 from models import boundary
 from models.boundary import Boundary, call_layer
 from models.grad_accumulation import WeightGradQueue
+from models.spec import PipelineSequential
 from pipedream.errors import InvariantError
 from pipedream.runtime.weight_split import WeightHalf, input_half, parameter_nodes
 
@@ -69,6 +70,13 @@ def _same(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def _counting(counter: _SavedBytesCounter | None) -> AbstractContextManager:
+    """Counts the tensors autograd saves while the context is open, unless ``counter`` is None."""
+    if counter is None:
+        return nullcontext()
+    return torch.autograd.graph.saved_tensors_hooks(counter.pack, _same)
+
+
 class Stage:
     """Runs forward and backward of this rank's chunks, one micro-batch at a time.
 
@@ -81,10 +89,10 @@ class Stage:
     parameters; autograd then accumulates gradients on that version (see ``weights.py``).
     ``weight_grads`` holds the weight-gradient GEMMs of the chunks' Linear layers (when they are
     ``AccumulatingLinear``) that a deferred backward leaves for later (``grad_accumulation.py``).
-    A split backward (a zero-bubble schedule's B) of a chunk with other weight matrices (a stock
-    module's attention or convolution, any Linear when the fused one is off) leaves their gradients
-    to its W too (``weight_split.py``); on a first chunk, which sends no input gradient, its B does
-    nothing and its W runs the whole backward.
+    A split backward (the B of a list with WEIGHT actions, ``ScheduleInfo.split_backward``) of a
+    chunk with other weight matrices (a stock module's attention or convolution, any Linear when the
+    fused one is off) leaves their gradients to its W too (``weight_split.py``); on a first chunk,
+    which sends no input gradient, its B does nothing and its W runs the whole backward.
     """
 
     def __init__(self, chunks: list[nn.Module], is_first: list[bool], is_last: list[bool],
@@ -130,29 +138,30 @@ class Stage:
         key = (chunk, boundary.shape_key(inputs), boundary.dtypes(inputs), weights is None)
         nbytes = self._saved_bytes.get(key)
         counter = None if nbytes is not None else self._counter(weights)
-        if counter is None:
-            loss, outputs = self._forward_graph(chunk, inputs, target, loss_scale, weights)
-        else:
-            with torch.autograd.graph.saved_tensors_hooks(counter.pack, _same):
-                loss, outputs = self._forward_graph(chunk, inputs, target, loss_scale, weights)
-            for held in (*boundary.tensors(inputs), *boundary.tensors(outputs)):
+        with _counting(counter):
+            if self.recompute:
+                outputs = self._recomputed(chunk, inputs, weights)
+            elif weights is not None:
+                outputs = self._run_chunk(chunk, inputs, weights)
+            else:   # the layers are called here, not through the chunk's forward (docs/design.md, the call path)
+                outputs = inputs
+                with self.autocast():
+                    for layer in self._layers(chunk):   # a tuple is unpacked into the next layer's arguments
+                        outputs = layer(*outputs) if isinstance(outputs, tuple) else layer(outputs)
+            loss = self.loss_fn(outputs, target) if self.is_last[chunk] else None
+            root = outputs if loss is None else loss * loss_scale   # where the backward starts
+        if counter is not None:
+            for held in (*boundary.tensors(inputs), *boundary.tensors(root)):
                 counter.pack(held)   # the stash holds the inputs and outputs too (each storage counted once)
             nbytes = self._saved_bytes[key] = counter.total
-        self.stash[(microbatch, chunk)] = _Stashed(inputs, outputs, nbytes)
+        self.stash[(microbatch, chunk)] = _Stashed(inputs, root, nbytes)
         self.stats.add(chunk, nbytes)
-        return loss.detach() if self.is_last[chunk] else boundary.detach(outputs)
+        return loss.detach() if loss is not None else boundary.detach(outputs)
 
-    def _forward_graph(self, chunk: int, inputs: Boundary, target: Boundary | None, loss_scale: float,
-                       weights: dict[str, torch.Tensor] | None) -> tuple[torch.Tensor | None, Boundary]:
-        """(the unscaled loss or None, what the backward starts from: the output or the scaled loss)."""
-        if self.recompute:
-            outputs = self._recomputed(chunk, inputs, weights)
-        else:
-            outputs = self._run_chunk(chunk, inputs, weights)
-        if not self.is_last[chunk]:
-            return None, outputs
-        loss = self.loss_fn(outputs, target)
-        return loss, loss * loss_scale
+    def _layers(self, chunk: int) -> Iterable[nn.Module]:
+        """The layers of ``chunk`` in order; a chunk other than a ``PipelineSequential`` is one layer."""
+        module = self.chunks[chunk]
+        return module if isinstance(module, PipelineSequential) else (module,)
 
     def _recomputed(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
         """The whole chunk under one checkpoint, or its first ``recompute_layers`` under one and the
@@ -191,7 +200,7 @@ class Stage:
                  defer_weight_grads: bool = False, split: bool = False) -> Boundary | None:
         """Backpropagates through the chunk; returns the gradient of its input (None on the first).
         ``defer_weight_grads`` leaves the Linear weight gradients in ``weight_grads``, as the group
-        (microbatch, chunk), for the caller to run. ``split`` (a zero-bubble schedule's B) defers
+        (microbatch, chunk), for the caller to run. ``split`` (a B followed by its own W) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
         if split and self.split_graphs and self._splits_graph(chunk):
@@ -261,8 +270,8 @@ class Stage:
                 torch.autograd.backward(outputs, grads)
 
     def weight_grad(self, microbatch: int, chunk: int) -> None:
-        """A zero-bubble schedule's W: the weight-gradient GEMMs that the split backward of
-        (microbatch, chunk) left, then its activations count as freed."""
+        """A WEIGHT action (``ScheduleInfo.split_backward``): the weight-gradient GEMMs that the split
+        backward of (microbatch, chunk) left, then its activations count as freed."""
         self.weight_grads.run((microbatch, chunk))
         rest = self._weight_halves.pop((microbatch, chunk), None)
         if isinstance(rest, WeightHalf):

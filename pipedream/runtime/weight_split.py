@@ -1,4 +1,4 @@
-"""A zero-bubble schedule's backward split in two for any layers, not only the fused Linear.
+"""A split backward (``ScheduleInfo.split_backward``: B, then W) for any layers, not only the fused Linear.
 
 The fused layers (``models/grad_accumulation.py``) hold their own weight-gradient GEMMs back. Other
 parameters (a stock ``nn.MultiheadAttention``'s projections, a convolution, a LayerNorm) get their

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Callable
 
 from pipedream.schedules.actions import Action, Kind, format_actions, parse_action, parse_actions
-from pipedream.schedules.common import peer_stage, virtual_stage
+from pipedream.schedules.common import peer_stage
 from pipedream.schedules.actions import ScheduleError
 from pipedream.schedules.harmony import HarmonyConfig, harmony_config, harmony_pp
 from pipedream.schedules.info import ScheduleInfo, SizeRule
@@ -58,4 +58,4 @@ __all__ = ["ASYNC_SCHEDULES", "Action", "HARMONY_SCHEDULES", "HarmonyConfig", "K
            "SCHEDULES", "SCHEDULE_INFOS", "SPLIT_BACKWARD_SCHEDULES", "ScheduleError", "ScheduleInfo", "SizeRule",
            "all_schedules", "build_schedule", "format_actions", "harmony_config", "harmony_pp", "parse_action",
            "parse_actions", "peer_stage", "pipedream_replicated", "planned_schedules", "schedule_info",
-           "schedule_placement", "unknown_schedule", "virtual_stage"]
+           "schedule_placement", "unknown_schedule"]

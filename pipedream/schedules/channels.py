@@ -10,7 +10,7 @@ from collections import Counter
 from typing import Callable
 
 from pipedream.schedules.actions import COMM_KINDS, Action, Kind
-from pipedream.schedules.common import peer_stage
+from pipedream.schedules.placement import Placement
 from pipedream.schedules.actions import ScheduleError
 
 PeerFn = Callable[[int, Action, int, int], tuple[int, int]]
@@ -52,7 +52,7 @@ def _check_matching(sends: dict, recvs: dict) -> None:
         raise ChannelError("unmatched communication: " + "; ".join(problems[:3]) + more)
 
 
-def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn = peer_stage) -> None:
+def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: PeerFn | None = None) -> None:
     """For each ordered (src, dst) pair, receives are posted in the order the sends are issued.
 
     NCCL matches point-to-point messages by order, so any other order pairs the wrong tensors.
@@ -62,9 +62,11 @@ def check_channel_order(schedule: list[list[Action]], pp: int, vpp: int, peer: P
 
 
 def checked_peers(schedule: list[list[Action]], pp: int, vpp: int,
-                  peer: PeerFn = peer_stage) -> list[list[tuple[int, int] | None]]:
+                  peer: PeerFn | None = None) -> list[list[tuple[int, int] | None]]:
     """``check_channel_order``, returning each action's ``peer`` (None for a non-comm action), so
-    that the simulator need not ask again."""
+    that the simulator need not ask again. ``peer`` defaults to round-robin placement's."""
+    if peer is None:
+        peer = Placement(pp, vpp).peer
     peers = [[peer(rank, a, pp, vpp) if a.kind in COMM_KINDS else None for a in actions]
              for rank, actions in enumerate(schedule)]
     # messages as (receive kind, microbatch, chunk) per channel: equal lists on both sides leave

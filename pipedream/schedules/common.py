@@ -1,4 +1,5 @@
-"""Helpers shared by the schedule generators: virtual stages and the comm actions around compute."""
+"""Helpers shared by the schedule generators: the comm actions around compute. Which virtual stage
+a chunk is (round-robin unless a schedule says otherwise) is ``placement.Placement``'s to say."""
 from __future__ import annotations
 
 from typing import Callable
@@ -7,55 +8,34 @@ from pipedream.schedules.actions import Action, Kind, ScheduleError
 from pipedream.schedules.placement import Placement
 
 
-def is_first_virtual_stage(rank: int, chunk: int) -> bool:
-    return rank == 0 and chunk == 0
-
-
-def is_last_virtual_stage(rank: int, chunk: int, pp: int, vpp: int) -> bool:
-    return rank == pp - 1 and chunk == vpp - 1
-
-
-def virtual_stage(rank: int, chunk: int, pp: int) -> int:
-    """Chunk ``chunk`` of pipeline rank ``rank`` is virtual stage ``chunk * pp + rank`` (round-robin)."""
-    return chunk * pp + rank
-
-
-def stage_of(virtual: int, pp: int) -> tuple[int, int]:
-    """Inverse of ``virtual_stage``: virtual stage -> (rank, chunk)."""
-    return virtual % pp, virtual // pp
-
-
 def peer_stage(rank: int, action: Action, pp: int, vpp: int) -> tuple[int, int]:
-    """(rank, chunk) at the other end of a comm action: the next virtual stage for SEND_ACT and
-    RECV_GRAD, the previous one for RECV_ACT and SEND_GRAD. Peers are derived, never stored."""
-    step = 1 if action.kind in (Kind.SEND_ACT, Kind.RECV_GRAD) else -1
-    if action.kind not in (Kind.SEND_ACT, Kind.RECV_GRAD, Kind.RECV_ACT, Kind.SEND_GRAD):
-        raise ValueError(f"{action} is not a communication action")
-    target = virtual_stage(rank, action.chunk, pp) + step
-    if not 0 <= target < pp * vpp:
-        raise ScheduleError(f"rank {rank}: {action} has no peer (virtual stage {target} does not exist "
-                            f"with pp = {pp}, vpp = {vpp})")
-    return stage_of(target, pp)
+    """(rank, chunk) at the other end of a comm action under round-robin placement: the next virtual
+    stage for SEND_ACT and RECV_GRAD, the previous one for RECV_ACT and SEND_GRAD (the simulator's
+    ``PeerFn``; ``Placement.peer`` for any placement). Peers are derived, never stored."""
+    return Placement(pp, vpp).peer(rank, action)
 
 
 def forward_block(microbatch: int, chunk: int, rank: int, pp: int, vpp: int = 1) -> list[Action]:
-    """Receive the input (unless first), run the forward, send the output (unless last)."""
+    """Receive the input (unless first), run the forward, send the output (unless last); round-robin."""
+    placement = Placement(pp, vpp)
     block = []
-    if not is_first_virtual_stage(rank, chunk):
+    if not placement.is_first(rank, chunk):
         block.append(Action(Kind.RECV_ACT, microbatch, chunk))
     block.append(Action(Kind.FWD, microbatch, chunk))
-    if not is_last_virtual_stage(rank, chunk, pp, vpp):
+    if not placement.is_last(rank, chunk):
         block.append(Action(Kind.SEND_ACT, microbatch, chunk))
     return block
 
 
 def backward_block(microbatch: int, chunk: int, rank: int, pp: int, vpp: int = 1) -> list[Action]:
-    """Receive the output gradient (unless last), run the backward, send the input gradient (unless first)."""
+    """Receive the output gradient (unless last), run the backward, send the input gradient (unless
+    first); round-robin."""
+    placement = Placement(pp, vpp)
     block = []
-    if not is_last_virtual_stage(rank, chunk, pp, vpp):
+    if not placement.is_last(rank, chunk):
         block.append(Action(Kind.RECV_GRAD, microbatch, chunk))
     block.append(Action(Kind.BWD, microbatch, chunk))
-    if not is_first_virtual_stage(rank, chunk):
+    if not placement.is_first(rank, chunk):
         block.append(Action(Kind.SEND_GRAD, microbatch, chunk))
     return block
 
@@ -127,11 +107,12 @@ def add_communication(compute: list[list[Action]], pp: int, vpp: int, placement=
     return result
 
 
-def needed_receive(rank: int, action: Action, pp: int, vpp: int) -> Action | None:
-    """The RECV whose message ``action`` consumes, or None."""
-    if action.kind is Kind.FWD and not is_first_virtual_stage(rank, action.chunk):
+def needed_receive(placement: Placement, rank: int, action: Action) -> Action | None:
+    """The RECV whose message ``action`` consumes, by pipeline position alone, or None. Unlike
+    ``Placement.needs`` it asks for a message between two chunks of one rank too (pp = 1)."""
+    if action.kind is Kind.FWD and not placement.is_first(rank, action.chunk):
         return Action(Kind.RECV_ACT, action.microbatch, action.chunk)
-    if action.kind is Kind.BWD and not is_last_virtual_stage(rank, action.chunk, pp, vpp):
+    if action.kind is Kind.BWD and not placement.is_last(rank, action.chunk):
         return Action(Kind.RECV_GRAD, action.microbatch, action.chunk)
     return None
 

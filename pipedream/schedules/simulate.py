@@ -14,7 +14,8 @@ from typing import Hashable
 
 from pipedream.schedules.actions import COMPUTE_KINDS, Action, Kind
 from pipedream.schedules.channels import PeerFn, check_channel_order, checked_peers  # noqa: F401 (re-exported)
-from pipedream.schedules.common import needed_receive, peer_stage
+from pipedream.schedules.common import needed_receive
+from pipedream.schedules.placement import Placement
 from pipedream.schedules.actions import ScheduleError
 from pipedream.schedules.weight_hold import held_until_activation_send
 from pipedream.schedules.simulation_model import (  # noqa: F401 (Costs ... SimResult re-exported)
@@ -22,13 +23,14 @@ from pipedream.schedules.simulation_model import (  # noqa: F401 (Costs ... SimR
 
 
 def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: int | None = None,
-             peer: PeerFn = peer_stage, needs: NeedsFn | None = None,
+             peer: PeerFn | None = None, needs: NeedsFn | None = None,
              sync_groups: SyncGroupFn | None = None, weight_grads_delay: int = 1) -> SimResult:
     """Simulate one iteration; raises ChannelError, ScheduleError or DeadlockError.
 
-    ``needs`` tells which receive a compute consumes (default: by pipeline position, as
-    ``needed_receive``). With ``sync_groups``, the n-th SYNC_GRADS of every member of a group starts
-    when the last member reaches it (an all-reduce), so collectives take part in deadlock detection.
+    ``peer`` and ``needs`` tell who is at the other end of a message and which receive a compute
+    consumes (default: round-robin placement, ``Placement.peer`` and ``needed_receive``). With
+    ``sync_groups``, the n-th SYNC_GRADS of every member of a group starts when the last member
+    reaches it (an all-reduce), so collectives take part in deadlock detection.
     With ``costs.weight_grad``, a backward's weight-gradient part runs once ``weight_grads_delay``
     later backwards of its rank have sent their input gradients, or before SYNC_GRADS, unless the
     schedule places it as a WEIGHT action. A micro-batch counts as in flight (and stashed) from its
@@ -36,9 +38,11 @@ def simulate(schedule: list[list[Action]], costs: Costs | None = None, *, vpp: i
     """
     pp = len(schedule)
     vpp = vpp or 1 + max((a.chunk for actions in schedule for a in actions), default=0)
+    round_robin = Placement(pp, vpp)
+    peer = peer or round_robin.peer
     if needs is None:
         def needs(rank: int, action: Action) -> Action | None:
-            return needed_receive(rank, action, pp, vpp)
+            return needed_receive(round_robin, rank, action)
     peers = checked_peers(schedule, pp, vpp, peer)
     simulation = _Simulation(schedule, costs or Costs(), vpp, peer, needs, sync_groups, weight_grads_delay, peers)
     simulation.run()

@@ -37,7 +37,8 @@ from dataclasses import dataclass, field
 from typing import Hashable, Optional
 
 from pipedream.schedules.actions import COMM_KINDS, COMPUTE_KINDS, Action, Kind
-from pipedream.schedules.common import needed_receive, peer_stage
+from pipedream.schedules.common import needed_receive
+from pipedream.schedules.placement import Placement
 from pipedream.schedules.simulate import DeadlockError, NeedsFn, PeerFn, SyncGroupFn
 
 STREAM_POLICIES = ("pair", "channel", "direction", "group")
@@ -69,14 +70,16 @@ class _Rank:
 
 
 def check_stream_order(orders: list[IssueOrder], pp: int, vpp: int, *, streams: str = "channel",
-                       peer: PeerFn = peer_stage, needs: NeedsFn | None = None,
+                       peer: PeerFn | None = None, needs: NeedsFn | None = None,
                        sync_groups: SyncGroupFn | None = None, sends_before_sync: bool = True) -> None:
     """Runs every rank's issue order under the rules above; DeadlockError if it cannot finish."""
     if streams not in STREAM_POLICIES:
         raise ValueError(f"streams={streams!r}: choose one of {', '.join(STREAM_POLICIES)}")
+    round_robin = Placement(pp, vpp)   # unless ``peer`` and ``needs`` say otherwise
+    peer = peer or round_robin.peer
     if needs is None:
         def needs(rank: int, action: Action) -> Action | None:
-            return needed_receive(rank, action, pp, vpp)
+            return needed_receive(round_robin, rank, action)
     ranks = _build(orders, pp, vpp, streams, peer, needs, sends_before_sync)
     queues: dict[tuple[int, Hashable], list[int]] = {}
     for r, rank in enumerate(ranks):

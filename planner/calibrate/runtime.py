@@ -13,7 +13,7 @@ trained with the launcher and traced (``pipedream.observe.trace``). Per rank and
 * ``layer_time_ratio``: the FWD and BWD actions' time over the profiled layers' (a stage's layers in
   a training step run slower than each layer timed alone, by a factor rather than a constant per
   action; the planner multiplies the profile by the least of the families' ratios:
-  ``planner.costs.runtime_costs.layer_pace``);
+  ``planner.inputs.runtime_costs.layer_pace``);
 * ``step_s``: the time before the first and after the last action (the flush's gradient
   synchronisation, the clipping norm, the optimizer step, zeroing) less the optimizer fit's share
   (PipeDream: less its updates there, which ``update_s`` counts);
@@ -21,7 +21,7 @@ trained with the launcher and traced (``pipedream.observe.trace``). Per rank and
 
 Each is the median over ranks and traced iterations (one iteration stalled by another process on a
 shared machine does not set it); the planner adds them where they occur
-(``planner.costs.runtime_costs``). Waits are the bubble, which the schedule's formula models.
+(``planner.inputs.runtime_costs``). Waits are the bubble, which the schedule's formula models.
 """
 from __future__ import annotations
 

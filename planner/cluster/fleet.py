@@ -41,10 +41,6 @@ class Fleet:
     def prices(self) -> list[float]:
         return [t.price_per_hour for t in self.types]
 
-    @property
-    def num_gpus(self) -> int:
-        return sum(self.counts)
-
 
 def fleet_from_config(cfg: Mapping[str, Any]) -> Fleet:
     name = str(cfg.get("name", "fleet"))

@@ -17,7 +17,8 @@ from planner.costs.collectives import allreduce_time
 from planner.inputs.hardware import Cluster
 from planner.inputs.model_specs import LayerSpec
 from planner.inputs.profile import Profile
-from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, messages_per_microbatch
+from planner.inputs.memory_options import MemoryOptions
+from planner.inputs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
 
 
 def even_boundaries(profile: Profile, parts: int) -> np.ndarray | None:
@@ -34,30 +35,15 @@ def even_boundaries(profile: Profile, parts: int) -> np.ndarray | None:
     return np.array([0] + [units[q * per] for q in range(1, parts)] + [len(kinds)], dtype=int)
 
 
+def messages_per_microbatch(out_bytes: np.ndarray, in_bytes: np.ndarray) -> np.ndarray:
+    """Sends and receives each rank posts per micro-batch: an output sent and its gradient received per
+    outgoing boundary, an input received and its gradient sent per incoming one ((v, p) -> (p,))."""
+    return 2.0 * ((np.asarray(out_bytes) > 0).sum(axis=0) + (np.asarray(in_bytes) > 0).sum(axis=0))
+
+
 def _prefix(values: np.ndarray) -> np.ndarray:
     zeros = np.zeros(values.shape[:-1] + (1,))
     return np.concatenate([zeros, np.cumsum(values, axis=-1)], axis=-1)
-
-
-@dataclass(frozen=True)
-class MemoryOptions:
-    """The memory savers of large-model training beyond full recomputation (docs/planner.md, Memory
-    savers): ``selective`` recomputes only the attention cores (their activations dropped, their
-    forward FLOPs spent again in the backward); ``sequence_parallel`` shards the LayerNorm/dropout
-    regions t ways (same communication volume); ``optimizer_shards`` = d with the distributed
-    optimizer (optimizer state and fp32 master weights split over the data-parallel group, the
-    update 1/d as long, the reduce-scatter + all-gather as long as the all-reduce, the reduce-scatter
-    overlapping the backward like the all-reduce where ``grad_bucket_bytes`` is set);
-    ``grad_bucket_bytes`` (not None) overlaps the data-parallel reduction with the last
-    micro-batch's backward in buckets of that size; ``recompute_layers`` = k (recompute.num_layers)
-    limits full or selective recomputation to the first k layers of each chunk, the rest keeping
-    their activations and skipping the extra forward."""
-
-    selective: bool = False
-    sequence_parallel: bool = False
-    optimizer_shards: int = 1
-    grad_bucket_bytes: float | None = None
-    recompute_layers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -289,7 +275,7 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     overheads = runtime.for_schedule(schedule)
     messages = stats.messages if stats.messages is not None else np.zeros(p)
     runtime_per_mb = overheads.per_microbatch(2.0 * v, messages)  # (p,): a FWD and a BWD per chunk
-    # measured runtime costs (planner.costs.runtime_costs): the layers at their traced pace, and a message
+    # measured runtime costs (planner.inputs.runtime_costs): the layers at their traced pace, and a message
     # costs its traced send or receive, which holds its transfer (no fitted latency on top)
     compute = stats.compute * overheads.layer_time_ratio
     p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)

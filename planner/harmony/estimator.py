@@ -25,7 +25,7 @@ run ``forward_ratio`` times the profile's time, every graph-building pass (the j
 recomputing backward tasks) ``train_ratio`` times; each iteration adds ``step_s``, the step's
 part before its first and after its last action (the batch, the loss, the barrier). Measured from
 traced harmony_pp runs (``planner.calibrate.harmony``), or, without those, the flush families'
-per-action, per-message and per-step costs (``planner.costs.runtime_costs``) and nothing else.
+per-action, per-message and per-step costs (``planner.inputs.runtime_costs``) and nothing else.
 Torch-free.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pipedream.schedules.actions import Action, Kind
 from pipedream.schedules.harmony import BACKWARD, FORWARD, HarmonyConfig, harmony_pp
 
 from planner.errors import PlannerError
-from planner.costs.runtime_costs import ScheduleOverheads
+from planner.inputs.runtime_costs import ScheduleOverheads
 
 
 @dataclass(frozen=True)

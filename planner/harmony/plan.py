@@ -23,7 +23,7 @@ from planner.harmony.search import HarmonySearch, HostUpdate, Scored, harmony_se
 from planner.harmony.tasks import PlannedConfig
 from planner.inputs.search_inputs import Inputs
 from planner.inputs.profile import Profile
-from planner.search.ranking import Candidate, SearchResult
+from planner.candidates import Candidate, SearchResult
 
 ALGORITHM = "harmony"
 SCHEDULE = "harmony_pp"

@@ -24,7 +24,7 @@ from planner.errors import DoesNotFitError, PlannerError
 from planner.harmony.estimator import Estimate, HarmonyOverheads, Links, estimate, estimate_dp
 from planner.harmony.packing import LayerBytes, backward_pack_bytes, forward_pack_bytes, pack_layers
 from planner.harmony.tasks import PlannedConfig, ProfileCosts, ir_config
-from planner.costs.runtime_costs import ScheduleOverheads
+from planner.inputs.runtime_costs import ScheduleOverheads
 from planner.inputs.profile import Profile
 
 

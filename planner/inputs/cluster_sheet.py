@@ -21,7 +21,7 @@ JSON schema ``pipedream-cluster-sheet/1`` (seconds, bytes, bytes/s)::
      "machine_load": {"other_cpu_share": float, "load_average": [1, 5, 15 min]},
      "profiles": {fingerprint: {"model": str, "profile": <pipedream-profile/1>,
                                 "profiles_tp": {"2": <pipedream-profile/1 measured at t = 2>},
-                                "runtime": <planner.costs.runtime_costs, with "harmony":
+                                "runtime": <planner.inputs.runtime_costs, with "harmony":
                                             planner.calibrate.harmony's costs by process count>}}}
 
 ``conf/cluster/measured.yaml`` names it (``cluster.calibration``, a path). The planner then uses:
@@ -46,7 +46,7 @@ from pipedream.devices import DeviceSheet
 from planner.errors import PlannerError
 from planner.inputs.hardware import Cluster, Level
 from planner.inputs.profile import Profile, profile_from_json
-from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, runtime_costs
+from planner.inputs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts, runtime_costs
 
 SCHEMA = "pipedream-cluster-sheet/1"
 

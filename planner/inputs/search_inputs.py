@@ -10,8 +10,8 @@ from pipedream.devices import GIB
 from planner.inputs.hardware import Cluster
 from planner.inputs.model_specs import ModelSpec
 from planner.inputs.profile import Profile, analytic_profile
-from planner.costs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
-from planner.costs.uniform import MemoryOptions
+from planner.inputs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
+from planner.inputs.memory_options import MemoryOptions
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Inputs:
     micro_batch: int | None = None  # fixed by the user; None = search
     schedules: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
     recompute: tuple[bool, ...] = (False, True)
-    # memory savers (planner.costs.uniform.MemoryOptions; docs/planner.md, Memory savers)
+    # memory savers (planner.inputs.memory_options.MemoryOptions; docs/planner.md, Memory savers)
     selective_recompute: bool = False   # also price recompute.granularity=selective
     sequence_parallel: bool = False     # take parallel.sequence_parallel at t > 1 where the model has it
     distributed_optimizer: bool = False  # take optim.distributed at d > 1 (flush schedules)
@@ -42,7 +42,8 @@ class Inputs:
     pin_dp: int | None = None  # fix the data-parallel degree (planner.dp)
     fewer_devices: bool = True  # PipeDream DP: leave devices unused when more would not help
     pipedream_costs: str = "paper"  # paper | released (docs/planner.md, PipeDream's two cost models)
-    runtime: RuntimeCosts = NO_RUNTIME_COSTS  # cluster=measured: the runtime's own costs (planner.costs.runtime_costs)
+    activation_compression: float | None = 1.0  # released: boundaries' ratio; None = they cost nothing
+    runtime: RuntimeCosts = NO_RUNTIME_COSTS  # cluster=measured: the runtime's own costs (planner.inputs.runtime_costs)
     tp_profiles: Mapping[int, Profile] = field(default_factory=lambda: MappingProxyType({}))  # measured at t > 1
     device_budget: float | None = None  # Harmony: bytes per device it may use (None: capacity less the reserve)
     harmony_costs: Mapping[int, Any] = field(default_factory=lambda: MappingProxyType({}))  # processes -> HarmonyOverheads

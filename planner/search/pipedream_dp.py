@@ -11,10 +11,12 @@ A^0(i->j) = sum of layer times, for every level (lowest first):
 level costs O(m_k^2) vectorised passes instead of O(N^3 m_k^2) Python steps; the top level only
 needs i = 0. ``replication=False`` keeps every stage on one component (straight pipelines).
 
-With ``fewer_devices`` (the default, as PipeDream's ``--use_fewer_machines``), A^k(i->j, m) is the
-best over at most m components, so devices that would not speed anything up stay unused instead
-of replicating layers that do no work. ``costs="released"`` uses the formulas of PipeDream's
-released optimizer instead of the dissertation's (docs/planner.md, PipeDream's two cost models).
+With ``fewer_devices`` (as PipeDream's ``--use_fewer_machines``), A^k(i->j, m) is the best over at
+most m components, so devices that would not speed anything up stay unused instead of replicating
+layers that do no work. ``costs="released"`` uses the formulas of PipeDream's released optimizer
+instead of the dissertation's, boundaries included (docs/planner.md, PipeDream's two cost models).
+The stage and boundary formulas live in ``pipedream_price``, which also prices any given plan with
+them (``price_plan``): the DP's answer is always priced at exactly the time it reports.
 
 The optional memory constraint is checked where stages are built from devices (the lowest level):
 a stage on r devices after m - r others in its component holds ceil((m_1 - m + r) / r) inputs in
@@ -32,6 +34,7 @@ from planner.inputs.cluster_sheet import calibration, measured_allreduce
 from planner.errors import PlannerError
 from planner.inputs.hardware import Cluster
 from planner.inputs.profile import Profile
+from planner.search.pipedream_price import LevelPrices, PricedLevel, plan_time
 
 INF = np.inf
 
@@ -68,7 +71,8 @@ class DPOptions:
     replication: bool = True
     fewer_devices: bool = True
     costs: str = "paper"  # paper | released
-    layer_time_ratio: float = 1.0  # a measured runtime's layers at their traced pace (planner.costs.runtime_costs)
+    compression: float | None = 1.0  # released: activation compression ratio (None: boundaries cost nothing)
+    layer_time_ratio: float = 1.0  # a measured runtime's layers at their traced pace (planner.inputs.runtime_costs)
 
 
 @dataclass(frozen=True)
@@ -116,40 +120,29 @@ def replica_stage_time(compute, sync_s, replicas):
     return (np.asarray(compute) + np.asarray(sync_s)) / np.asarray(replicas, dtype=float)
 
 
-def _stage_times(prev, params, boundary, count, bandwidth, divisor, costs, replica_sync=None):
-    """T(i->j, r) for a split's last stage, the same for a whole range on r components, and the
-    boundary time before layer s as a function of the receiving stage's replicas r. With
-    ``replica_sync(bytes, r)`` (a measured machine's all-reduce fit) the replicas sync as the runtime
-    does, after each backward and not overlapped, whichever cost model was asked for."""
-    cut = np.concatenate([[INF], boundary])  # cut before layer s
-    if replica_sync is not None:
-        split = [None] + [replica_stage_time(prev, replica_sync(params, r), r) for r in range(1, count + 1)]
-        boundary_time = cost.pipedream_boundary_time(cut, bandwidth)
-        return split, split, lambda r: boundary_time
-    if costs == "released":
-        split = [None] + [cost.released_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
-        whole = [None] + [cost.released_stage_time(prev, params, r, bandwidth, divisor) for r in range(1, count + 1)]
-        # the released optimizer adds 2 a / (B_k m') transfers only with --activation_compression_ratio;
-        # by default a boundary costs nothing (only where no cut is possible it stays infinite)
-        free_cut = np.where(np.isinf(cut), INF, 0.0)
-        return split, whole, lambda r: free_cut
-    split = [None] + [cost.pipedream_stage_time(prev, params, r, bandwidth) for r in range(1, count + 1)]
-    boundary_time = cost.pipedream_boundary_time(cut, bandwidth)
-    return split, split, lambda r: boundary_time
+def level_prices(cluster: Cluster, out_bytes: np.ndarray, options: DPOptions) -> list[PricedLevel]:
+    """Every level's prices, lowest first (planner.search.pipedream_price)."""
+    sync = replica_sync(cluster)
+    counts = [lv.count for lv in cluster.levels]
+    return [PricedLevel(LevelPrices(lv.bandwidth, out_bytes, options.costs, options.compression,
+                                    float(counts[k - 1]) if k else 1.0, sync),
+                        lv.count, int(np.prod(counts[:k])))
+            for k, lv in enumerate(cluster.levels)]
 
 
-def _solve_level(prev: np.ndarray, params: np.ndarray, boundary: np.ndarray, count: int, bandwidth: float,
-                 top: bool, options: DPOptions, mem_check, divisor: int = 1, replica_sync=None) -> _Level:
+def _solve_level(prev: np.ndarray, params: np.ndarray, level: PricedLevel, top: bool, options: DPOptions,
+                 mem_check) -> _Level:
     n1 = prev.shape[1]
+    count, prices = level.count, level.prices
     rows = np.arange(1) if top else np.arange(n1)
-    stage, whole, cut = _stage_times(prev, params, boundary, count, bandwidth, divisor, options.costs, replica_sync)
+    ends = np.arange(n1)
     value = np.full((count + 1, len(rows), n1), INF)
     split = np.full(value.shape, -1, dtype=np.int32)
     reps = np.zeros(value.shape, dtype=np.int32)
     used = np.zeros(value.shape, dtype=np.int32)
     for m in range(1, count + 1):
         if options.replication or m == 1:
-            value[m] = np.where(mem_check(m, m), whole[m], INF)[rows]
+            value[m] = np.where(mem_check(m, m), prices.first(prev, params, m), INF)[rows]
             reps[m] = m
         used[m] = m
         if options.fewer_devices and m > 1:  # m - 1 components' solution if faster than replicating on m ...
@@ -157,8 +150,10 @@ def _solve_level(prev: np.ndarray, params: np.ndarray, boundary: np.ndarray, cou
             value[m] = np.where(fewer, value[m - 1], value[m])
             used[m] = np.where(fewer, used[m - 1], m)
         for r in (range(1, m) if options.replication else [1] if m > 1 else []):  # ... kept unless a split is faster
-            last = np.where(mem_check(m, r), stage[r], INF)  # [s, j]
-            head = np.maximum(value[m - r], cut(r)[None, :])  # [i, s]
+            stage = np.maximum(prices.later(prev, params, r), prices.exit(ends, r)[None, :])
+            last = np.where(mem_check(m, r), stage, INF)  # [s, j]
+            entry = np.where(ends == 0, INF, prices.entry(ends, r))  # no cut before the first layer
+            head = np.maximum(value[m - r], entry[None, :])  # [i, s]
             cand = np.maximum(head[:, :, None], last[None, :, :])  # [i, s, j]
             best = cand.argmin(axis=1)
             val = np.take_along_axis(cand, best[:, None, :], axis=1)[:, 0, :]
@@ -193,18 +188,16 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: 
     n_layers = profile.num_layers
     levels: list[_Level] = []
     prev = compute
-    for k, lv in enumerate(cluster.levels):
+    for k, priced in enumerate(level_prices(cluster, out_bytes, options)):
         top = k == len(cluster.levels) - 1
         if k == 0:
-            def mem_check(m: int, r: int, _count=lv.count):
+            def mem_check(m: int, r: int, _count=priced.count):
                 flight = np.ceil((_count - m + r) / r)
                 return _memory_ok(params, opt, acts, working, flight, memory)
         else:
             def mem_check(m: int, r: int):
                 return True
-        divisor = int(np.prod([low.count for low in cluster.levels[:k]])) if k else 1
-        level = _solve_level(prev, params, out_bytes, lv.count, lv.bandwidth, top, options, mem_check, divisor,
-                             replica_sync(cluster))
+        level = _solve_level(prev, params, priced, top, options, mem_check)
         levels.append(level)
         prev = level.value
     best = float(prev[0, n_layers])
@@ -229,6 +222,15 @@ def pipedream_dp(profile: Profile, cluster: Cluster, micro_batch: int, options: 
     dense = {rank: k for k, rank in enumerate(sorted(r for st in stages for r in st.ranks))}
     return DPResult(best, micro_batch, tuple(DPStage(st.start, st.end, tuple(dense[r] for r in st.ranks))
                                              for st in stages))
+
+
+def price_plan(profile: Profile, cluster: Cluster, micro_batch: int, stages, options: DPOptions = DPOptions(),
+               recompute: bool = False) -> float:
+    """Seconds per input of a flattened plan, (first layer, end layer, replicas) per stage, under the
+    DP's own prices: for the DP's answer, exactly its ``time_per_input``; inf where the plan does not
+    fit the topology (planner.search.pipedream_price.plan_time)."""
+    compute, params, _, _, out_bytes, _ = _layer_tables(profile, micro_batch, recompute, options.layer_time_ratio)
+    return plan_time(level_prices(cluster, out_bytes, options), compute, params, stages, options.fewer_devices)
 
 
 def replica_sync(cluster: Cluster):

@@ -32,7 +32,7 @@ ALGORITHM = "pipedream"   # labels this search's candidates (the baselines carry
 
 
 def dp_options(inputs: Inputs) -> DPOptions:
-    return DPOptions(inputs.replication, inputs.fewer_devices, inputs.pipedream_costs,
+    return DPOptions(inputs.replication, inputs.fewer_devices, inputs.pipedream_costs, inputs.activation_compression,
                      inputs.runtime.for_schedule("pipedream").layer_time_ratio)
 
 
@@ -46,13 +46,13 @@ def data_parallel_time(inputs: Inputs, micro: int, recompute: bool) -> float:
     if sync is not None:  # a measured machine: one stage on all n, synced as the runtime does
         n = inputs.cluster.num_devices
         return float(replica_stage_time(value, sync(weights, n), n))
-    below = 1
+    below = 1   # the released optimizer divides a level's sync by the previous level's count
     for level in inputs.cluster.levels:
         if inputs.pipedream_costs == "released":
             value = float(cost.released_stage_time(value, weights, level.count, level.bandwidth, below))
         else:
             value = float(cost.pipedream_stage_time(value, weights, level.count, level.bandwidth))
-        below *= level.count
+        below = level.count
     return value
 
 

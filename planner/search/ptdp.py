@@ -21,7 +21,8 @@ from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
 from planner.search.pins import check_pins
 from planner.search.ranking import Rows, SearchResult, rank
-from planner.costs.uniform import MemoryOptions, RankStats, even_boundaries, estimate, rank_stats
+from planner.costs.uniform import RankStats, even_boundaries, estimate, rank_stats
+from planner.inputs.memory_options import MemoryOptions
 
 
 def ptdp_search(inputs: Inputs) -> SearchResult:

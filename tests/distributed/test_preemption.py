@@ -107,8 +107,8 @@ def test_signal_to_the_launcher_checkpoints_exits_for_requeue_and_resumes_exactl
     assert second.returncode == 0, output[-3000:]
     assert f"resume: continuing after step {stopped}" in output, output[-3000:]
     assert _logged_steps(run_dir) == list(range(1, 61))
-    final = complete_checkpoints(run_dir / "checkpoints")[-1]
-    assert final.name == f"step_{stopped:08d}", "no new checkpoint: checkpoint.every is 0"
+    # checkpoint.every is 0: the preemption's checkpoint, then only the finished run's own (checkpoint.at_end)
+    assert [p.name for p in complete_checkpoints(run_dir / "checkpoints")] == [f"step_{stopped:08d}", "step_00000060"]
 
     reference = run_workers(train_full, 2, OVERRIDES, str(tmp_path / "uninterrupted"))
     losses = [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

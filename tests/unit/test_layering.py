@@ -1,6 +1,9 @@
 """Import layering, read from the source (lazy imports inside functions included):
 
 * no import cycle between any two modules of the project;
+* no import cycle between the subpackages of ``pipedream/`` or of ``planner/`` (a module at the top of
+  either, such as ``pipedream/trainer.py``, counts as a unit of its own): each subpackage sits on a
+  floor and imports only from floors below it (docs/design.md, Layering);
 * ``models/`` (the bottom layer) imports nothing from ``pipedream/``, and ``pipedream/`` (the
   runtime) nothing from ``planner/``;
 * the top of ``pipedream/`` and ``planner/`` stays small: everything else lives in a subpackage.
@@ -94,6 +97,23 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def unit_of(module: str) -> str:
+    """``pipedream.runtime.engine`` -> ``pipedream.runtime``; a top-level module is its own unit."""
+    return ".".join(module.split(".")[:2])
+
+
+def unit_graph(package: str) -> dict[str, set[str]]:
+    """The import graph of ``package``'s units, each edge kept with the module imports behind it."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in import_graph().items():
+        if name.split(".")[0] != package:
+            continue
+        for target in targets:
+            if target.split(".")[0] == package and unit_of(target) != unit_of(name):
+                graph.setdefault(unit_of(name), set()).add(unit_of(target))
+    return graph
+
+
 def test_the_cycle_finder_finds_a_lazy_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
@@ -109,6 +129,16 @@ def test_relative_and_lazy_imports_are_read(tmp_path):
 
 def test_no_module_imports_itself_through_others():
     assert cycles(import_graph()) == []
+
+
+def test_no_subpackage_imports_itself_through_others():
+    for package in ("pipedream", "planner"):
+        found = cycles(unit_graph(package))
+        behind = {unit: sorted(f"{name} imports {target}" for name, targets in import_graph().items()
+                               if unit_of(name) in unit for target in targets
+                               if unit_of(target) in unit and unit_of(target) != unit_of(name))
+                  for unit in map(frozenset, found)}
+        assert not found, f"{package}: subpackages import each other in a loop: {list(behind.values())}"
 
 
 def test_models_import_nothing_from_the_runtime():

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from pipedream.config.run_spec import build_run_spec
 from pipedream.errors import ConfigError
-from pipedream.lifecycle.preemption import PreemptionSpec
+from pipedream.config.preemption import PreemptionSpec
 from pipedream.config.multi_model import multi_model_spec
 from pipedream.trainer import train
 from tests.support.training_harness import compose_config

@@ -26,16 +26,16 @@ def write_plan(path, layers=((0, 2), (2, 6)), num_layers=6, schedule="gpipe", **
 def test_plan_replaces_degrees_split_schedule_and_batch(tmp_path):
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json')}", "parallel.pp=7"])
     spec = build_run_spec(apply_plan(cfg), world_size=2)
-    assert spec.layout.pp == 2 and spec.schedule.name == "gpipe" and spec.recompute
+    assert spec.layout.pp == 2 and spec.schedule.name == "gpipe" and spec.recompute.full
     assert spec.bounds == ((0, 2), (2, 6)) and spec.global_batch == 8 and spec.microbatches == 4
 
 
 def test_plan_carries_recompute_num_layers(tmp_path):
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json', recompute_num_layers=1)}",
                           "recompute.num_layers=3"])
-    assert build_run_spec(apply_plan(cfg), world_size=2).recompute_layers == 1   # the plan's, as priced
+    assert build_run_spec(apply_plan(cfg), world_size=2).recompute.num_layers == 1   # the plan's, as priced
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'all.json')}", "recompute.num_layers=3"])
-    assert build_run_spec(apply_plan(cfg), world_size=2).recompute_layers is None
+    assert build_run_spec(apply_plan(cfg), world_size=2).recompute.num_layers is None
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'bad.json', recompute_num_layers=-2)}"])
     with pytest.raises(ConfigError, match="plan recompute_num_layers = -2 must be an integer >= 0"):
         apply_plan(cfg)

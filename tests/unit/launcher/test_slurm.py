@@ -13,7 +13,8 @@ from launcher.preempt import agent_options, job_exit_code
 from launcher.sbatch import emit_script, sbatch_script
 from launcher.slurm import apply_allocation, expand_nodelist, read_allocation
 from pipedream.errors import ConfigError
-from pipedream.lifecycle.preemption import PreemptionSpec, write_marker
+from pipedream.config.preemption import PreemptionSpec
+from pipedream.lifecycle.preemption import write_marker
 from tests.support.training_harness import compose_config
 
 DEGREES = ["parallel.pp=4", "parallel.dp=2"]

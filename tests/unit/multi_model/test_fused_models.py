@@ -18,7 +18,8 @@ from pipedream.multi_model.fused import build_fused_model
 from pipedream.multi_model.degree import divisors, measure_fusion_groups, set_fusion_groups
 from pipedream.multi_model.export import is_fused_state, split_models
 from pipedream.multi_model.fused import NotFusableError, check_fusable, fuse_models
-from pipedream.config.multi_model import MultiModelSpec, check_multi_model
+from pipedream.config.multi_model import check_multi_model
+from pipedream.multi_model.spec import MultiModelSpec
 from pipedream.config.run_spec import build_run_spec
 
 

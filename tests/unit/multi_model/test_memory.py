@@ -11,7 +11,7 @@ from models.boundary import call_layer
 from pipedream.multi_model.feature_plan import (BudgetTooSmall, Decision, Event, FeatureMap, plan, simulate)
 from pipedream.multi_model.fused import fuse_models
 from pipedream.multi_model.memory import FeatureMapMemory
-from pipedream.config.multi_model import MultiModelSpec
+from pipedream.multi_model.spec import MultiModelSpec
 from pipedream.offload import DeviceTier, HostTier
 
 MAPS = [FeatureMap(0, n, n // 2, n % 2, nbytes=100 * (n + 1), forward_s=1.0, backward_s=2.0) for n in range(4)]

@@ -11,10 +11,10 @@ from torch import nn
 
 from models.boundary import call_layer
 from models.families.gpt import gpt_model
-from pipedream.config.multi_model import ModelVariant, MultiModelSpec
+from pipedream.multi_model.spec import ModelVariant, MultiModelSpec
 from pipedream.config.specs import OptimSpec
 from pipedream.multi_model.fused import FusedLayer, fuse_models
-from pipedream.multi_model.training import PerModelGradientSync, build_multi_optimizer
+from pipedream.runtime.fused_training import PerModelGradientSync, build_multi_optimizer
 
 
 def _members(factory, count=3):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from pipedream.schedules import (Action, Kind, ScheduleError, build_schedule, format_actions, parse_action,
-                                 parse_actions, virtual_stage)
+from pipedream.schedules import (Action, Kind, Placement, ScheduleError, build_schedule, format_actions,
+                                 parse_action, parse_actions)
 from pipedream.schedules.__main__ import main
-from pipedream.schedules.common import is_first_virtual_stage, is_last_virtual_stage, peer_stage
+from pipedream.schedules.common import peer_stage
 from pipedream.schedules.interleaved import warmup_forwards
 from pipedream.schedules.channels import check_channel_order
 from pipedream.schedules.simulate import Costs, simulate
@@ -77,9 +77,10 @@ def test_interleaved_forward_order_follows_groups_of_pp() -> None:
 
 def test_virtual_stages_and_peers() -> None:
     pp, vpp = 4, 2
-    assert [virtual_stage(r, c, pp) for c in range(vpp) for r in range(pp)] == list(range(8))
-    assert is_first_virtual_stage(0, 0) and not is_first_virtual_stage(0, 1)
-    assert is_last_virtual_stage(3, 1, pp, vpp) and not is_last_virtual_stage(3, 0, pp, vpp)
+    round_robin = Placement(pp, vpp)
+    assert [round_robin.virtual_stage(r, c) for c in range(vpp) for r in range(pp)] == list(range(8))
+    assert round_robin.is_first(0, 0) and not round_robin.is_first(0, 1)
+    assert round_robin.is_last(3, 1) and not round_robin.is_last(3, 0)
     assert peer_stage(3, Action(Kind.SEND_ACT, 0, 0), pp, vpp) == (0, 1)  # wraps to the next chunk
     assert peer_stage(0, Action(Kind.RECV_ACT, 0, 1), pp, vpp) == (3, 0)
     assert peer_stage(0, Action(Kind.SEND_GRAD, 0, 1), pp, vpp) == (3, 0)

@@ -114,7 +114,8 @@ def test_overlapped_reduction_and_the_distributed_optimizer_are_priced(tmp_path)
                                                                rel=1e-9)
     # both: the search may prefer the plain optimizer (what the sharded one saves in the update
     # may not pay for what its gather leaves exposed); its price, directly
-    from planner.costs.uniform import MemoryOptions, estimate, rank_stats
+    from planner.costs.uniform import estimate, rank_stats
+    from planner.inputs.memory_options import MemoryOptions
     stats = rank_stats(inputs.profile, inputs.cluster, 1, 1, 1, 2, False, np.array([16.0]),
                        options=MemoryOptions(optimizer_shards=2, grad_bucket_bytes=0.01 * 2**20))
     priced = estimate(stats, inputs.cluster, "1f1b", 2, inputs.global_batch, inputs.workspace, inputs.runtime)

@@ -1,4 +1,4 @@
-"""The memory savers in the PTD-P cost model (planner.costs.uniform.MemoryOptions) against the anchor
+"""The memory savers in the PTD-P cost model (planner.inputs.memory_options.MemoryOptions) against the anchor
 paper, Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models"):
 activation bytes per layer of s b h (10 + 24/t + 5as/(ht)) with tensor parallelism, s b h/t (34 + 5as/h)
 with sequence parallelism too, s b h (10 + 24/t) with selective recomputation, 34 s b h/t with both."""
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from planner.config import compose, inputs_from_config
-from planner.costs.uniform import MemoryOptions, _kept_activations
+from planner.costs.uniform import _kept_activations
+from planner.inputs.memory_options import MemoryOptions
 from planner.inputs.model_specs import TransformerSpec
 from planner.search.auto import make_plan
 from planner.report import plan_table

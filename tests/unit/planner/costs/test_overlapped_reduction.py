@@ -9,7 +9,8 @@ import pytest
 
 from planner.check.simcheck import check_uniform
 from planner.config import compose, inputs_from_config
-from planner.costs.uniform import MemoryOptions, exposed_grad_sync, overlapped_reduction, rank_stats
+from planner.costs.uniform import exposed_grad_sync, overlapped_reduction, rank_stats
+from planner.inputs.memory_options import MemoryOptions
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from planner.config import compose, inputs_from_config
-from planner.costs.uniform import MemoryOptions, even_boundaries, rank_stats
+from planner.costs.uniform import even_boundaries, rank_stats
+from planner.inputs.memory_options import MemoryOptions
 from planner.search.auto import make_plan
 
 

@@ -1,4 +1,4 @@
-"""The runtime's own costs on a measured sheet (planner.costs.runtime_costs, planner.calibrate.runtime):
+"""The runtime's own costs on a measured sheet (planner.inputs.runtime_costs, planner.calibrate.runtime):
 per FWD/BWD action, per message, per step and the process's resident set, each where it occurs in
 the prediction; tensor-parallel layers planned from their measured profile. The sheets carry known
 numbers so each prediction is re-derived by hand here."""
@@ -127,7 +127,7 @@ def test_overheads_from_a_trace():
 
 
 def test_layer_pace_is_the_least_disturbed_runs():
-    from planner.costs.runtime_costs import layer_pace, runtime_costs
+    from planner.inputs.runtime_costs import layer_pace, runtime_costs
 
     assert layer_pace([1.3, 2.1, 1.1]) == pytest.approx(1.1)
     assert layer_pace([]) == 1.0

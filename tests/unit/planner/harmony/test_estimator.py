@@ -9,7 +9,7 @@ from planner.errors import DoesNotFitError
 from planner.harmony.estimator import ActionCosts, HarmonyOverheads, Links, estimate
 from planner.harmony.search import harmony_search
 from planner.inputs.profile import LayerProfile, Profile
-from planner.costs.runtime_costs import ScheduleOverheads
+from planner.inputs.runtime_costs import ScheduleOverheads
 
 
 class HandCosts(ActionCosts):

@@ -156,7 +156,7 @@ def test_the_estimator_takes_the_median_of_the_families_runtime_costs():
 
     from planner.harmony.estimator import HarmonyOverheads
     from planner.harmony.plan import harmony_overheads, run_harmony
-    from planner.costs.runtime_costs import RuntimeCosts, ScheduleOverheads
+    from planner.inputs.runtime_costs import RuntimeCosts, ScheduleOverheads
 
     # one family's run stalled (9 s per message): the median of the three is the middle one's
     families = {"flush": ScheduleOverheads(1e-3, 9.0, 0.5), "2bw": ScheduleOverheads(3e-3, 2e-3, 0.4),

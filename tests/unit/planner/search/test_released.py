@@ -2,7 +2,8 @@
 (``optimizer_graph_hierarchical.py``, msr-fiddle/pipedream) on its own graph.txt profiles.
 
 The expected values are what that optimizer printed for the same graph.txt files (written by
-``tests/support/graph_txt_profiles.py``) with ``--use_fewer_machines`` and no memory constraint (docs/planner.md,
+``tests/support/graph_txt_profiles.py``) with ``--use_fewer_machines``, no memory constraint and no activation
+compression ratio, so boundaries cost nothing (docs/planner.md,
 PipeDream's released optimizer): per stage the compute time of its layers (seconds per mini-batch of
 32) and its replication factor, and "Time per stage in pipeline". Where layers cost nothing (ReLU,
 MaxPool, View) the released optimizer places a boundary anywhere among them (its choice follows the
@@ -38,6 +39,7 @@ def test_released_costs_reproduce_the_released_optimizer(case, tmp_path):
         f"planner.graph={path}", "planner.graph_micro_batch=32", "cluster=pipedream_cluster_a",
         f"cluster.nodes={nodes}", f"cluster.devices_per_node={per_node}", "planner.algorithm=pipedream",
         "planner.pipedream_costs=released", "planner.memory_constraint=false", "planner.fewer_devices=true",
+        "planner.activation_compression_ratio=null",
         "train.global_batch_size=32", "train.micro_batch_size=32", "planner.recompute=[false]"]))
     best = pipedream_search(inputs).best
     forward, backward = inputs.profile.times(32)

@@ -11,12 +11,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from pipedream.config.specs import OptimSpec
+from pipedream.multi_model.fused import FusedLayerModel, model_views, stack_values
+from pipedream.multi_model.spec import MultiModelSpec
 from pipedream.numerics.optim import GradientSync, NonFiniteError, _with_fused_kernel
 from pipedream.runtime.runner import FlushRunner, StepResult
-from pipedream.config.specs import OptimSpec
-
-from pipedream.multi_model.fused import FusedLayerModel, model_views, stack_values
-from pipedream.config.multi_model import MultiModelSpec
 
 
 class StepsStacks:

@@ -82,8 +82,3 @@ def layer_pace(ratios: list[float]) -> float:
     disturbed run sets it."""
     return min(ratios) if ratios else 1.0
 
-
-def messages_per_microbatch(out_bytes: np.ndarray, in_bytes: np.ndarray) -> np.ndarray:
-    """Sends and receives each rank posts per micro-batch: an output sent and its gradient received per
-    outgoing boundary, an input received and its gradient sent per incoming one ((v, p) -> (p,))."""
-    return 2.0 * ((np.asarray(out_bytes) > 0).sum(axis=0) + (np.asarray(in_bytes) > 0).sum(axis=0))

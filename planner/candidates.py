@@ -1,0 +1,58 @@
+"""A priced configuration (``Candidate``) and what a search returns (``SearchResult``): the vocabulary
+shared by every search (``planner.search``, ``planner.harmony``), the plan assembly and the report."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Candidate:
+    algorithm: str
+    pp: int
+    tp: int
+    dp: int
+    vpp: int
+    schedule: str
+    micro: int
+    num_microbatches: int
+    global_batch: int
+    recompute: bool
+    stages: tuple[tuple[int, int, tuple[int, ...]], ...]  # per virtual stage: [start, end), ranks
+    iteration_time: float
+    samples_per_s: float
+    tflops_per_device: float
+    bubble_fraction: float
+    memory_bytes: float
+    capacity_bytes: float
+    breakdown: dict[str, float] = field(default_factory=dict)
+    why_lost: str = ""
+    model_tflops_per_device: float = 0.0  # forward + backward only (3 passes), whatever is recomputed
+    selective_recompute: bool = False    # recompute.granularity=selective (recompute is then False)
+    sequence_parallel: bool = False      # parallel.sequence_parallel
+    distributed_optimizer: bool = False  # optim.distributed
+
+    @property
+    def recompute_granularity(self) -> str:
+        return "full" if self.recompute else "selective" if self.selective_recompute else "none"
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_bytes <= self.capacity_bytes
+
+    @property
+    def key(self) -> tuple:
+        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute_granularity)
+
+    def describe(self) -> str:
+        v = f" v={self.vpp}" if self.vpp > 1 else ""
+        rec = {"full": " recompute", "selective": " selective-recompute", "none": ""}[self.recompute_granularity]
+        return f"(p={self.pp} t={self.tp} d={self.dp}{v} b={self.micro} {self.schedule}{rec})"
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    algorithm: str
+    best: Candidate
+    alternatives: tuple[Candidate, ...]
+    considered: int
+    notes: tuple[str, ...] = ()
