@@ -1,32 +1,31 @@
 """Turns the Hydra config into a validated ``RunSpec`` before any process group exists.
 
-Every rule lives here and in the section readers of ``specs.py``, and each failure is one
-``ConfigError`` line naming the value, the rule and a way out. Below the entry point nothing reads
-the Hydra config again: the model and data sections travel in ``RunSpec.config`` as plain data
-(``models`` and ``data`` read mappings), beside the run's record.
+Every rule lives here, in the section readers of ``specs.py`` and in ``data_choice.py`` (the data
+section), and each failure is one ``ConfigError`` line naming the value, the rule and a way out.
+Below the entry point nothing reads the Hydra config again: the model and data sections travel in
+``RunSpec.config`` as plain data (``models`` and ``data`` read mappings), beside the run's record.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
 from models import check_tensor_parallel_config, checked_plugin, pipeline_layer_count
-from models.family import IMAGES, TEACHER_REGRESSION
 from models.plugin_config import plugin_target
 from models.registry import MODEL_FAMILIES, model_family
 
 from pipedream.config.apex_check import check_apex
 from pipedream.config.balance import estimated_seconds
+from pipedream.config.data_choice import check_data_section
 from pipedream.config.harmony import HarmonySpec, harmony_spec
 from pipedream.config.layout import ParallelLayout, split_layers
 from pipedream.config.multi_model import check_multi_model
 from pipedream.config.precision import PrecisionSpec
 from pipedream.config.preemption import PreemptionSpec
 from pipedream.config.specs import (CheckpointSpec, LoopSpec, OptimSpec, RecomputeSpec, Section, TraceSpec,
-                                    TrainSpec)
+                                    TrainSpec, config_value)
 from pipedream.errors import ConfigError
 from pipedream.multi_model.spec import MultiModelSpec
 from pipedream.schedules import (ScheduleError, ScheduleInfo, build_schedule, pipedream_replicated, schedule_info,
@@ -36,8 +35,6 @@ if TYPE_CHECKING:
     from models.plugins import CheckedModel
 
 OPTIMIZERS = ("adamw", "sgd")
-DATASETS = ("pydoc", "text_file", "token_bin", "synthetic")
-VISION_DATASETS = ("synthetic_images", "image_folder")   # for model=vgg16 / resnet50
 RECOMPUTE = ("none", "full", "selective")
 
 
@@ -81,31 +78,24 @@ class RunSpec:
 
 
 def _positive(cfg: Any, key: str) -> int:
-    value = _get(cfg, key)
+    value = config_value(cfg, key)
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{key} = {value!r} must be a positive integer")
     return value
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    node = cfg
-    for part in dotted.split("."):
-        node = node.get(part) if hasattr(node, "get") else None
-    return node
 
 
 def _num_layers(cfg: Any, plugin: CheckedModel | None) -> int:
     """The model's pipeline layers: a plugin's as checked, a built-in family's once its keys are."""
     if plugin is not None:
         return plugin.model.num_layers
-    name = _get(cfg, "model.name")
+    name = config_value(cfg, "model.name")
     if name not in MODEL_FAMILIES:
         raise ConfigError(f"model.name={name!r} cannot be trained (planner-only or unknown); "
                           f"trainable: {', '.join(MODEL_FAMILIES)} (e.g. model=gpt_tiny)")
     family = model_family(name)
     for key in family.required_keys:
         _positive(cfg, f"model.{key}")
-    family.check_config(cfg.model, _get(cfg, "train.micro_batch_size"))
+    family.check_config(cfg.model, config_value(cfg, "train.micro_batch_size"))
     return pipeline_layer_count(cfg.model)
 
 
@@ -113,7 +103,7 @@ def _layer_costs(cfg: Any, num_layers: int, num_stages: int, counted: tuple | No
     """Estimated forward seconds per layer for the default split (``config.balance``), where it has
     a choice to make: FLOPs and operators counted on the meta device (hundredths of a second; torch
     is imported here). A built-in model the meta device cannot run gets the even split."""
-    if _get(cfg, "parallel.layers_per_stage") is not None or not 1 < num_stages < num_layers:
+    if config_value(cfg, "parallel.layers_per_stage") is not None or not 1 < num_stages < num_layers:
         return None
     import torch
 
@@ -122,13 +112,13 @@ def _layer_costs(cfg: Any, num_layers: int, num_stages: int, counted: tuple | No
     if counted is None:
         try:
             with torch.random.fork_rng(devices=[]):   # the caller's random stream stays as it was
-                counted = meta_layer_counts(build_model(cfg.model, seed=0), f"model={_get(cfg, 'model.name')}")
+                counted = meta_layer_counts(build_model(cfg.model, seed=0), f"model={config_value(cfg, 'model.name')}")
         except Exception:  # noqa: BLE001 - an estimate only; the run itself reports a model that does not build
             return None
     device = str(Section(cfg, "cluster").raw("device"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    return estimated_seconds(counted, CHECK_BATCH, int(_get(cfg, "train.micro_batch_size")), device)
+    return estimated_seconds(counted, CHECK_BATCH, int(config_value(cfg, "train.micro_batch_size")), device)
 
 
 def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, bounds: list, schedule: str) -> None:
@@ -145,7 +135,7 @@ def _check_ties_in_one_stage(cfg: Any, tied: tuple, layout: ParallelLayout, boun
 
 
 def _granularity(cfg: Any) -> str:
-    granularity = _get(cfg, "recompute.granularity")
+    granularity = config_value(cfg, "recompute.granularity")
     if granularity not in RECOMPUTE:
         raise ConfigError(f"recompute.granularity={granularity!r} is not supported: choose one of {', '.join(RECOMPUTE)}")
     return granularity
@@ -160,7 +150,7 @@ def _recompute(cfg: Any, granularity: str, plugin: CheckedModel | None, info: Sc
 def _recompute_layers(cfg: Any, granularity: str, info: ScheduleInfo) -> int | None:
     """recompute.num_layers (Megatron's --recompute-num-layers, block method): an integer >= 0 where
     something is recomputed, on the flush schedules' plain stages."""
-    layers = _get(cfg, "recompute.num_layers")
+    layers = config_value(cfg, "recompute.num_layers")
     if layers is None:
         return None
     if not isinstance(layers, int) or isinstance(layers, bool) or layers < 0:
@@ -169,7 +159,7 @@ def _recompute_layers(cfg: Any, granularity: str, info: ScheduleInfo) -> int | N
     if granularity == "none":
         raise ConfigError(f"recompute.num_layers = {layers} needs recompute.granularity=full or selective "
                           f"(got none): set the granularity, or recompute.num_layers=null")
-    if info.asynchronous or info.memory_virtualised or _get(cfg, "train.models") is not None:
+    if info.asynchronous or info.memory_virtualised or config_value(cfg, "train.models") is not None:
         what = f"schedule={info.name}" if info.asynchronous or info.memory_virtualised else "train.models"
         raise ConfigError(f"recompute.num_layers = {layers} with {what}: only the flush schedules' stages "
                           f"recompute part of a chunk; set recompute.num_layers=null")
@@ -182,15 +172,15 @@ def _check_selective_recompute(cfg: Any, plugin: CheckedModel | None, info: Sche
         has_cores = plugin.attention_cores > 0
         what = f"model._target_={plugin_target(cfg.model)} builds no models.CoreAttention"
     else:
-        has_cores = model_family(_get(cfg, "model.name")).attention_core
-        what = f"model.name={_get(cfg, 'model.name')} has no attention"
+        has_cores = model_family(config_value(cfg, "model.name")).attention_core
+        what = f"model.name={config_value(cfg, 'model.name')} has no attention"
     if not has_cores:
         raise ConfigError(f"recompute.granularity=selective recomputes attention cores, and {what}: use "
                           f"recompute.granularity=full (or none)")
     if info.memory_virtualised:
         raise ConfigError(f"recompute.granularity=selective with schedule={info.name}: it recomputes whole "
                           f"layers already; use recompute.granularity=none")
-    if _get(cfg, "train.models") is not None:
+    if config_value(cfg, "train.models") is not None:
         raise ConfigError("recompute.granularity=selective with train.models: fused models run their layers under "
                           "torch.vmap, where it does not apply; use recompute.granularity=none or full")
 
@@ -222,66 +212,17 @@ def _check_sequence_parallel(cfg: Any, tp: Any, plugin: CheckedModel | None) -> 
     if not isinstance(tp, int) or tp < 2:
         raise ConfigError(f"parallel.sequence_parallel=true shards the sequence over the tensor-parallel group, "
                           f"but parallel.tp={tp}: set parallel.tp >= 2 or parallel.sequence_parallel=false")
-    family = None if plugin is not None else model_family(_get(cfg, "model.name"))
+    family = None if plugin is not None else model_family(config_value(cfg, "model.name"))
     if family is None or not family.sequence_parallel:
-        name = _get(cfg, "model.name") if family else f"{plugin_target(cfg.model)} (a plugin)"
+        name = config_value(cfg, "model.name") if family else f"{plugin_target(cfg.model)} (a plugin)"
         supported = ", ".join(f.name for f in MODEL_FAMILIES.values() if f.sequence_parallel)
         raise ConfigError(f"parallel.sequence_parallel=true is not available for model={name}: it is for {supported}; "
                           f"set parallel.sequence_parallel=false")
-    seq_len = int(_get(cfg, "model.seq_len"))
+    seq_len = int(config_value(cfg, "model.seq_len"))
     if seq_len % tp:
         raise ConfigError(f"parallel.sequence_parallel=true splits model.seq_len={seq_len} into parallel.tp={tp} "
                           f"parts: choose a sequence length divisible by {tp}")
     return True
-
-
-def _check_data(cfg: Any, plugin: CheckedModel | None) -> int | None:
-    model_plugin = plugin_target(cfg.model)
-    if plugin_target(cfg.data) is not None:
-        from pipedream.data.plugins import check_data_fits, plugin_datasets
-        train_set, _ = plugin_datasets(cfg.data, 0)   # imports, builds and checks the plugin
-        if plugin is not None:
-            check_data_fits(cfg.model, plugin.model, cfg.data, train_set)
-        return None if model_plugin or not model_family(cfg.model.name).sequence else int(cfg.model.seq_len)
-    if model_plugin is not None:
-        raise ConfigError(f"model._target_={model_plugin} needs its data as a plugin too: give "
-                          f"data._target_=my_pkg.my_module.build_datasets (docs/models.md)")
-    data_kind = model_family(cfg.model.name).data_kind
-    if data_kind == IMAGES:
-        return _check_image_data(cfg)
-    name = _get(cfg, "data.name")
-    if name not in DATASETS:
-        raise ConfigError(f"data={name!r} is unknown: choose one of {', '.join(DATASETS)}")
-    if name in ("text_file", "token_bin"):
-        path = _get(cfg, "data.path")
-        if path in (None, "", "???"):
-            raise ConfigError(f"data={name} needs data.path=/path/to/data")
-        if not Path(str(path)).expanduser().exists():
-            raise ConfigError(f"data.path={str(path)!r} does not exist: give an existing file or folder")
-    if data_kind == TEACHER_REGRESSION:
-        if name != "synthetic":
-            raise ConfigError(f"model={cfg.model.name} trains on synthetic regression data, not data={name}: "
-                              f"use data=synthetic")
-        return None
-    seq_len = _get(cfg, "data.seq_len") or cfg.model.seq_len
-    if seq_len > cfg.model.seq_len:
-        raise ConfigError(f"data.seq_len={seq_len} exceeds the model's context model.seq_len={cfg.model.seq_len}: "
-                          f"lower data.seq_len or raise model.seq_len")
-    return int(seq_len)
-
-
-def _check_image_data(cfg: Any) -> None:
-    name = _get(cfg, "data.name")
-    if name not in VISION_DATASETS:
-        raise ConfigError(f"model={cfg.model.get('preset') or cfg.model.name} trains on images, not data={name}: "
-                          f"use data=synthetic_images or data=image_folder data.path=/path/to/class/folders")
-    if name == "image_folder":
-        path = _get(cfg, "data.path")
-        if path in (None, "", "???"):
-            raise ConfigError("data=image_folder needs data.path=/path/to/class/folders")
-        if not Path(str(path)).expanduser().is_dir():
-            raise ConfigError(f"data.path={str(path)!r} is not a folder: give a folder of class sub-folders of images")
-    return None
 
 
 def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_models: bool) -> None:
@@ -300,7 +241,7 @@ def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_mod
 
 
 def _schedule(cfg: Any) -> ScheduleInfo:
-    name = _get(cfg, "schedule.name")
+    name = config_value(cfg, "schedule.name")
     try:
         return schedule_info(name)
     except ScheduleError:
@@ -309,10 +250,10 @@ def _schedule(cfg: Any) -> ScheduleInfo:
 
 def _tensor_parallel(cfg: Any) -> Any:
     """parallel.tp, checked against the model (refused with per-stage replica counts)."""
-    tp = _get(cfg, "parallel.tp") or 1
+    tp = config_value(cfg, "parallel.tp") or 1
     if isinstance(tp, int) and tp > 1:
         check_tensor_parallel_config(cfg.model, tp)
-        if _get(cfg, "parallel.stage_replicas"):
+        if config_value(cfg, "parallel.stage_replicas"):
             raise ConfigError(f"parallel.stage_replicas with parallel.tp = {tp} is not supported: replicate stages "
                               f"with tp=1, or use parallel.dp for equal replicas")
     return tp
@@ -320,7 +261,7 @@ def _tensor_parallel(cfg: Any) -> Any:
 
 def _layout(cfg: Any, info: ScheduleInfo) -> ParallelLayout:
     """The degrees, per-stage replica counts and the placement of virtual stages on ranks."""
-    replicas = _get(cfg, "parallel.stage_replicas")
+    replicas = config_value(cfg, "parallel.stage_replicas")
     replicas = tuple(replicas) if replicas else ()
     if replicas and not info.replicated_stages:
         raise ConfigError(f"parallel.stage_replicas={list(replicas)} gives stages their own replica counts, which "
@@ -349,7 +290,7 @@ def _vertical_sync(cfg: Any, info: ScheduleInfo) -> bool:
 
 
 def _check_tied_embedding(cfg: Any, info: ScheduleInfo, layout: ParallelLayout) -> None:
-    if info.asynchronous and layout.pp > 1 and _get(cfg, "model.tie_embeddings"):
+    if info.asynchronous and layout.pp > 1 and config_value(cfg, "model.tie_embeddings"):
         raise ConfigError(f"schedule={info.name} cannot tie the embedding (stage 0) to the head "
                           f"(stage {layout.pp - 1}): stages update at different times, so their copies would diverge; "
                           f"set model.tie_embeddings=false")
@@ -367,7 +308,7 @@ def _microbatches(cfg: Any, layout: ParallelLayout) -> int:
 def _bounds(cfg: Any, num_layers: int, layout: ParallelLayout, plugin: CheckedModel | None) -> list:
     """[start, end) layers per virtual stage: parallel.layers_per_stage, or a split by estimated cost."""
     counted = plugin.layer_counts if plugin is not None else None
-    return split_layers(num_layers, layout.num_virtual_stages, _get(cfg, "parallel.layers_per_stage"),
+    return split_layers(num_layers, layout.num_virtual_stages, config_value(cfg, "parallel.layers_per_stage"),
                         _layer_costs(cfg, num_layers, layout.num_virtual_stages, counted))
 
 
@@ -379,7 +320,7 @@ def _harmony(cfg: Any, info: ScheduleInfo, layout: ParallelLayout, num_layers: i
         if layout.stage_replicas:
             pipedream_replicated(layout.stage_replicas, microbatches)
         elif info.memory_virtualised:
-            return harmony_spec(cfg, layout, num_layers, microbatches, str(_get(cfg, "precision.name")), info)
+            return harmony_spec(cfg, layout, num_layers, microbatches, str(config_value(cfg, "precision.name")), info)
         else:
             build_schedule(info.name, layout.pp, microbatches, layout.vpp)
     except ScheduleError as error:
@@ -407,7 +348,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel
     if plugin is None:
         plugin = checked_plugin(cfg.model)
     num_layers = _num_layers(cfg, plugin)
-    seq_len = _check_data(cfg, plugin)
+    seq_len = check_data_section(cfg, plugin)
     optim = OptimSpec.from_config(cfg, OPTIMIZERS)
     info = _schedule(cfg)
     granularity = _granularity(cfg)

@@ -64,6 +64,14 @@ class Section:
         return None if value is None else str(value)
 
 
+def config_value(cfg: Any, dotted: str) -> Any:
+    """``cfg``'s value at ``a.b.c``, None where any part is absent."""
+    node = cfg
+    for part in dotted.split("."):
+        node = node.get(part) if hasattr(node, "get") else None
+    return node
+
+
 @dataclass(frozen=True)
 class TrainSpec:
     """What the engine needs from ``train:``: the step count, the learning-rate schedule and the

@@ -25,7 +25,7 @@ from planner.errors import DoesNotFitError
 from planner.inputs.search_inputs import Inputs
 from planner.search.pins import check_pins
 from planner.search.pipedream_dp import (DPOptions, DPStage, MemoryModel, check_layers, minimum_memory, pipedream_dp,
-                           replica_stage_time, replica_sync, stage_memory)
+                                         price_plan, replica_stage_time, replica_sync, stage_memory)
 from planner.search.ranking import GIB, Candidate, SearchResult, why_lost
 
 ALGORITHM = "pipedream"   # labels this search's candidates (the baselines carry others)
@@ -37,23 +37,17 @@ def dp_options(inputs: Inputs) -> DPOptions:
 
 
 def data_parallel_time(inputs: Inputs, micro: int, recompute: bool) -> float:
-    """One stage replicated on every device: T^k applied level by level (ch. 2.4.1)."""
-    fwd, bwd = inputs.profile.times(micro)
-    rec = inputs.profile.arrays["recomputable"]
-    value = float(cost.stage_compute(fwd, bwd, recompute, fwd * rec).sum()) * dp_options(inputs).layer_time_ratio
-    weights = float(inputs.profile.arrays["parameter_bytes"].sum())
+    """One stage replicated on every device: T^k applied level by level (ch. 2.4.1), priced as the
+    DP prices a plan."""
+    n = inputs.cluster.num_devices
     sync = replica_sync(inputs.cluster)
     if sync is not None:  # a measured machine: one stage on all n, synced as the runtime does
-        n = inputs.cluster.num_devices
-        return float(replica_stage_time(value, sync(weights, n), n))
-    below = 1   # the released optimizer divides a level's sync by the previous level's count
-    for level in inputs.cluster.levels:
-        if inputs.pipedream_costs == "released":
-            value = float(cost.released_stage_time(value, weights, level.count, level.bandwidth, below))
-        else:
-            value = float(cost.pipedream_stage_time(value, weights, level.count, level.bandwidth))
-        below = level.count
-    return value
+        fwd, bwd = inputs.profile.times(micro)
+        rec = inputs.profile.arrays["recomputable"]
+        value = float(cost.stage_compute(fwd, bwd, recompute, fwd * rec).sum()) * dp_options(inputs).layer_time_ratio
+        return float(replica_stage_time(value, sync(float(inputs.profile.arrays["parameter_bytes"].sum()), n), n))
+    return price_plan(inputs.profile, inputs.cluster, micro, [(0, inputs.profile.num_layers, n)], dp_options(inputs),
+                      recompute)
 
 
 def _breakdown(inputs: Inputs, stages: tuple[DPStage, ...], micro: int, recompute: bool, per_input: float,

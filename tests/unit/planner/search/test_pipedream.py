@@ -137,3 +137,22 @@ def test_the_batch_asked_for_is_kept_when_a_plan_holds_a_round_of_the_replicas(t
     # with one sample per step nothing holds a round: the step grows, and a note says so
     grown = pipedream_search(inputs("cluster=measured", f"cluster.calibration={path}", "train.global_batch_size=1"))
     assert grown.best.global_batch == 2 and any("global batch 1 -> 2" in note for note in grown.notes)
+
+
+@pytest.mark.parametrize("costs", ["paper", "released"])
+def test_the_data_parallel_baseline_is_each_level_in_turn(costs):
+    """One stage on every device: T^k at each level, lowest first (the released sync divided by the
+    previous level's count), written out here."""
+    from planner.search.pipedream_search import data_parallel_time
+
+    inp = inputs(*VGG_128, f"planner.pipedream_costs={costs}")
+    fwd, bwd = inp.profile.times(8)
+    value, weights, below = float((fwd + bwd).sum()), float(inp.profile.arrays["parameter_bytes"].sum()), 1
+    for level in inp.cluster.levels:
+        r, bandwidth = level.count, level.bandwidth
+        if costs == "paper":
+            value = max(value, 2 * (r - 1) * weights / bandwidth) / r
+        else:
+            value = (value + 4 * (r - 1) * weights / (bandwidth * r) / below) / r
+        below = r
+    assert data_parallel_time(inp, 8, False) == pytest.approx(value, rel=1e-12)
