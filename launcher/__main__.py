@@ -11,11 +11,12 @@ from typing import Any
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from pipedream.config.loading import compose_config, describe_composition_error
+from pipedream.config.loading import compose_config, describe_composition_error, group_choice
 from pipedream.errors import ConfigError
 
 from pipedream.runtime.affinity import ENV as CORE_SETS, format_core_sets
 
+from launcher.advice import launch_warnings, layout_line
 from launcher.binding import core_sets
 from launcher.commands import build_launch
 from launcher.memory_check import check_memory
@@ -27,9 +28,11 @@ from launcher.supervise import run_supervised
 
 
 def model_label(cfg: Any, argv: list[str]) -> str:
-    """How the user named the model: the ``model=`` choice, else the preset or family."""
-    chosen = [a.partition("=")[2] for a in argv if a.startswith("model=")]
-    return chosen[-1] if chosen else str(cfg.model.get("preset") or cfg.model.get("name") or cfg.model.get("_target_"))
+    """How the user named the model, as the planner labels it: a plugin's ``model._target_``, else the
+    ``model=`` choice (the default's where none is given)."""
+    if cfg.model.get("_target_"):
+        return str(cfg.model._target_)
+    return str(group_choice("model", argv) or cfg.model.get("name"))
 
 
 def check_buildable(cfg: Any, label: str) -> None:
@@ -52,7 +55,7 @@ def main(argv: list[str]) -> int:
         check_launch_keys(cfg)
         plan = build_launch(cfg, overrides, run_dir)
         plugin = checked_plugin(cfg.model)   # a model plugin is imported, built and checked once, here
-        spec = build_run_spec(apply_plan(cfg, plugin), plan.world_size, plugin)
+        spec = build_run_spec(apply_plan(cfg, plugin, label), plan.world_size, plugin)
         check_buildable(cfg, label)
         preemption = spec.preemption
         if cfg.launcher.emit:
@@ -60,7 +63,11 @@ def main(argv: list[str]) -> int:
             return 0
         launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
         hosts_rendezvous = launching and plan.nnodes > 1 and int(cfg.launcher.node_rank) == 0
-        for warning in check_before_launch(cfg, spec, run_dir, launching, hosts_rendezvous):
+        warnings = check_before_launch(cfg, spec, run_dir, launching, hosts_rendezvous)
+        if launching:
+            warnings += [f"warning: {note}" for note in
+                         launch_warnings(cfg, plan.nproc_per_node, len(os.sched_getaffinity(0)))]
+        for warning in warnings:
             print(warning, file=sys.stderr)
         if launching and bool(cfg.launcher.check_memory):
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
@@ -79,6 +86,7 @@ def main(argv: list[str]) -> int:
     node_rank = cfg.launcher.get("node_rank")
     if cfg.launcher.dry_run or (plan.nnodes > 1 and node_rank is None):
         print("".join(f"# {note}\n" for note in slurm_notes), end="")
+        print(f"# {layout_line(spec)}")
         for node, command in enumerate(plan.commands):
             prefix = f"# node {node}\n" if plan.nnodes > 1 else ""
             print(prefix + shlex.join(command))
@@ -88,8 +96,10 @@ def main(argv: list[str]) -> int:
     if cores is not None:   # each rank pins itself to its set before torch starts (pipedream.runtime.affinity)
         os.environ[CORE_SETS] = format_core_sets(cores)
         bound = "; cores per local rank " + " ".join(f"[{','.join(map(str, c))}]" for c in cores)
-    print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node); run dir {run_dir}{bound}",
-          flush=True)
+    # torchrun sets this to 1 with a four-line notice when unset; the ranks set train.threads themselves
+    os.environ.setdefault("OMP_NUM_THREADS", str(cfg.train.threads))
+    print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node), {layout_line(spec)}; "
+          f"run dir {run_dir}{bound}", flush=True)
     runnable = [sys.executable, "-m", "launcher.agent", *agent_options(preemption), *command[1:]]
     code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
     return job_exit_code(code, Path(run_dir), preemption)

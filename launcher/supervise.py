@@ -9,6 +9,11 @@ signal's number (130 for SIGINT, 143 for SIGTERM). A second signal kills at once
 
 A ``relayed`` signal (the preemption signal) stops nothing: it is passed on to the ranks, again
 every second until the job ends (a rank still starting ignores it), and the job goes on.
+
+SIGKILL cannot be caught: torchrun and every rank watch their own parent instead
+(``pipedream.lifecycle.parent_watch``, told the launcher's PID in ``PIPEDREAM_PARENT_PID``) and end
+with it. torchrun killed on its own takes its ranks along the same way; the launcher then kills
+whatever tagged process is left and reports it in one line, exiting with 128 + the signal.
 """
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+from pipedream.errors import stderr_line
+from pipedream.lifecycle.parent_watch import ENV as PARENT_PID
 
 from launcher.preempt import Relay
 
@@ -55,6 +63,21 @@ def _signal_all(pids: list[int], sig: int) -> None:
             pass
 
 
+def _stop_leftovers(tag: str) -> None:
+    """Kills every tagged process still alive and waits (a few seconds at most) until they are gone."""
+    deadline = time.monotonic() + 5
+    while (leftover := tagged_processes(tag)) and time.monotonic() < deadline:
+        _signal_all(leftover, signal.SIGKILL)
+        time.sleep(POLL_S)
+
+
+def agent_killed_line(pid: int, signum: int) -> str:
+    name = signal.Signals(signum).name if signum in signal.valid_signals() else f"signal {signum}"
+    return (f"error: the launch agent (torchrun, pid {pid}) was killed by {name}; its ranks were stopped: find "
+            f"what sent the signal (`dmesg` shows the kernel's out-of-memory killer), then continue the run "
+            f"with train.resume=auto")
+
+
 def _wait_gone(child: subprocess.Popen, tag: str, deadline: float) -> bool:
     while time.monotonic() < deadline:
         if child.poll() is not None and not tagged_processes(tag):
@@ -71,28 +94,39 @@ def run_supervised(command: list[str], grace_s: float, relayed: tuple[int, ...] 
     previous.update({sig: signal.signal(sig, relay.receive) for sig in relayed})
     tag = uuid.uuid4().hex
     try:
-        child = subprocess.Popen(command, start_new_session=True, env={**os.environ, TAG: tag})
+        child = subprocess.Popen(command, start_new_session=True,
+                                 env={**os.environ, TAG: tag, PARENT_PID: str(os.getpid())})
         while child.poll() is None and not received:
             relay.pass_on(child.pid)
             time.sleep(POLL_S)
-        if not received:
-            return child.returncode
-        signum = received[0]
-        name = signal.Signals(signum).name
-        print(f"launch: {name} received: stopping the job (up to launcher.grace_s={grace_s:g} s)",
-              file=sys.stderr, flush=True)
-        _signal_all([-child.pid], signal.SIGTERM)   # torchrun's process group; it relays to the ranks
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline and len(received) == 1:
-            if _wait_gone(child, tag, min(deadline, time.monotonic() + POLL_S)):
-                break
-        leftover = tagged_processes(tag)
-        if child.poll() is None or leftover:
-            print(f"launch: {len(leftover)} process(es) still running: killed", file=sys.stderr, flush=True)
-            _signal_all([-child.pid, *leftover], signal.SIGKILL)
-            child.wait()
-            _wait_gone(child, tag, time.monotonic() + 5)
-        return 128 + signum
+        if received:
+            return _stop_job(child, tag, received, grace_s)
+        if child.returncode < 0:   # killed: torchrun's own report never came
+            _stop_leftovers(tag)   # the ranks end on their own as it dies: this only makes sure
+            stderr_line(agent_killed_line(child.pid, -child.returncode))
+            return 128 - child.returncode
+        return child.returncode
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _stop_job(child: subprocess.Popen, tag: str, received: list[int], grace_s: float) -> int:
+    """SIGTERM to torchrun, which relays it to the ranks; SIGKILL to whatever is left after ``grace_s``
+    or a second signal. Returns 128 + the first signal's number."""
+    signum = received[0]
+    name = signal.Signals(signum).name
+    print(f"launch: {name} received: stopping the job (up to launcher.grace_s={grace_s:g} s)",
+          file=sys.stderr, flush=True)
+    _signal_all([-child.pid], signal.SIGTERM)   # torchrun's process group; it relays to the ranks
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and len(received) == 1:
+        if _wait_gone(child, tag, min(deadline, time.monotonic() + POLL_S)):
+            break
+    leftover = tagged_processes(tag)
+    if child.poll() is None or leftover:
+        print(f"launch: {len(leftover)} process(es) still running: killed", file=sys.stderr, flush=True)
+        _signal_all([-child.pid, *leftover], signal.SIGKILL)
+        child.wait()
+        _wait_gone(child, tag, time.monotonic() + 5)
+    return 128 + signum

@@ -3,15 +3,23 @@ complete sharded checkpoint of a run into one state dict that the plain single-p
 (``models.build_model(cfg.model).build_sequential()``) loads; also writes ``.safetensors`` when the
 safetensors package is installed.
 
-``format=hf out=DIR [shard_mb=2000]`` writes a Hugging Face checkpoint instead (config.json, sharded
-``model-0000k-of-0000n.safetensors`` and ``model.safetensors.index.json``) that
-``transformers.AutoModelForCausalLM.from_pretrained(DIR)`` loads; the model family's ``hf_export``
-(``models.registry``) names the conversion."""
+``format=hf out=DIR [shard_mb=2000]`` writes a Hugging Face checkpoint instead (config.json,
+generation_config.json, sharded ``model-0000k-of-0000n.safetensors`` and
+``model.safetensors.index.json``) that ``transformers.AutoModelForCausalLM.from_pretrained(DIR)``
+loads; the model family's ``hf_export`` (``models.registry``) names the conversion. When the run's
+data came from ``python -m pipedream.data.prepare``, the tokenizer its ``meta.json`` names is
+copied beside the weights (``tokenizer.json``, ``tokenizer_config.json``: ``AutoTokenizer`` loads
+the folder) and its BOS/EOS ids go into both configs, so ``generate`` works on the folder as is.
+
+Every file written gets the permissions the umask gives a new file."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +27,8 @@ from pipedream.checkpoint.integrity import checkpoint_problem
 from pipedream.checkpoint.plain import NotPlainFileError, load_plain
 from pipedream.multi_model.export import is_fused_state, model_paths, split_models
 from pipedream.config.specs import default_checkpoint_root
+from pipedream.data.hf_tokenizer import NoTokenizer, RunTokenizer, run_tokenizer, write_tokenizer
+from pipedream.errors import unknown_key_problem
 
 
 class ExportError(ValueError):
@@ -70,9 +80,13 @@ def export(run_dir: Path, out: Path | None = None, step: int | None = None) -> l
     return _save(state, out)
 
 
+def checkpoint_config(checkpoint: Path, section: str) -> dict[str, Any]:
+    """A section of the config of the run that saved ``checkpoint`` (its ``extra.json`` records the run)."""
+    return dict(json.loads((checkpoint / "extra.json").read_text())["config"][section])
+
+
 def checkpoint_model_config(checkpoint: Path) -> dict[str, Any]:
-    """The ``model`` section of the run that saved ``checkpoint`` (its ``extra.json`` records the run)."""
-    return dict(json.loads((checkpoint / "extra.json").read_text())["config"]["model"])
+    return checkpoint_config(checkpoint, "model")
 
 
 def hf_converter(model_cfg: dict[str, Any]) -> Any:
@@ -87,34 +101,80 @@ def hf_converter(model_cfg: dict[str, Any]) -> Any:
     return resolve(family.hf_export)
 
 
-def export_hf(run_dir: Path, out: Path, step: int | None = None, shard_mb: float = 2000.0) -> list[Path]:
-    """A Hugging Face checkpoint of the run's model in ``out``: config.json, the shards and their index."""
+SPECIAL_TOKEN_KEYS = ("bos_token_id", "eos_token_id")
+
+
+@dataclass(frozen=True)
+class HfExport:
+    files: list[Path]
+    no_tokenizer: str | None   # why no tokenizer was copied, or None
+
+
+def special_token_ids(tokenizer: RunTokenizer | None, hf_config: dict[str, Any]) -> dict[str, Any]:
+    """bos/eos ids for config.json and generation_config.json: the data tokenizer's; without one, the
+    converter's (model=hf keeps its original's), else null, lest transformers' per-model defaults (a
+    LlamaConfig's 1 and 2) stop generation at an arbitrary token."""
+    if tokenizer is not None:
+        return {"bos_token_id": tokenizer.bos_id, "eos_token_id": tokenizer.eos_id}
+    return {key: hf_config.get(key) for key in SPECIAL_TOKEN_KEYS}
+
+
+def new_file_mode() -> int:
+    """The permissions ``open`` gives a new file (0o666 less the umask): safetensors writes a private
+    temporary file and renames it, which would leave its files 0o600."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def write_json(path: Path, record: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return path
+
+
+def write_shards(hf_state: dict[str, Any], out: Path, shard_mb: float) -> list[Path]:
+    """``model-0000k-of-0000n.safetensors`` of at most ``shard_mb`` MiB each and their index."""
+    from safetensors.torch import save_file
+
+    shards = shard_tensors(hf_state, int(shard_mb * 2**20))
+    written, weight_map, mode = [], {}, new_file_mode()
+    for k, shard in enumerate(shards, start=1):
+        path = out / f"model-{k:05d}-of-{len(shards):05d}.safetensors"
+        # safetensors refuses tensors that share memory: store independent copies
+        save_file({key: value.contiguous().clone() for key, value in shard.items()}, str(path),
+                  metadata={"format": "pt"})
+        path.chmod(mode)
+        weight_map.update({key: path.name for key in shard})
+        written.append(path)
+    total = sum(value.numel() * value.element_size() for value in hf_state.values())
+    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+    return written + [write_json(out / "model.safetensors.index.json", index)]
+
+
+def export_hf(run_dir: Path, out: Path, step: int | None = None, shard_mb: float = 2000.0) -> HfExport:
+    """A Hugging Face checkpoint of the run's model in ``out``: config.json, generation_config.json,
+    the shards and their index, and the data's tokenizer when it has one."""
     checkpoint = choose_checkpoint(default_checkpoint_root(run_dir), step)
     model_cfg = checkpoint_model_config(checkpoint)
     to_hf = hf_converter(model_cfg)
+    if importlib.util.find_spec("safetensors") is None:
+        raise ExportError("format=hf needs the safetensors package: pip install .[hf]")
     try:
-        from safetensors.torch import save_file
-    except ImportError:
-        raise ExportError("format=hf needs the safetensors package: pip install .[hf]") from None
+        tokenizer, no_tokenizer = run_tokenizer(checkpoint_config(checkpoint, "data")), None
+    except NoTokenizer as reason:
+        tokenizer, no_tokenizer = None, str(reason)
     state = consolidate(checkpoint)
     if is_fused_state(state):
         raise ExportError("format=hf exports one model; this run trained a fused set (train.models): use format=torch")
     hf_config, hf_state = to_hf(state, model_cfg)
+    token_ids = special_token_ids(tokenizer, hf_config)
     out.mkdir(parents=True, exist_ok=True)
-    shards = shard_tensors(hf_state, int(shard_mb * 2**20))
-    written, weight_map = [out / "config.json"], {}
-    (out / "config.json").write_text(json.dumps(hf_config, indent=2, sort_keys=True) + "\n")
-    for k, shard in enumerate(shards, start=1):
-        name = f"model-{k:05d}-of-{len(shards):05d}.safetensors"
-        # safetensors refuses tensors that share memory: store independent copies
-        save_file({key: value.contiguous().clone() for key, value in shard.items()}, str(out / name),
-                  metadata={"format": "pt"})
-        weight_map.update({key: name for key in shard})
-        written.append(out / name)
-    total = sum(value.numel() * value.element_size() for value in hf_state.values())
-    index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
-    return written + [out / "model.safetensors.index.json"]
+    written = [write_json(out / "config.json", hf_config | token_ids),
+               write_json(out / "generation_config.json", token_ids)]
+    written += write_shards(hf_state, out, shard_mb)
+    if tokenizer is not None:
+        written += write_tokenizer(tokenizer, out)
+    return HfExport(written, no_tokenizer)
 
 
 def shard_tensors(state: dict[str, Any], shard_bytes: int) -> list[dict[str, Any]]:
@@ -141,6 +201,7 @@ def _save(state: dict[str, Any], out: Path) -> list[Path]:
         return written
     # safetensors refuses tensors that share memory (a tied head): store independent copies
     save_file({k: v.contiguous().clone() for k, v in state.items()}, str(out.with_suffix(".safetensors")))
+    out.with_suffix(".safetensors").chmod(new_file_mode())
     return written + [out.with_suffix(".safetensors")]
 
 
@@ -148,6 +209,7 @@ USAGE = ("usage: python -m pipedream.export run_dir=RUN_DIR [out=FILE] [step=N] 
          "run_dir=RUN_DIR format=hf out=DIR [shard_mb=2000] [step=N]")
 TORCH_FORMAT, HF_FORMAT = "torch", "hf"   # format=: one state dict, or a Hugging Face checkpoint folder
 FORMATS = (TORCH_FORMAT, HF_FORMAT)
+KEYS = ("run_dir", "out", "step", "format", "shard_mb")
 
 
 def _argument_problem(args: dict[str, str]) -> str | None:
@@ -167,11 +229,19 @@ def _argument_problem(args: dict[str, str]) -> str | None:
     return None
 
 
+def describe_hf_export(out: Path, exported: HfExport) -> str:
+    shards = sum(path.suffix == ".safetensors" for path in exported.files)
+    names = [path.name for path in exported.files if path.suffix != ".safetensors"]
+    return f"wrote {out}: {', '.join(names)}, {shards} safetensors shard(s)"
+
+
 def main(argv: list[str]) -> int:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    known = ("run_dir", "out", "step", "format", "shard_mb")
-    unknown = [a for a in argv if "=" not in a] + [k for k in args if k not in known]
-    if unknown or "run_dir" not in args:
+    unknown = [k for k in args if k not in KEYS]
+    if unknown:
+        print(f"error: {unknown_key_problem(unknown[0], KEYS, 'pipedream.export')}", file=sys.stderr)
+        return 2
+    if any("=" not in a for a in argv) or "run_dir" not in args:
         print(USAGE, file=sys.stderr)
         return 2
     problem = _argument_problem(args)
@@ -182,11 +252,12 @@ def main(argv: list[str]) -> int:
     try:
         if args.get("format") == HF_FORMAT:
             out = Path(args["out"]) if "out" in args else Path(args["run_dir"]) / "hf"
-            written = export_hf(Path(args["run_dir"]), out, step, float(args.get("shard_mb", 2000)))
-            print(f"wrote {out}: config.json, {len(written) - 2} safetensors shard(s), model.safetensors.index.json")
+            exported = export_hf(Path(args["run_dir"]), out, step, float(args.get("shard_mb", 2000)))
+            print(describe_hf_export(out, exported))
+            if exported.no_tokenizer:
+                print(f"note: no tokenizer in {out}: {exported.no_tokenizer}")
             return 0
-        else:
-            written = export(Path(args["run_dir"]), Path(args["out"]) if "out" in args else None, step)
+        written = export(Path(args["run_dir"]), Path(args["out"]) if "out" in args else None, step)
     except (ExportError, NotPlainFileError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -13,8 +13,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipedream.lifecycle.parent_watch import watch_parent
 from pipedream.runtime.affinity import bind_this_rank
 
+if __name__ == "__main__":
+    watch_parent()   # first: this rank ends with torchrun's agent, however that dies
 BOUND_CORES = bind_this_rank()   # before torch starts its thread pools: every pool thread inherits the set
 
 import hydra  # noqa: E402

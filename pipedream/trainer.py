@@ -277,7 +277,9 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
         report = write_trace_outputs(run_dir / "trace", traces, spec.schedule.name, spec.layout.pp, spec.microbatches,
                                      spec.layout.vpp, draw=spec.trace.timeline,
                                      metadata={"schedule": spec.schedule.name, "run_dir": str(run_dir)},
-                                     weight_grads_delay=spec.train.weight_grads_delay)
+                                     weight_grads_delay=spec.train.weight_grads_delay,
+                                     degrees=spec.layout.degrees(),
+                                     rank_names={r: spec.layout.rank_label(r) for r in range(ctx.world_size)})
         if report is not None:
             for rank_stats, bubble in zip(gathered, report.bubble_fraction_per_rank):
                 rank_stats.bubble_fraction = bubble

@@ -69,13 +69,11 @@ def run(argv: Sequence[str]) -> int:
     print(training_time(outcome, None if tokens is None else float(tokens), seq))
     if p.get("out"):
         outcome.plan.save(str(p.out))
-        model = (f"model._target_={cfg.model._target_} data._target_=..." if cfg.model.get("_target_")
-                 else f"model={cfg.model.get('preset') or cfg.model.name}")
-        if cfg.model.get("path"):   # a model read from its folder (model=hf)
-            model += f" model.path={cfg.model.path}"
-        # harmony_pp updates each pack after its backward, before a global gradient norm exists
-        extra = " train.grad_clip=0" if outcome.harmony is not None else ""
-        print(f"wrote {p.out}; run it with: scripts/train.sh {model} parallel.plan={p.out}{extra}")
+        from planner.run_line import missing_data_note, run_command
+        print(f"wrote {p.out}; run it with: {run_command(argv, cfg, str(p.out), outcome.harmony is not None)}")
+        note = missing_data_note(cfg, argv)
+        if note:
+            print(f"note: {note}")
     return 0
 
 

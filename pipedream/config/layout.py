@@ -72,6 +72,20 @@ class ParallelLayout:
         dp_rank = (rank // self.tp) % self.dp
         return Coords(rank // (self.tp * self.dp), dp_rank, tp_rank)
 
+    def degrees(self) -> str:
+        """``pp=2 tp=2 dp=1`` (replicated stages: their replica counts), for titles and launch lines."""
+        if self.stage_replicas:
+            return f"pp={self.pp} tp={self.tp} stage_replicas={list(self.stage_replicas)}"
+        return f"pp={self.pp} tp={self.tp} dp={self.dp}"
+
+    def rank_label(self, rank: int) -> str:
+        """``rank 3 (pp 1, tp 1, dp 0)``: a rank with its coordinates (replicated stages: stage, replica)."""
+        if self.stage_replicas:
+            stage = self.replicated().stage_of(rank)
+            return f"rank {rank} (stage {stage}, replica {rank - self.replicated().first_rank(stage)})"
+        c = self.coords(rank)
+        return f"rank {rank} (pp {c.pp}, tp {c.tp}, dp {c.dp})"
+
     def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
         """With ``stage_replicas``, ``dp_rank`` is the replica index within the stage."""
         if self.stage_replicas:

@@ -28,6 +28,17 @@ def config_options(group: str) -> list[str]:
     return sorted(path.stem for path in (config_dir() / group).glob("*.yaml"))
 
 
+def group_choice(group: str, overrides: Sequence[str] = (), config_name: str = "config") -> str | None:
+    """The option ``group`` takes: the last ``group=option`` override, else the primary config's
+    default (``model`` -> ``gpt_tiny``); None where the defaults list does not choose it."""
+    chosen = [o.partition("=")[2] for o in overrides if o.partition("=")[0].lstrip("+") == group]
+    if chosen:
+        return chosen[-1]
+    files = ConfigFiles(config_dir())
+    entries = files.load(config_dir() / f"{config_name}.yaml").get("defaults") or []
+    return next((str(e[group]) for e in entries if isinstance(e, dict) and group in e), None)
+
+
 def compose_config(overrides: Sequence[str] = (), config_name: str = "config",
                    return_hydra_config: bool = False) -> Any:
     """``conf/<config_name>.yaml`` with ``overrides`` applied, through Hydra's Compose API (no
@@ -278,7 +289,13 @@ def describe_composition_error(error: Exception, overrides: Sequence[str] = (), 
     key = unknown_override_key(error)
     if key is not None:
         return describe_unknown_key(key, reference_config(overrides, key, config_name))
-    return str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+    first = str(error).splitlines()[0] if str(error).strip() else type(error).__name__
+    home = next((o for o in overrides if "=~" in o and o.partition("=")[2].startswith("~") and o in first), None)
+    if home is not None:   # the shell expands ~ only at a word's start, and Hydra's grammar refuses it
+        key, _, path = home.partition("=")
+        return (f"{home}: the shell leaves '~' after 'key=' as it is, and an override value cannot start with it: "
+                f"write {key}=$HOME{path[1:]}")
+    return first
 
 
 def unknown_override_key(error: Exception) -> str | None:

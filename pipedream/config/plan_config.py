@@ -9,13 +9,15 @@ from omegaconf import OmegaConf, open_dict
 from pipedream.config.loading import config_dir
 from pipedream.errors import ConfigError
 from pipedream.config.plan_file import PlanError, load_plan
-from models import layer_count
+from models import layer_count, plugin_target
+from models.facts import parameter_count
 from pipedream.schedules import schedule_info
 
 
-def apply_plan(cfg: Any, plugin: Any = None) -> Any:
+def apply_plan(cfg: Any, plugin: Any = None, model_label: str | None = None) -> Any:
     """Returns ``cfg`` unchanged without a plan, else a copy carrying the plan's choices. ``plugin``:
-    the model plugin as ``models.checked_plugin`` read it (read here when not given)."""
+    the model plugin as ``models.checked_plugin`` read it (read here when not given). ``model_label``:
+    the model as the user chose it (``model=llama_tiny``), checked against the plan's where given."""
     path = cfg.parallel.get("plan")
     if not path:
         return cfg
@@ -33,6 +35,7 @@ def apply_plan(cfg: Any, plugin: Any = None) -> Any:
         label = cfg.model.get("name") or cfg.model.get("_target_")
         raise ConfigError(f"plan {path} splits {plan.model.num_layers} layers but model={label} has "
                           f"{expected_layers} pipeline layers: plan for this model (python -m planner model=...)")
+    check_plan_matches_run(plan, str(path), cfg, model_label)
     planned = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     if plan.harmony is not None:
         return _apply_harmony(planned, plan, str(path))
@@ -54,6 +57,26 @@ def apply_plan(cfg: Any, plugin: Any = None) -> Any:
         if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
             planned.precision = _precision_group(plan.precision, str(path))
     return planned
+
+
+def check_plan_matches_run(plan: Any, path: str, cfg: Any, model_label: str | None = None) -> None:
+    """A plan prices one model at one global batch: another model (its name, or its parameter count
+    where the family can count it) or another ``train.global_batch_size`` is refused, not trained
+    silently with the plan's layout."""
+    fix = "pass the overrides the planner's `run it with` line repeats, or re-plan for this run"
+    planned = plan.model.name
+    if model_label is not None and not planned.startswith("graph:") and planned != model_label:
+        raise ConfigError(f"plan {path} was made for model={planned} but this run trains model={model_label}: {fix}")
+    if plugin_target(cfg.model) is None and not planned.startswith("graph:"):
+        count = parameter_count(cfg.model)
+        if count != plan.model.num_parameters:
+            raise ConfigError(f"plan {path} was made for a {planned} of {plan.model.num_parameters:,} parameters but "
+                              f"this run's model has {count:,} (a model.* setting differs): {fix}")
+    batch = cfg.train.global_batch_size
+    if batch != plan.batch.global_batch:
+        raise ConfigError(f"plan {path} was made for train.global_batch_size={plan.batch.global_batch} but this run "
+                          f"sets {batch}: pass train.global_batch_size={plan.batch.global_batch}, or re-plan with "
+                          f"train.global_batch_size={batch}")
 
 
 def _apply_harmony(planned: Any, plan: Any, path: str) -> Any:

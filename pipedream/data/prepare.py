@@ -22,7 +22,7 @@ from typing import BinaryIO, Callable, Iterator, TextIO
 import numpy as np
 
 from pipedream.data.corpora import META, token_dtype_for
-from pipedream.errors import REFUSED_EXIT, ConfigError
+from pipedream.errors import REFUSED_EXIT, ConfigError, unknown_key_problem
 
 USAGE = ("usage: python -m pipedream.data.prepare tokenizer=DIR_OR_FILE input=FILE_OR_FOLDER out=DIR "
          "[val_fraction=0.05]")
@@ -233,8 +233,11 @@ def prepare(tokenizer_spec: str, input_spec: str, out: Path, val_fraction: float
 
 def main(argv: list[str]) -> int:
     args = dict(a.split("=", 1) for a in argv if "=" in a)
-    unknown = [a for a in argv if "=" not in a] + [k for k in args if k not in KEYS]
-    if unknown or not all(k in args for k in KEYS[:3]):
+    unknown = [k for k in args if k not in KEYS]
+    if unknown:
+        print(f"error: {unknown_key_problem(unknown[0], KEYS, 'pipedream.data.prepare')}", file=sys.stderr)
+        return REFUSED_EXIT
+    if any("=" not in a for a in argv) or not all(k in args for k in KEYS[:3]):
         print(USAGE, file=sys.stderr)
         return REFUSED_EXIT
     try:

@@ -199,9 +199,12 @@ def predict(schedule: str, pp: int, microbatches: int, vpp: int, costs: Measured
 
 def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, pp: int, microbatches: int,
                         vpp: int, *, weight_grads_delay: int, draw: bool = True,
-                        metadata: dict[str, Any] | None = None) -> TraceReport | None:
+                        metadata: dict[str, Any] | None = None, degrees: str | None = None,
+                        rank_names: dict[int, str] | None = None) -> TraceReport | None:
     """Writes trace.json (and timeline.png, timeline_predicted.png with ``draw``); returns the report.
-    ``weight_grads_delay`` is the run's ``train.weight_grads_delay``, for the prediction."""
+    ``weight_grads_delay`` is the run's ``train.weight_grads_delay``, for the prediction. ``degrees``
+    (``pp=2 tp=2 dp=1``) titles the timelines, ``rank_names`` label the measured rows (a rank's
+    coordinates); the predicted rows are pipeline stages."""
     if not any(t.steps for t in traces):
         return None
     files = {"trace": str(write_chrome_trace(out_dir / "trace.json", traces, metadata))}
@@ -213,18 +216,21 @@ def write_trace_outputs(out_dir: Path, traces: list[RankTrace], schedule: str, p
         per_rank.append(statistics.median(bubble_fraction(s) for s in trace.steps) if trace.steps else float("nan"))
     iteration = max(s.end for t in traces for s in t.steps if s.step == step)
     if draw:
-        label = f"{schedule} pp={pp}{f' vpp={vpp}' if vpp > 1 else ''} m={microbatches}"
+        label = f"{schedule} {degrees or f'pp={pp}'}{f' vpp={vpp}' if vpp > 1 else ''} m={microbatches}"
+        ranks = sorted(t.rank for t in traces)
+        names = [(rank_names or {}).get(rank, f"rank {rank}") for rank in ranks]
         rows = measured_spans(traces, step)
         if schedule_info(schedule).memory_virtualised:   # an action's chunk is its task there, not a model chunk: one shade
             rows = [[(label, kind, mb, 0, s, e) for label, kind, mb, _, s, e in row] for row in rows]
         width = _figure_width(rows)
         measured_png, predicted_png = out_dir / "timeline.png", out_dir / "timeline_predicted.png"
         plot_timeline(rows, str(measured_png), f"measured {label}, iteration {step}: {iteration * MS:.1f} ms",
-                      xlabel="time (ms); white = idle or waiting for a message", width=width)
+                      xlabel="time (ms); white = idle or waiting for a message", width=width, row_names=names)
         files["timeline"] = str(measured_png)
         if sim is not None:
             plot_timeline(spans_from_sim(sim), str(predicted_png), f"predicted {label}: {sim.iteration_time:.1f} ms",
-                          xlabel="time (ms); simulator fed with the measured median F/B durations", width=width)
+                          xlabel="time (ms); simulator fed with the measured median F/B durations", width=width,
+                          row_names=[f"pp stage {stage}" for stage in range(pp)])
             files["timeline_predicted"] = str(predicted_png)
     return TraceReport(
         steps=sorted({s.step for t in traces for s in t.steps}),

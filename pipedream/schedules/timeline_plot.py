@@ -43,9 +43,10 @@ def span_color(kind: str, chunk: int) -> str:
 
 
 def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "", *, xlabel: str = "time",
-                  width: float | None = None) -> None:
+                  width: float | None = None, row_names: Sequence[str] | None = None) -> None:
     """Draw one row per rank (rank 0 on top); idle time stays white. Writes a PNG to ``path``.
-    ``width`` (inches) defaults to one that grows with the time span (unit-cost timelines)."""
+    ``width`` (inches) defaults to one that grows with the time span (unit-cost timelines);
+    ``row_names`` label the rows top-down (default ``rank 0``, ``rank 1``, ...)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
@@ -71,7 +72,8 @@ def plot_timeline(timelines: Sequence[Sequence[Span]], path: str, title: str = "
             if e - s >= min_text_width * max(len(label), 1):
                 text_color = "white" if chunk < 2 and kind in _SHADES else "black"
                 ax.text((s + e) / 2 - start, y, label, ha="center", va="center", fontsize=7, color=text_color)
-    ax.set_yticks(range(ranks), [f"rank {ranks - 1 - y}" for y in range(ranks)])
+    names = list(row_names) if row_names is not None else [f"rank {r}" for r in range(ranks)]
+    ax.set_yticks(range(ranks), [names[ranks - 1 - y] for y in range(ranks)])
     ax.set_xlim(0, length)
     ax.set_ylim(-0.6, ranks - 0.4)
     ax.set_xlabel(xlabel)

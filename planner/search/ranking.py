@@ -100,10 +100,22 @@ def why_lost(alt: Candidate, best: Candidate) -> str:
     return _slower(alt, best) + over
 
 
+def gib_pair(more: float, less: float) -> str:
+    """``"1.74 vs 1.71 GiB"``: the fewest decimals (1 to 4) at which the two sizes read differently;
+    sizes equal to 4 decimals add their difference in bytes."""
+    for digits in range(1, 5):
+        a, b = f"{more / GIB:.{digits}f}", f"{less / GIB:.{digits}f}"
+        if a != b:
+            return f"{a} vs {b} GiB"
+    return f"{a} vs {b} GiB, {more - less:+,.0f} bytes"
+
+
 def _slower(alt: Candidate, best: Candidate) -> str:
     slower = best.samples_per_s / alt.samples_per_s - 1
     if slower < 1e-6:
-        return f"as fast, but more memory ({alt.memory_bytes / GIB:.1f} vs {best.memory_bytes / GIB:.1f} GiB)"
+        if alt.memory_bytes <= best.memory_bytes:
+            return "a tie: as fast, with as much memory"
+        return f"as fast, but more memory ({gib_pair(alt.memory_bytes, best.memory_bytes)})"
     scale = best.global_batch / alt.global_batch
     grew = {k: alt.breakdown.get(k, 0.0) * scale - best.breakdown.get(k, 0.0) for k in PARTS}
     part = max(PARTS, key=grew.get)

@@ -47,7 +47,9 @@ def launch_plan(model: list[str], plan_path: Path, run_dir: Path, steps: int, po
     share, or the run's one-line error."""
     if not any(o.lstrip("+~").startswith("data") for o in model):
         model = [*model, *SYNTHETIC]
+    planned_batch = json.loads(plan_path.read_text())["batch"]["global"]   # the launcher refuses another
     cmd = [sys.executable, "-m", "launcher", *model, "cluster=local_cpu", f"parallel.plan={plan_path}",
+           f"train.global_batch_size={planned_batch}",
            f"train.steps={steps}", "train.eval_every=0", "trace.enabled=false", "train.progress=false",
            f"train.log_every={steps}", f"train.run_dir={run_dir}", "train.overwrite=true",
            "launcher.check_memory=false", f"launcher.master_port={port_base + os.getpid() % 300}"]

@@ -21,5 +21,7 @@ fi
 
 # --standalone: a private rendezvous on this host, no address or port to choose.
 # Stop with Ctrl-C or SIGTERM; torchrun ends the ranks.
+# If torchrun dies otherwise (even by SIGKILL), the ranks end with it: each watches its parent
+# (pipedream/lifecycle/parent_watch.py).
 exec torchrun --standalone --nproc-per-node="$nproc" \
     -m pipedream.train "$@"

@@ -19,6 +19,8 @@
 #   NPROC         processes on this server (default: the GPUs `nvidia-smi -L` lists)
 #   RDZV_ID       names the job at the rendezvous (default pipedream; change it to run two jobs at once)
 # torchrun (and python) must be the ones of the environment pipedream is installed in.
+# If torchrun dies (even by SIGKILL), its ranks end with it (pipedream/lifecycle/parent_watch.py), and
+# the other servers' ranks fail at once on the closed connections.
 set -euo pipefail
 
 : "${NNODES:?set NNODES to the number of servers}"

@@ -1,30 +1,25 @@
 """Checkpoints: a resumed run continues exactly as if uninterrupted, into the same or another
-layout; incomplete or truncated checkpoints are skipped; the export loads into the plain model."""
+layout, from the step after its checkpoint (metrics.jsonl as logged); incomplete or truncated
+checkpoints are skipped; the export loads into the plain model."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.support.checkpoint_harness import train_full, train_interrupted
+from tests.support.checkpoint_harness import logged_losses, losses_across_resume, train_full, train_interrupted
 from tests.support.workers import run_workers
 from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params
 
-BASE = TINY_GPT + ["optim=sgd", "train.lr=0.05", "train.steps=4", "checkpoint.every=2"]
+STEPS, STOP = 4, 2   # stopped after the checkpoint of step 2 of 4, then resumed
+BASE = TINY_GPT + ["optim=sgd", "train.lr=0.05", f"train.steps={STEPS}", "checkpoint.every=2"]
 ASYNC = ["model.tie_embeddings=false"]
-
-
-def losses(run_dir: Path) -> dict[int, float]:
-    """Step -> loss from metrics.jsonl (a resumed run appends to it)."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {record["step"]: record["loss"] for record in map(json.loads, lines)}
 
 
 def uninterrupted(tmp_path: Path, layout: list[str], world: int) -> dict:
     per_rank = run_workers(train_full, world, BASE + layout, str(tmp_path / "full"))
-    return {"params": merge_params(per_rank), "losses": list(losses(tmp_path / "full").values())}
+    return {"params": merge_params(per_rank), "losses": logged_losses(tmp_path / "full", STEPS)}
 
 
 @pytest.mark.slow
@@ -34,10 +29,9 @@ def uninterrupted(tmp_path: Path, layout: list[str], world: int) -> dict:
 def test_resume_continues_exactly(tmp_path, layout, world):
     expected = uninterrupted(tmp_path, layout, world)
     run_dir = tmp_path / "resumed"
-    assert run_workers(train_interrupted, world, BASE + layout, str(run_dir), 2) == ["stopped"] * world
+    assert run_workers(train_interrupted, world, BASE + layout, str(run_dir), STOP) == ["stopped"] * world
     per_rank = run_workers(train_full, world, BASE + layout + ["train.resume=auto"], str(run_dir))
-    result = {"params": merge_params(per_rank), "losses": list(losses(run_dir).values())}
-    assert sorted(losses(run_dir)) == [1, 2, 3, 4]
+    result = {"params": merge_params(per_rank), "losses": losses_across_resume(run_dir, STOP, STEPS)}
     # fp32 on CPU, same layout: bit for bit
     assert result["losses"] == expected["losses"]
     for name, value in expected["params"].items():
@@ -54,9 +48,10 @@ def test_resume_into_another_layout(tmp_path, before, after):
     world_after = 2 if ("parallel.dp=2" in after or "parallel.pp=2" in after) else 1
     expected = uninterrupted(tmp_path, before, world_before)
     run_dir = tmp_path / "resharded"
-    run_workers(train_interrupted, world_before, BASE + before, str(run_dir), 2)
+    run_workers(train_interrupted, world_before, BASE + before, str(run_dir), STOP)
     per_rank = run_workers(train_full, world_after, BASE + after + ["train.resume=auto"], str(run_dir))
-    assert_matches_reference({"params": merge_params(per_rank), "losses": list(losses(run_dir).values())}, expected)
+    assert_matches_reference({"params": merge_params(per_rank), "losses": losses_across_resume(run_dir, STOP, STEPS)},
+                             expected)
 
 
 @pytest.mark.slow
@@ -78,7 +73,7 @@ def test_truncated_checkpoint_is_skipped_and_export_loads(tmp_path):
     with pytest.warns(UserWarning, match="truncated"):
         assert [p.name for p in complete_checkpoints(root)][-1] == "step_00000002"
     per_rank = run_workers(train_full, 2, overrides + ["train.resume=auto"], str(run_dir))  # warns in the ranks
-    assert sorted(losses(run_dir)) == [1, 2, 3, 4]   # step 3 ran again, from the step-2 checkpoint
+    losses_across_resume(run_dir, 3, STEPS, resumed_after=2)   # step 3 ran again, from the step-2 checkpoint
     summary = per_rank[0]["summary"]
 
     # the consolidated export reproduces the run's validation loss in one plain process
@@ -101,7 +96,8 @@ def test_tensor_parallel_checkpoint_reshards_to_dense(tmp_path):
     layout = ["parallel.pp=1", "parallel.tp=2", "model.vocab_size=255"]
     expected = uninterrupted(tmp_path, layout, 2)
     run_dir = tmp_path / "tp"
-    run_workers(train_interrupted, 2, BASE + layout, str(run_dir), 2)
+    run_workers(train_interrupted, 2, BASE + layout, str(run_dir), STOP)
     per_rank = run_workers(train_full, 1, BASE + ["parallel.pp=1", "model.vocab_size=255", "train.resume=auto"],
                            str(run_dir))
-    assert_matches_reference({"params": merge_params(per_rank), "losses": list(losses(run_dir).values())}, expected)
+    assert_matches_reference({"params": merge_params(per_rank), "losses": losses_across_resume(run_dir, STOP, STEPS)},
+                             expected)

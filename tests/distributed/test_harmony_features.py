@@ -18,6 +18,8 @@ from tests.support.workers import run_workers
 PP2 = GPT + ["parallel.pp=2"]
 DP2 = [o for o in GPT if o != "schedule=harmony_pp"] + ["schedule=harmony_dp", "parallel.pp=1", "parallel.dp=2"]
 PACKS = ["schedule.forward_packs=[2,2,2,2]", "schedule.backward_packs=[1,1,2,2,2]"]
+# step 2 traced: each device's forward and backward actions name the micro-batches it ran
+TRACED = ["trace.enabled=true", "trace.steps=[2]", "trace.timeline=false"]
 
 
 def tied(overrides: list[str]) -> list[str]:
@@ -32,7 +34,8 @@ RUNS = {
     "bf16": PP2 + ["precision=bf16", "schedule.forward_group=2"],
     "fp32": PP2 + ["schedule.forward_group=2"],   # the bf16 run's scheme and byte baseline
     "clipped": PP2 + ["train.grad_clip=0.5", "schedule.clip_delays_updates=true", "schedule.backward_group=2"],
-    "dp_adamw": DP2 + PACKS + ["optim=adamw", "train.lr=3e-3", "schedule.backward_group=1"],
+    "dp_adamw": [o for o in DP2 if not o.startswith("trace.")] + PACKS + TRACED
+                + ["optim=adamw", "train.lr=3e-3", "schedule.backward_group=1"],
     "tied_pp": tied(PP2) + ["optim=adamw", "train.lr=3e-3"],
     "tied_dp_clipped": tied(DP2) + ["train.grad_clip=0.5"],
     "dropout_pp": dropout(PP2),
@@ -53,7 +56,7 @@ def runs(tmp_path_factory):
     per_rank = run_workers(harmony_train_rank, 2, [(o, str(root / name)) for name, o in overrides.items()],
                            (RESUME, str(root / "resume"), 2), timeout=400)
     results = {name: {"params": merge_params([rank[i] for rank in per_rank]), "losses": per_rank[0][i]["losses"],
-                      "summary": per_rank[0][i]["summary"], "overrides": overrides[name]}
+                      "summary": per_rank[0][i]["summary"], "overrides": overrides[name], "run_dir": root / name}
                for i, name in enumerate(overrides)}
     results["resume"] = {"root": root / "resume", "ranks": [rank[-1] for rank in per_rank]}
     results["budget"] = budget
@@ -95,12 +98,25 @@ def test_clipping_with_delayed_updates_matches_single_process(runs):
     assert unclipped["losses"][1] != pytest.approx(reference["losses"][1], rel=1e-3)   # the norm is above 0.5
 
 
+def microbatches_run(run_dir) -> dict[tuple[int, str], list[int]]:
+    """(rank, "forward" or "backward") -> the micro-batches of that rank's actions in the traced step."""
+    events = json.loads((run_dir / "trace" / "trace.json").read_text())["traceEvents"]
+    ran: dict[tuple[int, str], set[int]] = {}
+    for event in events:
+        if event["ph"] == "X" and event["cat"] in ("forward", "backward"):
+            ran.setdefault((event["pid"], event["cat"]), set()).add(event["args"]["microbatch"])
+    return {key: sorted(microbatches) for key, microbatches in sorted(ran.items())}
+
+
 @pytest.mark.slow
 def test_harmony_dp_matches_single_process(runs):
     """Each device runs every pack over its half of the micro-batches; the layers' gradients
     meet on the host (summed by each layer's owner), then one AdamW update."""
     run = runs["dp_adamw"]
     assert_matches_reference(run, reference_training(run["overrides"]), atol=1e-5)
+    # its half, not the whole batch nor none: 4 / 2 micro-batches forward and backward on each device
+    half = list(range(MICROBATCHES // 2))
+    assert microbatches_run(run["run_dir"]) == {(rank, cat): half for rank in (0, 1) for cat in ("backward", "forward")}
     for memory in (r["memory"] for r in run["summary"]["ranks"]):
         assert 0 < memory["peak_resident_bytes"] <= runs["budget"]
         assert memory["swap_bytes_last_step"]["weights"][H2D] > 0   # every device swaps every pack in

@@ -30,7 +30,10 @@ def exported_logits(folder: Path, tokens: torch.Tensor) -> torch.Tensor:
 
 def sequential_logits(overrides: list[str], params: dict[str, torch.Tensor], tokens: torch.Tensor) -> torch.Tensor:
     network = build_model(compose_config(overrides).model).build_sequential().eval()
-    network.load_state_dict(params, strict=False)   # a tied head is the embedding's Parameter
+    loaded = network.load_state_dict(params, strict=False)
+    # every key is set, none left over: a tied head is among the reference's names (both names of
+    # the one Parameter), and the rotary tables are non-persistent buffers, not in the state dict
+    assert (loaded.missing_keys, loaded.unexpected_keys) == ([], []), loaded
     with torch.no_grad():
         return network(tokens)
 

@@ -34,7 +34,7 @@ def test_bert_trains_from_a_planner_plan(tmp_path, capsys):
     plan = load_plan(plan_path)
     assert plan.parallel.pp == 2 and plan.model.num_layers == 4  # embedding, 2 blocks, MLM head
 
-    overrides = MODEL + TRAIN + [f"parallel.plan={plan_path}", f"train.run_dir={run_dir}"]
+    overrides = MODEL + TRAIN + ["train.global_batch_size=8", f"parallel.plan={plan_path}", f"train.run_dir={run_dir}"]
     assert run_workers(planned_rank, plan.world_size, overrides, timeout=240) == [0] * plan.world_size
 
     summary = json.loads(Path(run_dir, "summary.json").read_text())

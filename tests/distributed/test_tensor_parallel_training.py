@@ -1,10 +1,13 @@
 """Tensor parallelism inside the pipeline runtime: (pp, tp, dp) layouts train exactly like the
 dense single-process model, with scatter/gather on and off, with full and selective recomputation and with sequence parallelism, and
-scatter/gather sends 1/t of the bytes between stages."""
+scatter/gather sends 1/t of the bytes between stages; on every layout each rank stashes less with
+full than with selective recomputation, less with either than without, and less with sequence
+parallelism than without."""
 from __future__ import annotations
 
 import pytest
 
+from tests.support.stash_checks import assert_stash_grows, stash_bytes_per_microbatch
 from tests.support.workers import run_workers
 from tests.support.training_harness import TINY_GPT, assert_matches_reference, merge_params, reference_training, train_rank
 
@@ -30,6 +33,11 @@ def test_tensor_parallel_matches_dense_single_process(tmp_path, pp, tp, dp):
         result = merge_params([rank_results[index] for rank_results in per_rank])
         assert_matches_reference({"params": result, "losses": per_rank[0][index]["losses"]},
                                  reference_training(base + extra))
+    # each rank's stash: full < selective < no recomputation; sequence parallelism keeps 1/t of
+    # the LayerNorm and dropout activations
+    stash = {name: stash_bytes_per_microbatch(per_rank[0][index]) for index, name in enumerate(VARIANTS)}
+    assert_stash_grows({name: stash[name] for name in ("recompute", "selective", "scatter_gather")})
+    assert_stash_grows({name: stash[name] for name in ("sequence_parallel", "scatter_gather")})
     if pp > 1:
         sent = [[r["bytes_sent"] for r in per_rank[0][i]["summary"]["ranks"]] for i in range(2)]
         assert [a * tp for a in sent[0]] == sent[1]   # scatter/gather: exactly 1/t of the bytes

@@ -1,7 +1,9 @@
 """Workers for the checkpoint tests: a run that stops right after a checkpoint (as if killed), and
-a run that resumes."""
+a run that resumes; and the losses they logged, read as logged."""
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from tests.support.training_harness import _train_once
@@ -42,3 +44,29 @@ def train_full(rank: int, world_size: int, overrides: list[str], run_dir: str) -
         return _train_once(rank, world_size, overrides, run_dir)
     finally:
         shutdown()
+
+
+def logged_records(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl line by line (a resumed run appends its lines to the interrupted run's)."""
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def logged_losses(run_dir: str | Path, steps: int) -> list[float]:
+    """The losses of an uninterrupted run, which logged steps 1..``steps`` once each, in order."""
+    records = logged_records(run_dir)
+    assert [r["step"] for r in records] == list(range(1, steps + 1)), f"{run_dir}: {[r['step'] for r in records]}"
+    return [r["loss"] for r in records]
+
+
+def losses_across_resume(run_dir: str | Path, stopped_after: int, steps: int,
+                         resumed_after: int | None = None) -> list[float]:
+    """The losses of steps 1..``steps`` of a run interrupted after step ``stopped_after`` and resumed
+    from its checkpoint of step ``resumed_after`` (by default the same), checked as logged: the
+    first run's lines for steps 1..``stopped_after``, then the resumed run's from step
+    ``resumed_after + 1``, one per step. A resume that silently restarted from step 0 logs step 1
+    again and fails here, though its losses by step (and its weights) would match."""
+    resumed_after = stopped_after if resumed_after is None else resumed_after
+    records = logged_records(run_dir)
+    expected = [*range(1, stopped_after + 1), *range(resumed_after + 1, steps + 1)]
+    assert [r["step"] for r in records] == expected, f"{run_dir}: steps logged {[r['step'] for r in records]}"
+    return [r["loss"] for r in records[:resumed_after] + records[stopped_after:]]

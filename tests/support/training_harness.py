@@ -54,7 +54,10 @@ def _train_once(rank: int, world_size: int, overrides: list[str], run_dir: str) 
         losses = [record["loss"] for record in records]
     scaler = engine.parts.scaler
     return {"params": params, "losses": losses, "records": records, "summary": outcome.summary if rank == 0 else None,
-            "loss_scaler": scaler.state_dict() if scaler is not None else None}
+            "loss_scaler": scaler.state_dict() if scaler is not None else None,
+            # the elements of this rank's own parameters (tensor-parallel shards as held): what an
+            # unsharded optimizer keeps state for
+            "local_param_numel": sum(p.numel() for p in engine.params)}
 
 
 def reference_training(overrides: list[str]) -> dict[str, Any]:

@@ -2,20 +2,28 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from pipedream.errors import ConfigError
 from pipedream.config.plan_config import apply_plan, check_plan_world_size
 from pipedream.config.run_spec import build_run_spec
+from models.facts import parameter_count
 from tests.support.training_harness import compose_config
 
 
+def default_model_parameters() -> int:
+    return parameter_count(compose_config([]).model)
+
+
 def write_plan(path, layers=((0, 2), (2, 6)), num_layers=6, schedule="gpipe", **extra):
-    plan = {"version": 1, "model": {"name": "gpt_tiny", "num_layers": num_layers, "num_parameters": 1},
+    """A plan for the default config's model (gpt_tiny) and global batch (32)."""
+    plan = {"version": 1, "model": {"name": "gpt_tiny", "num_layers": num_layers,
+                                    "num_parameters": default_model_parameters()},
             "cluster": {"name": "local_cpu", "num_devices": 2, "devices_per_node": 2},
             "parallel": {"pp": len(layers), "tp": 1, "dp": 1, "vpp": 1}, "schedule": schedule,
-            "batch": {"global": 8, "micro": 2, "num_microbatches": 4}, "recompute": "full",
+            "batch": {"global": 32, "micro": 8, "num_microbatches": 4}, "recompute": "full",
             "stages": [{"layers": list(l), "replicas": 1, "ranks": [i]} for i, l in enumerate(layers)],
             "predicted": {"iteration_time_s": 1.0, "samples_per_s": 8.0, "tflops_per_device": 0.0,
                           "bubble_fraction": 0.0, "memory_bytes_per_device": 0.0}, **extra}
@@ -27,7 +35,7 @@ def test_plan_replaces_degrees_split_schedule_and_batch(tmp_path):
     cfg = compose_config([f"parallel.plan={write_plan(tmp_path / 'plan.json')}", "parallel.pp=7"])
     spec = build_run_spec(apply_plan(cfg), world_size=2)
     assert spec.layout.pp == 2 and spec.schedule.name == "gpipe" and spec.recompute.full
-    assert spec.bounds == ((0, 2), (2, 6)) and spec.global_batch == 8 and spec.microbatches == 4
+    assert spec.bounds == ((0, 2), (2, 6)) and spec.global_batch == 32 and spec.microbatches == 4
 
 
 def test_plan_carries_recompute_num_layers(tmp_path):
@@ -58,7 +66,7 @@ def test_a_planner_plan_for_bert_applies(tmp_path, capsys):
     model = ["model=bert_tiny", "model.hidden_size=32", "model.num_heads=2", "model.seq_len=16"]
     assert planner_main(model + ["cluster=local_cpu", "train.global_batch_size=8", "planner.pp=2",
                                  f"planner.out={path}"]) == 0, capsys.readouterr().err
-    cfg = compose_config(model + [f"parallel.plan={path}"])
+    cfg = compose_config(model + ["train.global_batch_size=8", f"parallel.plan={path}"])
     check_plan_world_size(cfg, 2)
     spec = build_run_spec(apply_plan(cfg), world_size=2)
     assert spec.num_layers == 4 and spec.layout.pp == 2
@@ -74,3 +82,20 @@ def test_zero_bubble_plans(tmp_path):
     with pytest.raises(ConfigError, match="train it with schedule=zbv parallel.pp=2 without parallel.plan") as error:
         apply_plan(cfg)
     assert "\n" not in str(error.value)
+
+
+def test_a_plan_for_another_model_or_global_batch_is_refused_in_one_line(tmp_path):
+    path = write_plan(tmp_path / "plan.json")
+    planned = compose_config([f"parallel.plan={path}"])
+    assert apply_plan(planned, model_label="gpt_tiny").train.global_batch_size == 32
+    refusals = {"another model's name": (planned, "bert_tiny", "was made for model=gpt_tiny but this run trains "
+                                                               "model=bert_tiny"),
+                "a model.* setting": (compose_config([f"parallel.plan={path}", "model.hidden_size=64"]), None,
+                                      "was made for a gpt_tiny of 834,304 parameters but this run's model has "),
+                "another global batch": (compose_config([f"parallel.plan={path}", "train.global_batch_size=64"]),
+                                         None, "was made for train.global_batch_size=32 but this run sets 64: pass "
+                                               "train.global_batch_size=32")}
+    for what, (cfg, label, message) in refusals.items():
+        with pytest.raises(ConfigError, match=re.escape(message)) as error:
+            apply_plan(cfg, model_label=label)
+        assert "\n" not in str(error.value), what

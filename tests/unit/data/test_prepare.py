@@ -134,6 +134,17 @@ def test_refusals_are_one_line(case, tmp_path, monkeypatch, capsys):
     assert not (tmp_path / "out" / "train.bin").exists() and not (tmp_path / "out" / "tokens.partial").exists()
 
 
-def test_usage_on_unknown_keys(capsys):
-    assert prepare.main(["tokenizer=x", "input=y", "outt=z"]) == 2
+@pytest.mark.parametrize("argv, hint", [(["tokenzier=x", "input=y", "out=z"], "did you mean 'tokenizer'?"),
+                                        (["tokenizer=x", "input=y", "outt=z"], "did you mean 'out'?"),
+                                        (["tokenizer=x", "input=y", "out=z", "colour=red"], "check its spelling")])
+def test_an_unknown_key_is_named_with_the_closest_known_one(argv, hint, capsys):
+    assert prepare.main(argv) == 2
+    key = next(a.split("=")[0] for a in argv if a.split("=")[0] not in prepare.KEYS)
+    assert capsys.readouterr().err.splitlines() == [
+        f"error: unknown key {key!r} (python -m pipedream.data.prepare takes tokenizer, input, out, val_fraction): "
+        f"{hint}"]
+
+
+def test_usage_without_a_required_key(capsys):
+    assert prepare.main(["tokenizer=x", "input=y"]) == 2
     assert capsys.readouterr().err.startswith("usage: python -m pipedream.data.prepare")

@@ -52,3 +52,24 @@ def test_cli_png(tmp_path, capsys) -> None:
                  "--png", str(path)]) == 0
     assert f"wrote {path}" in capsys.readouterr().out
     assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_rows_carry_their_names_top_down(tmp_path, monkeypatch) -> None:
+    """A pp=2 tp=2 run's rows are its ranks with their coordinates (``ParallelLayout.rank_label``)."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from pipedream.config.layout import ParallelLayout
+    from pipedream.schedules.timeline_plot import plot_timeline
+
+    drawn = []
+    monkeypatch.setattr(Figure, "savefig", lambda fig, *args, **kwargs: drawn.append(fig))
+    layout = ParallelLayout(pp=2, tp=2)
+    names = [layout.rank_label(rank) for rank in range(4)]
+    plot_timeline([[("0", "F", 0, 0, 0.0, 1.0)]] * 4, str(tmp_path / "t.png"), f"1f1b {layout.degrees()}",
+                  row_names=names)
+    axes = drawn[0].axes[0]
+    assert axes.get_title() == "1f1b pp=2 tp=2 dp=1"
+    top_down = [label.get_text() for label in axes.get_yticklabels()][::-1]
+    assert top_down == ["rank 0 (pp 0, tp 0, dp 0)", "rank 1 (pp 0, tp 1, dp 0)", "rank 2 (pp 1, tp 0, dp 0)",
+                        "rank 3 (pp 1, tp 1, dp 0)"]

@@ -52,9 +52,10 @@ def test_the_plugin_row_is_calibrated_and_run_with_its_own_data(monkeypatch, tmp
     assert path == str(bench.PLUGIN_PATH) and (bench.PLUGIN_PATH / "maskseq" / "model.py").exists()
     launch = ["model._target_=maskseq.model.build", "data._target_=maskseq.data.build"]
     (tmp_path / "summary.json").write_text("{}")
+    (tmp_path / "plan.json").write_text('{"batch": {"global": 8}}')   # the launch repeats the plan's batch
     monkeypatch.setattr(runs.subprocess, "run", lambda cmd, **kw: commands.append((cmd, "")) or Done())
     bench.launch_plan(launch, tmp_path / "plan.json", tmp_path, 2, 29600, 10)
-    assert "data=synthetic" not in commands[-1][0]
+    assert "data=synthetic" not in commands[-1][0] and "train.global_batch_size=8" in commands[-1][0]
     bench.launch_plan(["model=gpt_tiny"], tmp_path / "plan.json", tmp_path, 2, 29600, 10)
     assert "data=synthetic" in commands[-1][0]
 

@@ -95,7 +95,7 @@ def test_a_harmony_plan_folds_into_the_runtime_keys(tmp_path, capsys):
     assert main(["model=gpt_tiny", "cluster=local_cpu", "train.global_batch_size=8", "planner.algorithm=harmony",
                  "planner.device_budget_bytes=6000000", f"planner.out={path}"]) == 0, capsys.readouterr().err
     plan = load_plan(path)
-    cfg = apply_plan(compose_config(["model=gpt_tiny", f"parallel.plan={path}"]))
+    cfg = apply_plan(compose_config(["model=gpt_tiny", "train.global_batch_size=8", f"parallel.plan={path}"]))
     check_plan_world_size(compose_config(["model=gpt_tiny", f"parallel.plan={path}"]), plan.harmony.devices)
     assert cfg.schedule.name == "harmony_pp" and cfg.parallel.pp == plan.harmony.devices
     assert cfg.schedule.forward_packs == [e - s for s, e in plan.harmony.forward_packs]

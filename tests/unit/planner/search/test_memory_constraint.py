@@ -70,6 +70,11 @@ def test_why_lost_names_memory_of_a_slower_over_capacity_alternative():
     assert slower.startswith("100.0% slower") and slower.endswith("needs 30.0 GiB per device > 16.0 GiB")
     assert why_lost(cand(200.0, 30.0), best).startswith("100% faster but needs 30.0 GiB")
     assert "GiB per device" not in why_lost(cand(50.0, 10.0), best)
+    # as fast: the sizes get the digits they need to differ, and a tie says so
+    fits = cand(100.0, 10.0)
+    assert why_lost(cand(100.0, 10.04), fits) == "as fast, but more memory (10.04 vs 10.00 GiB)"
+    assert why_lost(cand(100.0, 10.0 + 1 / GIB), fits) == "as fast, but more memory (10.0000 vs 10.0000 GiB, +1 bytes)"
+    assert why_lost(cand(100.0, 10.0), fits) == "a tie: as fast, with as much memory"
 
 
 BIG_GRAPHS = {"vgg16": vgg16_graph, "chain98": chain_graph}   # 40 and 98 layers
