@@ -63,11 +63,7 @@ def main(argv: list[str]) -> int:
             return 0
         launching = not cfg.launcher.dry_run and (plan.nnodes == 1 or cfg.launcher.get("node_rank") is not None)
         hosts_rendezvous = launching and plan.nnodes > 1 and int(cfg.launcher.node_rank) == 0
-        warnings = check_before_launch(cfg, spec, run_dir, launching, hosts_rendezvous)
-        if launching:
-            warnings += [f"warning: {note}" for note in
-                         launch_warnings(cfg, plan.nproc_per_node, len(os.sched_getaffinity(0)))]
-        for warning in warnings:
+        for warning in check_before_launch(cfg, spec, run_dir, launching, hosts_rendezvous):
             print(warning, file=sys.stderr)
         if launching and bool(cfg.launcher.check_memory):
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
@@ -77,6 +73,9 @@ def main(argv: list[str]) -> int:
                           plan.nproc_per_node, sorted(os.sched_getaffinity(0)))
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
             claim_run_dir(spec, Path(run_dir))
+        if launching:   # last: a refused launch prints its error alone
+            for note in launch_warnings(cfg, plan.nproc_per_node, len(os.sched_getaffinity(0))):
+                print(f"warning: {note}", file=sys.stderr)
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -56,3 +56,11 @@ def test_the_launch_sets_the_thread_variable_torchrun_would_warn_about_and_print
     out = capsys.readouterr().out
     assert f"launch: 2 processes (2 on this node), 1f1b pp=2 tp=1 dp=1, layers per stage [3, 3]; run dir " \
            f"{tmp_path}/run" in out
+
+
+def test_the_dry_run_prints_the_layout_before_the_command(tmp_path, capsys):
+    import launcher.__main__ as entry
+
+    assert entry.main(["parallel.pp=4", "launcher.dry_run=true", f"train.run_dir={tmp_path}/run"]) == 0
+    layout, command = capsys.readouterr().out.strip().splitlines()
+    assert layout.startswith("# 1f1b pp=4 tp=1 dp=1, layers per stage [") and command.startswith("torchrun ")
