@@ -1,0 +1,7 @@
+"""Context parallelism: every sample's sequence split over the ``cp`` ranks of a group, in the
+load-balanced zigzag layout (``layout``), with the ring attention that keeps attention exact over
+the split (``ring_attention``). A foundation only: no configuration builds it yet."""
+from models.context_parallel.layout import gather_zigzag, split_zigzag, unsplit_zigzag, zigzag_indices
+from models.context_parallel.ring_attention import RingExchange, ring_attention
+
+__all__ = ["zigzag_indices", "split_zigzag", "unsplit_zigzag", "gather_zigzag", "RingExchange", "ring_attention"]
