@@ -16,6 +16,7 @@ from models.plugin_config import plugin_target
 from models.registry import MODEL_FAMILIES, known_family, model_family
 
 if TYPE_CHECKING:
+    from models.context_parallel import ContextParallel
     from models.plugins import CheckedModel
     from models.tensor_parallel import TensorParallel
 
@@ -49,10 +50,26 @@ def check_tensor_parallel_config(model_cfg: Any, tp: int) -> None:
     family.check_tensor_parallel(model_cfg, tp)
 
 
-def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
+def check_context_parallel_config(model_cfg: Any, cp: int) -> None:
+    """One-line ConfigError if the model has no context-parallel form but ``cp`` > 1 ranks."""
+    if cp == 1:
+        return
+    family = known_family(model_cfg.get("name"))
+    if family is None or not family.context_parallel:
+        name = model_cfg.get("name") or f"{model_cfg.get('_target_')} (a plugin)"
+        raise ConfigError(f"model={name} has no context-parallel form but context-parallel size cp={cp}: "
+                          f"use cp=1 or a gpt / llama model")
+
+
+def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
+                cp: ContextParallel | None = None) -> LayerModel:
     """``model_cfg`` is the Hydra ``model`` group (or any mapping with the same keys). With ``tp``
-    (a ``TensorParallel`` context) a tensor-parallel family is built as this rank's slice."""
+    (a ``TensorParallel`` context) a tensor-parallel family is built as this rank's slice. With
+    ``cp`` (a ``ContextParallel`` context of size > 1) a context-parallel family is built to take
+    this rank's zigzag shard of each sequence; a ``cp`` of size 1 changes nothing."""
     tp_size = 1 if tp is None else tp.size
+    cp = None if cp is None or cp.size == 1 else cp   # as models.context_parallel.splitting, without torch
+    check_context_parallel_config(model_cfg, 1 if cp is None else cp.size)
     if plugin_target(model_cfg) is not None:   # a plugin (docs/models.md)
         from models.plugins import plugin_model
         check_tensor_parallel_config(model_cfg, tp_size)
@@ -62,11 +79,12 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None)
                           f"train a small preset instead (e.g. model=gpt_tiny or model=bert_tiny)")
     family = model_family(model_cfg["name"])
     check_tensor_parallel_config(model_cfg, tp_size)
-    return family.build(model_cfg, seed, tp)
+    return family.build(model_cfg, seed, tp, cp)
 
 
 __all__ = ["CoreAttention", "LayerModel", "MODEL_FAMILIES", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model",
-           "build_model", "check_tensor_parallel_config", "checked_plugin", "gpt_model", "layer_count", "mlp_model", "model_family",
+           "build_model", "check_context_parallel_config", "check_tensor_parallel_config", "checked_plugin",
+           "gpt_model", "layer_count", "mlp_model", "model_family",
            "pipeline_layer_count", "resnet50_model", "vgg16_model"]
 
 

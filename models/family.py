@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     from models.spec import LayerModel
+    from models.context_parallel import ContextParallel
     from models.tensor_parallel import TensorParallel
 
 # What the trainer feeds a family (``pipedream.data.datasets``)
@@ -64,7 +65,8 @@ class ModelFamily:
     ConfigError line each). ``layer_count`` / ``parameter_count`` / ``flops_per_iteration(model_cfg,
     batch, recompute, seq_len)`` are the facts of ``models.facts``; ``layer_kinds(n)`` labels the
     layers of a measured profile. ``tensor_parallel``: "module:function" checking
-    ``(model_cfg, tp)``, None when the family has no tensor-parallel form. ``normalised_values(
+    ``(model_cfg, tp)``, None when the family has no tensor-parallel form. ``context_parallel``: its
+    builder also takes a ``ContextParallel`` (``(model_cfg, seed, tp, cp)``). ``normalised_values(
     model_cfg, micro_batch)``: values per channel in the smallest BatchNorm of a forward, None when
     the family has no BatchNorm. ``sequence``: samples are token sequences (``seq_len`` applies).
     ``config_from_files(model_cfg)``: the model keys the family reads from the model's own files
@@ -90,6 +92,7 @@ class ModelFamily:
     config_from_files: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None
     check_config: Callable[[Mapping[str, Any], Any], None] = no_further_checks
     tensor_parallel: str | None = None
+    context_parallel: bool = False
     normalised_values: Callable[[Mapping[str, Any], int], int] | None = None
     hf_export: str | None = None
 
@@ -104,9 +107,13 @@ class ModelFamily:
     def batch_norm(self) -> bool:
         return self.normalised_values is not None
 
-    def build(self, model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
-        """Imports torch and the family's module."""
+    def build(self, model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
+              cp: ContextParallel | None = None) -> LayerModel:
+        """Imports torch and the family's module. ``cp`` reaches only a context-parallel family
+        (``models.build_model`` refuses it for the others)."""
         build = resolve(self.builder)
+        if cp is not None:
+            return build(model_cfg, seed, tp, cp)
         return build(model_cfg, seed, tp) if self.tensor_parallel else build(model_cfg, seed)
 
     def check_tensor_parallel(self, model_cfg: Any, tp: int) -> None:

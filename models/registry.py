@@ -34,7 +34,7 @@ VISION_FACTS = dict(data_kind=IMAGES, analytic_spec=VISION_CHAIN_SPEC, sequence=
 FAMILIES = (
     ModelFamily("gpt", builder="models.families.gpt:gpt_from_config", data_kind=TOKEN_WINDOWS,
                 parameter_count=transformer_facts.gpt_parameter_count, layer_kinds=transformer_layer_kinds,
-                sequence_parallel=True,
+                sequence_parallel=True, context_parallel=True,
                 hf_export="models.families.gpt_hf:gpt_to_hf", **TRANSFORMER_FACTS),
     # profiled as plain layers: a measured BERT profile has always labelled its layers so
     ModelFamily("bert", builder="models.families.bert:bert_from_config", data_kind=MASKED_LM,
@@ -52,6 +52,7 @@ FAMILIES = (
                 layer_count=llama_facts.llama_layer_count, parameter_count=llama_facts.llama_parameter_count,
                 flops_per_iteration=llama_facts.llama_flops_per_iteration, layer_kinds=transformer_layer_kinds,
                 check_config=llama_facts.check_llama_config, attention_core=True, sequence_parallel=True,
+                context_parallel=True,
                 tensor_parallel="models.families.llama_facts:check_llama_tensor_parallel",
                 hf_export="models.families.llama_hf:to_hf"),
     # a local transformers decoder folder (model.path); its sizes come from its config.json

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import CoreAttention
+from models.context_parallel import ContextParallel, global_positions, splitting
+from models.context_parallel.context import check_context_parallel_model
 from models.errors import ConfigError
 from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,
                                        mark_replicated, mark_sharded, parallelize_block, shard_tensor,
@@ -26,8 +28,12 @@ INIT_STD = 0.02
 
 
 class Embedding(nn.Module):
-    def __init__(self, vocab_size: int, hidden: int, seq_len: int, dropout: float):
+    """Token plus learned position embeddings; with ``cp`` the tokens are this rank's zigzag shard,
+    so the positions are its global ones."""
+
+    def __init__(self, vocab_size: int, hidden: int, seq_len: int, dropout: float, cp: ContextParallel | None = None):
         super().__init__()
+        self.cp = cp
         self.wte = nn.Embedding(vocab_size, hidden)
         self.wpe = nn.Embedding(seq_len, hidden)
         self.drop = nn.Dropout(dropout)
@@ -35,7 +41,7 @@ class Embedding(nn.Module):
         nn.init.normal_(self.wpe.weight, std=INIT_STD)
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        positions = global_positions(tokens.shape[1], self.cp, tokens.device)
         return self.drop(self.wte(tokens) + self.wpe(positions))
 
 
@@ -57,16 +63,18 @@ class SequenceParallelEmbedding(nn.Module):
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention; ``causal=False`` makes it bidirectional (BERT)."""
+    """Multi-head self-attention; ``causal=False`` makes it bidirectional (BERT). ``cp``: ring
+    attention over the context-parallel group."""
 
-    def __init__(self, hidden: int, num_heads: int, dropout: float, proj_std: float, causal: bool = True):
+    def __init__(self, hidden: int, num_heads: int, dropout: float, proj_std: float, causal: bool = True,
+                 cp: ContextParallel | None = None):
         super().__init__()
         self.num_heads = num_heads
         self.causal = causal
         self.qkv = nn.Linear(hidden, 3 * hidden)
         self.proj = nn.Linear(hidden, hidden)
         self.dropout = dropout
-        self.core = CoreAttention(causal, dropout)
+        self.core = CoreAttention(causal, dropout, cp)
         self.resid_drop = nn.Dropout(dropout)
         nn.init.normal_(self.qkv.weight, std=INIT_STD)
         nn.init.normal_(self.proj.weight, std=proj_std)
@@ -98,11 +106,12 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, hidden: int, num_heads: int, dropout: float, num_layers: int):
+    def __init__(self, hidden: int, num_heads: int, dropout: float, num_layers: int,
+                 cp: ContextParallel | None = None):
         super().__init__()
         proj_std = INIT_STD / math.sqrt(2 * num_layers)  # GPT-2: scale residual projections
         self.ln1 = nn.LayerNorm(hidden)
-        self.attn = CausalSelfAttention(hidden, num_heads, dropout, proj_std)
+        self.attn = CausalSelfAttention(hidden, num_heads, dropout, proj_std, cp=cp)
         self.ln2 = nn.LayerNorm(hidden)
         self.mlp = MLP(hidden, dropout, proj_std)
 
@@ -182,13 +191,19 @@ def parallelize_gpt_layer(layer: nn.Module, tp: TensorParallel, rng: RNGTracker)
 def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
               vocab_size: int = OPTIONAL_KEYS["vocab_size"], tie_embeddings: bool = OPTIONAL_KEYS["tie_embeddings"],
               dropout: float = OPTIONAL_KEYS["dropout"], seed: int = 0,
-              tp: TensorParallel | None = None) -> LayerModel:
+              tp: TensorParallel | None = None, cp: ContextParallel | None = None) -> LayerModel:
     """GPT as ``num_layers + 2`` pipeline layers. With tying, the head starts from (and stays
     equal to) the token embedding. With ``tp``, every layer is this rank's slice of the dense layer
-    (same seed) and the loss is the vocabulary-parallel cross-entropy."""
+    (same seed) and the loss is the vocabulary-parallel cross-entropy. With ``cp`` (size > 1) the
+    layers take this rank's zigzag shard of each sequence (``split_zigzag``); the same parameters,
+    and the loss is the local mean."""
     last = num_layers + 1
     if tp is not None:
         check_tensor_parallel(hidden_size, num_heads, tp.size)
+    cp = splitting(cp)
+    if cp is not None:
+        check_context_parallel_model(cp, 1 if tp is None else tp.size, seq_len, dropout)
+    embedding = partial(Embedding, vocab_size, hidden_size, seq_len, dropout, cp)
 
     def build_layer(i: int) -> nn.Module:
         dense = build_dense_layer(i)
@@ -196,15 +211,14 @@ def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
 
     def build_dense_layer(i: int) -> nn.Module:
         if i == 0:
-            return seeded(seed, partial(Embedding, vocab_size, hidden_size, seq_len, dropout))
+            return seeded(seed, embedding)
         if i == last:
             head = seeded(seed + i, partial(Head, vocab_size, hidden_size))
             if tie_embeddings:  # same values as the embedding's table, drawn from its seed
                 with torch.no_grad():
-                    head.weight.copy_(seeded(seed, partial(Embedding, vocab_size, hidden_size, seq_len,
-                                                           dropout)).wte.weight)
+                    head.weight.copy_(seeded(seed, embedding).wte.weight)
             return head
-        return seeded(seed + i, partial(Block, hidden_size, num_heads, dropout, num_layers))
+        return seeded(seed + i, partial(Block, hidden_size, num_heads, dropout, num_layers, cp))
 
     def make_batch(batch_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         tokens = torch.randint(vocab_size, (batch_size, seq_len + 1), generator=generator)
@@ -225,6 +239,7 @@ def transformer_sizes(model_cfg: Any) -> dict[str, Any]:
                 dropout=float(option(model_cfg, "dropout")))
 
 
-def gpt_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
+def gpt_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
+                    cp: ContextParallel | None = None) -> LayerModel:
     """``model=gpt_*`` (``models.registry``)."""
-    return gpt_model(**transformer_sizes(model_cfg), seed=seed, tp=tp)
+    return gpt_model(**transformer_sizes(model_cfg), seed=seed, tp=tp, cp=cp)

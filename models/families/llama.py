@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import CoreAttention
+from models.context_parallel import ContextParallel, global_positions, splitting
+from models.context_parallel.context import check_context_parallel_model
 from models.families.gpt import language_model_loss, parallel_language_model_loss
 from models.families.llama_facts import (OPTIONAL_KEYS, check_llama_tensor_parallel, kv_heads_per_rank,
                                          llama_option, rope_scaling)
@@ -81,9 +83,11 @@ class RMSNorm(nn.Module):
 
 class Attention(nn.Module):
     """Causal grouped-query attention with rotary embeddings. ``num_heads`` / ``num_kv_heads``
-    are the heads this module computes: all of them dense, this rank's under tensor parallelism."""
+    are the heads this module computes: all of them dense, this rank's under tensor parallelism.
+    ``cp``: x is this rank's zigzag shard of the sequence; rotary at its global positions, ring attention."""
 
-    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, inv_freq: torch.Tensor):
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, inv_freq: torch.Tensor,
+                 cp: ContextParallel | None = None):
         super().__init__()
         self.head_dim = hidden // num_heads
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
@@ -91,11 +95,12 @@ class Attention(nn.Module):
         self.k_proj = _linear(hidden, num_kv_heads * self.head_dim)
         self.v_proj = _linear(hidden, num_kv_heads * self.head_dim)
         self.o_proj = _linear(num_heads * self.head_dim, hidden)
-        self.core = CoreAttention(causal=True)   # grouped-query when k and v have fewer heads
+        self.core = CoreAttention(causal=True, cp=cp)   # grouped-query when k and v have fewer heads
+        self.cp = cp
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotary(self, seq: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        positions = torch.arange(seq, device=device, dtype=torch.float32)
+        positions = global_positions(seq, self.cp, device).to(torch.float32)
         freqs = positions[:, None] * self.inv_freq.to(device=device, dtype=torch.float32)[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos(), angles.sin()
@@ -129,10 +134,10 @@ class SwiGLU(nn.Module):
 
 class Block(nn.Module):
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, ffn: int, eps: float,
-                 inv_freq: torch.Tensor):
+                 inv_freq: torch.Tensor, cp: ContextParallel | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
-        self.self_attn = Attention(hidden, num_heads, num_kv_heads, inv_freq)
+        self.self_attn = Attention(hidden, num_heads, num_kv_heads, inv_freq, cp)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
         self.mlp = SwiGLU(hidden, ffn)
 
@@ -218,14 +223,19 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                 seq_len: int, vocab_size: int, tie_embeddings: bool = OPTIONAL_KEYS["tie_embeddings"],
                 norm_eps: float = OPTIONAL_KEYS["norm_eps"], rope_theta: float = OPTIONAL_KEYS["rope_theta"],
                 rope_scaling: dict[str, float] | None = None, seed: int = 0,
-                tp: TensorParallel | None = None) -> LayerModel:
+                tp: TensorParallel | None = None, cp: ContextParallel | None = None) -> LayerModel:
     """Llama as ``num_layers + 2`` pipeline layers, each initialised from its own seed. With tying
     the head starts from (and stays equal to) the token embedding; with ``tp`` every layer is
-    this rank's slice of the dense layer and the loss is the vocabulary-parallel cross-entropy."""
+    this rank's slice of the dense layer and the loss is the vocabulary-parallel cross-entropy.
+    With ``cp`` (size > 1) the layers take this rank's zigzag shard of each sequence; the same
+    parameters, and the loss is the local mean."""
     last = num_layers + 1
     if tp is not None:
         check_llama_tensor_parallel({"hidden_size": hidden_size, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
                                      "ffn_hidden_size": ffn_hidden_size}, tp.size)
+    cp = splitting(cp)
+    if cp is not None:
+        check_context_parallel_model(cp, 1 if tp is None else tp.size, seq_len)
     inv_freq = rope_inverse_frequencies(hidden_size // num_heads, rope_theta, rope_scaling)
     embedding = partial(Embedding, vocab_size, hidden_size)
 
@@ -239,7 +249,7 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                     head.weight.copy_(seeded(seed, embedding).embed_tokens.weight)
             return head
         return seeded(seed + i, partial(Block, hidden_size, num_heads, num_kv_heads, ffn_hidden_size, norm_eps,
-                                        inv_freq.clone()))
+                                        inv_freq.clone(), cp))
 
     def build_layer(i: int) -> nn.Module:
         dense = build_dense_layer(i)
@@ -267,6 +277,7 @@ def llama_sizes(model_cfg: Any) -> dict[str, Any]:
                 rope_theta=float(llama_option(model_cfg, "rope_theta")), rope_scaling=rope_scaling(model_cfg))
 
 
-def llama_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None) -> LayerModel:
+def llama_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
+                      cp: ContextParallel | None = None) -> LayerModel:
     """``model=llama_*`` (``models.registry``)."""
-    return llama_model(**llama_sizes(model_cfg), seed=seed, tp=tp)
+    return llama_model(**llama_sizes(model_cfg), seed=seed, tp=tp, cp=cp)
