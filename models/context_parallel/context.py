@@ -3,30 +3,21 @@ zigzag shard (``layout``) of every sample's sequence."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.distributed as dist
 
 from models.context_parallel.layout import check_divisible, zigzag_indices
 from models.errors import ConfigError
+from models.group_context import GroupContext
 
 
 @dataclass(frozen=True)
-class ContextParallel:
-    """A context-parallel group. ``size == 1`` splits nothing (``group`` may then be None)."""
+class ContextParallel(GroupContext):
+    """A context-parallel group (``GroupContext``); ``size == 1`` splits nothing."""
 
-    group: dist.ProcessGroup | None = None
-    rank: int = 0
-    size: int = 1
-
-    def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ValueError(f"context-parallel rank {self.rank} outside a group of {self.size}")
-        if self.size > 1 and self.group is None:
-            raise ValueError("a context-parallel group of size > 1 needs a process group")
-
-    def __deepcopy__(self, memo: dict) -> "ContextParallel":
-        return self  # immutable, and a process group is a shared handle (it cannot be copied)
+    KIND: ClassVar[str] = "context-parallel"
 
     @classmethod
     def from_group(cls, group: dist.ProcessGroup) -> "ContextParallel":

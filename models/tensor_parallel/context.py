@@ -2,31 +2,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch.distributed as dist
 
 from models.errors import ConfigError
+from models.group_context import GroupContext
 
 
 @dataclass(frozen=True)
-class TensorParallel:
-    """A tensor-parallel group as the layers see it. ``size == 1`` means no communication at all,
-    so the same layers run in a single process (``group`` may then be None). ``sequence_parallel``:
-    the regions between the tensor-parallel GEMMs hold 1/t of the sequence (``sequence.py``)."""
+class TensorParallel(GroupContext):
+    """A tensor-parallel group as the layers see it (``GroupContext``). ``sequence_parallel``: the
+    regions between the tensor-parallel GEMMs hold 1/t of the sequence (``sequence.py``)."""
 
-    group: dist.ProcessGroup | None = None
-    rank: int = 0
-    size: int = 1
+    KIND: ClassVar[str] = "tensor-parallel"
+
     sequence_parallel: bool = False
-
-    def __post_init__(self) -> None:
-        if self.size < 1 or not 0 <= self.rank < self.size:
-            raise ValueError(f"tensor-parallel rank {self.rank} outside a group of {self.size}")
-        if self.size > 1 and self.group is None:
-            raise ValueError("a tensor-parallel group of size > 1 needs a process group")
-
-    def __deepcopy__(self, memo: dict) -> "TensorParallel":
-        return self  # immutable, and a process group is a shared handle (it cannot be copied)
 
     @classmethod
     def single(cls) -> "TensorParallel":
