@@ -19,7 +19,7 @@ class LaunchPlan:
 
 def world_size_of(cfg: Any) -> int:
     """Processes the job needs: from the plan file if one is given, else the sum of
-    ``parallel.stage_replicas`` or pp * tp * dp."""
+    ``parallel.stage_replicas`` or pp * tp * cp * dp."""
     plan_path = cfg.parallel.get("plan")
     if plan_path:
         from pipedream.config.plan_file import PlanError, load_plan
@@ -30,7 +30,8 @@ def world_size_of(cfg: Any) -> int:
     replicas = cfg.parallel.get("stage_replicas")
     if replicas:  # 1F1B-RR (schedule=pipedream): the stages' replica counts add up
         return sum(int(r) for r in replicas) * int(cfg.parallel.tp)
-    return int(cfg.parallel.pp) * int(cfg.parallel.tp) * int(cfg.parallel.dp)
+    cp = cfg.parallel.get("cp") or 1   # (absent in configs that predate it)
+    return int(cfg.parallel.pp) * int(cfg.parallel.tp) * int(cp) * int(cfg.parallel.dp)
 
 
 def build_launch(cfg: Any, overrides: list[str], run_dir: str) -> LaunchPlan:

@@ -17,8 +17,10 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from models import build_model
+from models.context_parallel import ContextParallel
 
 from pipedream.checkpoint.store import RunCheckpoints
+from pipedream.data.context_shard import context_shard
 from pipedream.data.datasets import build_datasets
 from pipedream.data.batching import GlobalBatchOrder, microbatches
 from pipedream.observe.device_clock import clock_for
@@ -80,7 +82,9 @@ def resolved_config(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
 
 
 def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> Engine:
-    """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense)."""
+    """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense),
+    with context parallelism the layers that take its part of every sequence (boundary shapes: the
+    dense model's on that shorter sequence)."""
     torch.manual_seed(spec.train.seed)
     dense = (build_fused_model(spec.model_config, spec.multi_model) if spec.multi_model
              else build_model(spec.model_config, seed=spec.train.seed))
@@ -89,19 +93,23 @@ def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> E
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
     tp = TensorParallel.from_group(groups.tp, spec.sequence_parallel) if spec.layout.tp > 1 else None
-    model = build_model(spec.model_config, seed=spec.train.seed, tp=tp) if tp is not None else dense
+    cp = ContextParallel.from_group(groups.cp) if groups.cp is not None else None
+    model = build_model(spec.model_config, seed=spec.train.seed, tp=tp, cp=cp) if tp or cp else dense
     # boundary tensors are dense, except with sequence parallelism: this rank's part of the sequence
     return PipelineEngine(spec, model, ctx.rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout,
                           recorder=recorder, tp=tp, shape_model=model if spec.sequence_parallel else dense)
 
 
 class ShardedData:
-    """The training and validation sets, and this data-parallel rank's micro-batches of a step."""
+    """The training and validation sets, and this data-parallel rank's micro-batches of a step
+    (with context parallelism, of its part of every sequence)."""
 
-    def __init__(self, spec: RunSpec, dp_rank: int):
+    def __init__(self, spec: RunSpec, dp_rank: int, cp_rank: int = 0):
         seed = spec.train.seed
         self.spec, self.dp_rank = spec, dp_rank
-        self.train_set, self.val_set = build_datasets(spec.model_config, spec.data_config, seed)
+        train_set, val_set = build_datasets(spec.model_config, spec.data_config, seed)
+        cp = spec.layout.cp
+        self.train_set, self.val_set = context_shard(train_set, cp, cp_rank), context_shard(val_set, cp, cp_rank)
         self.order = GlobalBatchOrder(len(self.train_set), spec.global_batch, seed)
         self.val_order = GlobalBatchOrder(len(self.val_set), spec.global_batch, seed)
         self.val_steps = max(1, min(spec.loop.eval_batches, len(self.val_set) // spec.global_batch))
@@ -209,7 +217,7 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     recorder = TraceRecorder(clock_for(ctx.device))   # the executor times its actions with it too
     engine = _build_engine(spec, ctx, recorder)
     data = StackedData(spec, engine.coords.dp, ShardedData) if spec.multi_model else \
-        ShardedData(spec, engine.coords.dp)
+        ShardedData(spec, engine.coords.dp, engine.coords.cp)
     loop = Loop(engine, data, recorder)
     run_dir = agree_on_run_dir(spec, ctx)
     config = resolved_config(spec, run_dir)
@@ -293,7 +301,8 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "steps": spec.train.steps,
         "schedule": spec.schedule.name,
         "precision": spec.precision.name,
-        "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp},
+        "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp,
+                     "cp": spec.layout.cp},
         "batch": {"global": spec.global_batch, "micro": spec.micro_batch, "num_microbatches": spec.microbatches},
         "stages": [list(b) for b in spec.bounds],
         "median_step_time_s": median,

@@ -156,6 +156,12 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, exchange: RingExchange, causal: bool):
+        # the matmuls run upcast as written: autocast (bf16/fp16 runs) would cast them back down
+        with torch.autocast(q.device.type, enabled=False):
+            return RingAttention._forward(ctx, q, k, v, exchange, causal)
+
+    @staticmethod
+    def _forward(ctx, q, k, v, exchange: RingExchange, causal: bool):
         check_shapes(q, k, v)
         groups, scale, half = q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1]), q.shape[2] // 2
         kv = torch.stack([k, v])   # one message per step, kv_heads wide
@@ -177,6 +183,11 @@ class RingAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        with torch.autocast(grad_out.device.type, enabled=False):
+            return RingAttention._backward(ctx, grad_out)
+
+    @staticmethod
+    def _backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
         exchange = ctx.exchange
         groups, scale, half = q.shape[1] // k.shape[1], 1.0 / math.sqrt(q.shape[-1]), q.shape[2] // 2

@@ -324,7 +324,8 @@ class RunCheckpoints:
         self.resume_from = spec.resume
         self.engine, self.rank = engine, rank
         spec = engine.spec
-        self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}-v{spec.layout.vpp}-"
+        cp = f"-cp{spec.layout.cp}" if spec.layout.cp > 1 else ""   # (the keys of cp = 1 runs predate cp)
+        self.layout_key = (f"pp{spec.layout.pp}-dp{spec.layout.dp}-tp{spec.layout.tp}{cp}-v{spec.layout.vpp}-"
                            f"{spec.schedule.name}-{list(spec.bounds)}")
         self.module = layers_module(engine.global_layers())
         self.extra = {**record, "layout": self.layout_key}

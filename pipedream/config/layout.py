@@ -1,8 +1,10 @@
-"""Where a rank sits in the (pipeline, data, tensor) grid, and the process groups that follow.
+"""Where a rank sits in the (pipeline, data, context, tensor) grid, and the process groups that follow.
 
-Ranks are ordered tensor-parallel fastest, then data-parallel, then pipeline (as Megatron-LM):
-rank = (pp_rank * dp + dp_rank) * tp + tp_rank, so tensor-parallel peers are neighbours (same
-node) and pipeline stages are furthest apart.
+Ranks are ordered tensor-parallel fastest, then context-parallel, then data-parallel, then pipeline
+(as Megatron-LM): rank = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank, so tensor- and
+context-parallel peers are neighbours (same node) and pipeline stages are furthest apart. The
+ranks that average their gradients at an update are a stage's dp x cp ranks: context-parallel
+peers hold the same parameters and the same samples, each a part of every sequence.
 
 ``stage_replicas`` (PipeDream's 1F1B-RR) replaces the grid with one pipeline whose stage s runs on
 ``stage_replicas[s]`` consecutive ranks; micro-batch k visits replica k % stage_replicas[s]. There
@@ -24,6 +26,7 @@ class Coords(NamedTuple):
     pp: int
     dp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -32,13 +35,14 @@ class ParallelLayout:
     dp: int = 1
     tp: int = 1
     vpp: int = 1
+    cp: int = 1
     stage_replicas: tuple[int, ...] = ()
     placement: str = "round-robin"   # how chunks map to virtual stages (``schedules.placement``; zbv: "vshape")
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"placement {self.placement!r} is unknown: choose one of {', '.join(PLACEMENTS)}")
-        for name in ("pp", "dp", "tp", "vpp"):
+        for name in ("pp", "dp", "tp", "vpp", "cp"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name} = {value!r} must be a positive integer")
@@ -49,15 +53,15 @@ class ParallelLayout:
             if len(replicas) != self.pp:
                 raise ConfigError(f"parallel.stage_replicas={replicas} has {len(replicas)} entries but parallel.pp = "
                                   f"{self.pp}: set parallel.pp={len(replicas)} or give one count per stage")
-            if (self.dp, self.tp, self.vpp) != (1, 1, 1):
-                raise ConfigError(f"parallel.stage_replicas={replicas} replaces parallel.dp and needs tp = vpp = 1 "
-                                  f"(got dp={self.dp}, tp={self.tp}, vpp={self.vpp}): set them to 1")
+            if (self.dp, self.tp, self.vpp, self.cp) != (1, 1, 1, 1):
+                raise ConfigError(f"parallel.stage_replicas={replicas} replaces parallel.dp and needs tp = vpp = cp = 1 "
+                                  f"(got dp={self.dp}, tp={self.tp}, vpp={self.vpp}, cp={self.cp}): set them to 1")
 
     @property
     def world_size(self) -> int:
         if self.stage_replicas:
             return sum(self.stage_replicas)
-        return self.pp * self.dp * self.tp
+        return self.pp * self.dp * self.cp * self.tp
 
     @property
     def num_virtual_stages(self) -> int:
@@ -69,14 +73,16 @@ class ParallelLayout:
         if self.stage_replicas:
             return Coords(self.replicated().stage_of(rank), 0, 0)
         tp_rank = rank % self.tp
-        dp_rank = (rank // self.tp) % self.dp
-        return Coords(rank // (self.tp * self.dp), dp_rank, tp_rank)
+        cp_rank = (rank // self.tp) % self.cp
+        dp_rank = (rank // (self.tp * self.cp)) % self.dp
+        return Coords(rank // (self.tp * self.cp * self.dp), dp_rank, tp_rank, cp_rank)
 
     def degrees(self) -> str:
-        """``pp=2 tp=2 dp=1`` (replicated stages: their replica counts), for titles and launch lines."""
+        """``pp=2 tp=2 dp=1`` (and ``cp=2`` when the sequence is split; replicated stages: their
+        replica counts), for titles and launch lines."""
         if self.stage_replicas:
             return f"pp={self.pp} tp={self.tp} stage_replicas={list(self.stage_replicas)}"
-        return f"pp={self.pp} tp={self.tp} dp={self.dp}"
+        return f"pp={self.pp} tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} dp={self.dp}"
 
     def rank_label(self, rank: int) -> str:
         """``rank 3 (pp 1, tp 1, dp 0)``: a rank with its coordinates (replicated stages: stage, replica)."""
@@ -84,13 +90,13 @@ class ParallelLayout:
             stage = self.replicated().stage_of(rank)
             return f"rank {rank} (stage {stage}, replica {rank - self.replicated().first_rank(stage)})"
         c = self.coords(rank)
-        return f"rank {rank} (pp {c.pp}, tp {c.tp}, dp {c.dp})"
+        return f"rank {rank} (pp {c.pp}, tp {c.tp}{f', cp {c.cp}' if self.cp > 1 else ''}, dp {c.dp})"
 
-    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int) -> int:
+    def rank_of(self, pp_rank: int, dp_rank: int, tp_rank: int, cp_rank: int = 0) -> int:
         """With ``stage_replicas``, ``dp_rank`` is the replica index within the stage."""
         if self.stage_replicas:
             return self.replicated().first_rank(pp_rank) + dp_rank
-        return (pp_rank * self.dp + dp_rank) * self.tp + tp_rank
+        return ((pp_rank * self.dp + dp_rank) * self.cp + cp_rank) * self.tp + tp_rank
 
     def check_world_size(self, world_size: int) -> None:
         if self.stage_replicas and world_size != self.world_size:
@@ -98,7 +104,7 @@ class ParallelLayout:
                               f"but WORLD_SIZE = {world_size}: make the replicas sum to {world_size} or launch "
                               f"{self.world_size} processes")
         if world_size != self.world_size:
-            raise ConfigError(f"parallel.pp*tp*dp = {self.pp}*{self.tp}*{self.dp} = {self.world_size} but "
+            raise ConfigError(f"parallel.pp*tp*cp*dp = {self.pp}*{self.tp}*{self.cp}*{self.dp} = {self.world_size} but "
                               f"WORLD_SIZE = {world_size}: launch {self.world_size} processes "
                               f"(python -m launcher does) or change the degrees")
 
@@ -126,13 +132,14 @@ class ParallelLayout:
     def peer_rank(self, rank: int, microbatch: int, chunk: int, forward: bool) -> int:
         """The rank that receives this rank's output of ``chunk`` (forward) or sends its input
         (backward) for ``microbatch``: the same data-parallel and tensor-parallel coordinates on the
-        next/previous virtual stage, or with ``stage_replicas`` the replica that micro-batch visits."""
+        next/previous virtual stage (and context-parallel: the same part of the sequence), or with
+        ``stage_replicas`` the replica that micro-batch visits."""
         coords = self.coords(rank)
         step = self.next_virtual_stage if forward else self.prev_virtual_stage
         pp_rank, _ = step(coords.pp, chunk)
         if self.stage_replicas:
             return self.replicated().route(pp_rank, microbatch)
-        return self.rank_of(pp_rank, coords.dp, coords.tp)
+        return self.rank_of(pp_rank, coords.dp, coords.tp, coords.cp)
 
     def p2p_channels(self) -> list[tuple[int, int]]:
         """Every (src, dst) pair of global ranks that may exchange activations or gradients, sorted;
@@ -160,14 +167,15 @@ class ParallelLayout:
         return ReplicatedPipeline(self.stage_replicas or (1,) * self.pp)
 
     def stage_replica_count(self, pp_rank: int) -> int:
-        """Ranks whose gradients one update of stage ``pp_rank`` averages."""
-        return self.stage_replicas[pp_rank] if self.stage_replicas else self.dp
+        """Ranks whose gradients one update of stage ``pp_rank`` averages (dp x cp of them)."""
+        return self.stage_replicas[pp_rank] if self.stage_replicas else self.dp * self.cp
 
     def replica(self, rank: int) -> int:
-        """This rank's index among the replicas of its stage."""
+        """This rank's index among the ranks whose gradients its stage's update averages."""
         if self.stage_replicas:
             return self.replicated().replica_of(rank)
-        return self.coords(rank).dp
+        coords = self.coords(rank)
+        return coords.dp * self.cp + coords.cp
 
 
 def split_layers(num_layers: int, num_stages: int, layers_per_stage: list[int] | None = None,

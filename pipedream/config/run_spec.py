@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from models import check_tensor_parallel_config, checked_plugin, pipeline_layer_count
+from models import check_context_parallel_config, check_tensor_parallel_config, checked_plugin, pipeline_layer_count
 from models.plugin_config import plugin_target
 from models.registry import MODEL_FAMILIES, model_family
 
@@ -268,17 +268,46 @@ def _layout(cfg: Any, info: ScheduleInfo) -> ParallelLayout:
                           f"only schedule=pipedream (1F1B-RR) runs: use schedule=pipedream, or parallel.dp for "
                           f"equal replicas")
     layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
-                            stage_replicas=replicas)
+                            cp=_context_parallel_degree(cfg), stage_replicas=replicas)
     placement = info.placement_for(layout.pp)
     if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
         if layout.vpp not in (1, 2):
             raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={info.name} holds exactly 2 chunks per rank "
                               f"(a V); set parallel.vpp=2 or leave it at 1")
-        return ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp, placement=placement.kind)
+        return ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp, cp=layout.cp,
+                              placement=placement.kind)
     if layout.vpp > 1 and not info.interleaves:
         raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev "
                           f"(got schedule={info.name})")
     return layout
+
+
+def _context_parallel_degree(cfg: Any) -> Any:
+    """parallel.cp (1 where an older config has no such key)."""
+    cp = config_value(cfg, "parallel.cp")
+    return 1 if cp is None else cp
+
+
+def _check_context_parallel(cfg: Any, layout: ParallelLayout, info: ScheduleInfo, seq_len: int | None) -> None:
+    """What a sequence split over parallel.cp ranks needs: a family with ring attention, no attention
+    dropout, 2·cp equal chunks of every sequence, and a runtime that reduces over dp x cp."""
+    cp = layout.cp
+    if cp == 1:
+        return
+    check_context_parallel_config(cfg.model, cp)
+    dropout = config_value(cfg, "model.dropout") or 0.0
+    if dropout > 0:
+        raise ConfigError(f"model.dropout={dropout} with parallel.cp={cp}: ring attention has no dropout; "
+                          f"set model.dropout=0 or parallel.cp=1")
+    if seq_len is not None and seq_len % (2 * cp):
+        raise ConfigError(f"model.seq_len={seq_len} is not divisible by 2·parallel.cp = {2 * cp} (every sequence is "
+                          f"cut into 2·cp equal chunks): use a multiple of {2 * cp} or a smaller parallel.cp")
+    if info.memory_virtualised:
+        raise ConfigError(f"schedule={info.name} with parallel.cp={cp} is not supported (Harmony runs whole "
+                          f"sequences per device): set parallel.cp=1")
+    if config_value(cfg, "train.models"):
+        raise ConfigError(f"train.models (a fused model set) with parallel.cp={cp} is not supported: set "
+                          f"parallel.cp=1")
 
 
 def _vertical_sync(cfg: Any, info: ScheduleInfo) -> bool:
@@ -343,7 +372,7 @@ def _multi_model(cfg: Any, info: ScheduleInfo, layout: ParallelLayout, optim: Op
 
 def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel | None = None) -> RunSpec:
     """Validates ``cfg`` into the run's spec, section by section; with ``world_size`` also checks it
-    against pp*tp*dp. ``plugin``: the model plugin as ``models.checked_plugin`` read it (read here
+    against pp*tp*cp*dp. ``plugin``: the model plugin as ``models.checked_plugin`` read it (read here
     when not given)."""
     if plugin is None:
         plugin = checked_plugin(cfg.model)
@@ -358,6 +387,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel
     train = TrainSpec.from_config(cfg)
     sequence_parallel = _check_sequence_parallel(cfg, _tensor_parallel(cfg), plugin)
     layout = _layout(cfg, info)
+    _check_context_parallel(cfg, layout, info, seq_len)
     vertical_sync = _vertical_sync(cfg, info)
     _check_tied_embedding(cfg, info, layout)
     microbatches = _microbatches(cfg, layout)

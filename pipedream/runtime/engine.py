@@ -129,7 +129,7 @@ class PipelineEngine:
         # sharded bucket by bucket where the buckets overlap the backward
         overlap_bytes = self._overlap_bucket_bytes(train, replicas)
         optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                            self.coords.dp, overlap_bytes)
+                                            layout.replica(rank), overlap_bytes)
         # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
         # (forward pre-hooks; compiled layers would trace the wait, so they get the blocking gather)
         if overlap_bytes is not None and train.compile is None:

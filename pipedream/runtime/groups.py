@@ -1,7 +1,8 @@
-"""Process groups for a layout: a DeviceMesh over (pp, dp, tp), the groups that join stages
+"""Process groups for a layout: a DeviceMesh over (pp, dp, cp, tp), the groups that join stages
 holding copies of a tied parameter, and two groups for point-to-point messages (one per
-direction). With ``stage_replicas`` (1F1B-RR) there is no grid: ``dp`` is the group of this rank's
-stage replicas, which all-reduce gradients before each update."""
+direction). ``dp`` is always the group whose gradients one update averages: the data-parallel and
+context-parallel ranks of a stage together (one reduction over both, as Megatron-LM's), and with
+``stage_replicas`` (1F1B-RR, no grid) this rank's stage replicas."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,10 +34,11 @@ class DirectedGroups:
 class ProcessGroups:
     mesh: DeviceMesh | None                # None with stage_replicas (no grid)
     pp: dist.ProcessGroup
-    dp: dist.ProcessGroup                  # replicas of this rank's stage
+    dp: dist.ProcessGroup                  # ranks averaging this stage's gradients: dp x cp (or the replicas)
     tp: dist.ProcessGroup | None
     tied: list[dist.ProcessGroup | None]   # per model.tied group: mine, or None if not split
     p2p: DirectedGroups | None = None      # None when pp = 1
+    cp: dist.ProcessGroup | None = None    # ranks holding the parts of the same sequences (cp > 1)
 
 
 def build_p2p_groups(layout: ParallelLayout) -> DirectedGroups | None:
@@ -71,7 +73,8 @@ def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: Lay
                  bounds: list[tuple[int, int]]) -> ProcessGroups:
     if layout.stage_replicas:
         return build_replicated_groups(layout, rank, model)
-    mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp"))
+    mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.cp, layout.tp),
+                            mesh_dim_names=("pp", "dp", "cp", "tp"))
     me = layout.coords(rank)
     tied: list[dist.ProcessGroup | None] = []
     for group in model.tied:
@@ -80,11 +83,19 @@ def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: Lay
         if len(pp_ranks) > 1:
             # every rank creates every group, in the same order, as new_group requires
             for dp_rank in range(layout.dp):
-                for tp_rank in range(layout.tp):
-                    ranks = [layout.rank_of(p, dp_rank, tp_rank) for p in pp_ranks]
-                    created = dist.new_group(ranks)
-                    if (me.dp, me.tp) == (dp_rank, tp_rank) and me.pp in pp_ranks:
-                        mine = created
+                for cp_rank in range(layout.cp):
+                    for tp_rank in range(layout.tp):
+                        ranks = [layout.rank_of(p, dp_rank, tp_rank, cp_rank) for p in pp_ranks]
+                        created = dist.new_group(ranks)
+                        if (me.dp, me.cp, me.tp) == (dp_rank, cp_rank, tp_rank) and me.pp in pp_ranks:
+                            mine = created
         tied.append(mine)
-    return ProcessGroups(mesh=mesh, pp=mesh.get_group("pp"), dp=mesh.get_group("dp"), tp=mesh.get_group("tp"),
-                         tied=tied, p2p=build_p2p_groups(layout))
+    return ProcessGroups(mesh=mesh, pp=mesh.get_group("pp"), dp=gradient_group(layout, mesh), tp=mesh.get_group("tp"),
+                         cp=mesh.get_group("cp") if layout.cp > 1 else None, tied=tied, p2p=build_p2p_groups(layout))
+
+
+def gradient_group(layout: ParallelLayout, mesh: DeviceMesh) -> dist.ProcessGroup:
+    """The dp x cp ranks of this rank's stage (the dp group alone when cp = 1)."""
+    if layout.cp == 1:
+        return mesh.get_group("dp")
+    return mesh["dp", "cp"]._flatten("dp_cp").get_group()
