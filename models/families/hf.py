@@ -101,9 +101,11 @@ class HFDecoderLayer(nn.Module):
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
         positions = global_positions(hidden.shape[1], self.cp, hidden.device).unsqueeze(0)
         make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
-        # shape inference runs on the meta device, where a mask cannot be built (nor changes a shape)
-        mask = None if hidden.is_meta or self.cp is not None else make_mask(config=self._config, inputs_embeds=hidden, attention_mask=None,
-                                                     cache=None, position_ids=positions)
+        # shape inference runs on the meta device, where a mask cannot be built (nor changes a shape);
+        # under context parallelism the ring attention masks
+        unmasked = hidden.is_meta or self.cp is not None
+        mask = None if unmasked else make_mask(config=self._config, inputs_embeds=hidden, attention_mask=None,
+                                               cache=None, position_ids=positions)
         extra = {}
         if self.rotary is not None:
             extra = dict(position_embeddings=self.rotary(hidden, positions), position_ids=positions)
