@@ -58,7 +58,7 @@ def check_context_parallel_config(model_cfg: Any, cp: int) -> None:
     if family is None or not family.context_parallel:
         name = model_cfg.get("name") or f"{model_cfg.get('_target_')} (a plugin)"
         raise ConfigError(f"model={name} has no context-parallel form but context-parallel size cp={cp}: "
-                          f"use cp=1 or a gpt / llama model")
+                          f"use cp=1 or a gpt / llama / hf model")
 
 
 def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,

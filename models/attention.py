@@ -47,7 +47,9 @@ class CoreAttention(nn.Module):
             return self._attend(q, k, v, dropout)
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout: float) -> torch.Tensor:
-        if self.cp is not None:   # dropout is 0 here: refused at construction
+        # dropout is 0 here (refused at construction); on the meta device (shape inference) the
+        # plain attention below gives the ring's shape without communicating
+        if self.cp is not None and not q.is_meta:
             return ring_attention(q, k, v, self.cp.group, causal=self.causal)
         return F.scaled_dot_product_attention(q, k, v, is_causal=self.causal, dropout_p=dropout,
                                               enable_gqa=k.shape[1] != q.shape[1])

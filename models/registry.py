@@ -61,7 +61,7 @@ FAMILIES = (
                 layer_count=hf_facts.hf_layer_count, parameter_count=hf_facts.hf_parameter_count,
                 flops_per_iteration=hf_facts.hf_flops_per_iteration, layer_kinds=transformer_layer_kinds,
                 check_config=hf_facts.check_hf_config, config_from_files=hf_facts.config_from_files,
-                hf_export="models.families.hf:to_hf"),
+                context_parallel=True, hf_export="models.families.hf:to_hf"),
 )
 MODEL_FAMILIES = MappingProxyType({family.name: family for family in FAMILIES})
 

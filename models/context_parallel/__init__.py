@@ -1,7 +1,8 @@
 """Context parallelism: every sample's sequence split over the ``cp`` ranks of a group, in the
 load-balanced zigzag layout (``layout``), with the ring attention that keeps attention exact over
 the split (``ring_attention``). ``ContextParallel`` is a rank's context, which ``models.build_model``
-passes to the gpt and llama families; no configuration builds it yet."""
+passes to the gpt, llama and hf families (with or without tensor and sequence parallelism, whose
+group is another one); no configuration builds it yet."""
 from models.context_parallel.context import ContextParallel, global_positions, splitting
 from models.context_parallel.layout import gather_zigzag, split_zigzag, unsplit_zigzag, zigzag_indices
 from models.context_parallel.ring_attention import RingExchange, ring_attention

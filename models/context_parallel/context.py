@@ -2,6 +2,7 @@
 zigzag shard (``layout``) of every sample's sequence."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -44,11 +45,15 @@ def check_no_dropout(dropout: float, cp: ContextParallel) -> None:
                           f"dropout; set model.dropout=0 or use cp=1")
 
 
-def check_context_parallel_model(cp: ContextParallel, tp_size: int, seq_len: int, dropout: float = 0.0) -> None:
-    """One-line ConfigErrors for what a context-parallel family cannot build, before any layer is."""
+def check_context_parallel_model(cp: ContextParallel, tp_size: int, seq_len: int, dropout: float = 0.0,
+                                 sequence_parallel: bool = False) -> None:
+    """One-line ConfigErrors for what a context-parallel family cannot build, before any layer is.
+    With tensor parallelism the ring runs over the cp group on the rank's heads; with sequence
+    parallelism the rank's zigzag shard (``seq_len / cp`` tokens) is further cut into ``tp_size`` parts."""
     check_no_dropout(dropout, cp)
-    if tp_size > 1:   # GPT's tensor-parallel attention and sequence-parallel positions know no cp yet
-        raise ConfigError(f"tensor parallelism tp={tp_size} with context parallelism cp={cp.size} is not "
-                          f"supported yet: use tp=1 or cp=1")
-    check_divisible(seq_len, cp.size)
-
+    chunk = check_divisible(seq_len, cp.size)
+    if sequence_parallel and tp_size > 1 and (2 * chunk) % tp_size:
+        raise ConfigError(f"sequence length {seq_len} over cp={cp.size} leaves {2 * chunk} tokens per rank, which "
+                          f"sequence parallelism cannot cut into tp={tp_size} equal parts: use a sequence length "
+                          f"that is a multiple of {2 * cp.size * tp_size // math.gcd(2, tp_size)} or turn "
+                          f"sequence parallelism off")

@@ -47,17 +47,18 @@ class Embedding(nn.Module):
 
 class SequenceParallelEmbedding(nn.Module):
     """The tensor-parallel embedding with sequence parallelism: the vocabulary-parallel lookup is
-    reduce-scattered so each rank holds its part of the sequence, which gets its own positions."""
+    reduce-scattered so each rank holds its part of the sequence, which gets its own positions
+    (with ``cp``, its part of the rank's zigzag shard, at their global positions)."""
 
     def __init__(self, embedding: Embedding, tp: TensorParallel, rng: RNGTracker):
         super().__init__()
         self.tp, self.rng = tp, rng
         self.wte = VocabParallelEmbedding.from_dense_weight(embedding.wte.weight.detach(), tp)
-        self.wpe, self.drop = embedding.wpe, embedding.drop
+        self.wpe, self.drop, self.cp = embedding.wpe, embedding.drop, embedding.cp
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         start, end = sequence_range(tokens.shape[1], self.tp)
-        positions = torch.arange(start, end, device=tokens.device)
+        positions = global_positions(tokens.shape[1], self.cp, tokens.device)[start:end]
         x = self.wte(tokens) + F.embedding(positions, sequence_parallel_weight(self.wpe.weight, self.tp))
         return sequence_region_dropout(self.drop, x, self.rng, self.tp)
 
@@ -202,7 +203,8 @@ def gpt_model(num_layers: int, hidden_size: int, num_heads: int, seq_len: int,
         check_tensor_parallel(hidden_size, num_heads, tp.size)
     cp = splitting(cp)
     if cp is not None:
-        check_context_parallel_model(cp, 1 if tp is None else tp.size, seq_len, dropout)
+        check_context_parallel_model(cp, 1 if tp is None else tp.size, seq_len, dropout,
+                                     tp is not None and tp.sequence_parallel)
     embedding = partial(Embedding, vocab_size, hidden_size, seq_len, dropout, cp)
 
     def build_layer(i: int) -> nn.Module:

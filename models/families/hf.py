@@ -7,7 +7,8 @@ memory), then materialised alone and filled with its own tensors only, read with
 the layers it owns (``LayerModel.build(indices)``), so no process ever holds the whole model.
 Rotary position embeddings and the causal mask are computed inside every decoder-layer wrapper,
 so stages need nothing but the hidden states from each other. Under ``torch.device("meta")`` (the
-runtime's shape inference) layers are built without reading any tensor.
+runtime's shape inference) layers are built without reading any tensor. With a context-parallel
+group the layers take a rank's zigzag shard of each sequence (``hf_context_parallel``).
 """
 from __future__ import annotations
 
@@ -20,10 +21,12 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
+from models.context_parallel import ContextParallel, global_positions, splitting
 from models.errors import ConfigError
 from models.families.gpt import language_model_loss
 from models.families.hf_facts import (INSTALL_HINT, HFLayout, config_from_files, hf_stage_keys, layout_of,
                                       model_folder, read_hf_config, weight_files)
+from models.families.hf_context_parallel import check_hf_context_parallel, use_ring_attention
 from models.spec import LayerModel
 
 
@@ -62,39 +65,47 @@ class SafetensorsCheckpoint:
 
 
 class HFEmbedding(nn.Module):
-    """Token embedding, plus a learned position table where the model has one (GPT-2)."""
+    """Token embedding, plus a learned position table where the model has one (GPT-2), read at
+    the tokens' global positions (``cp``: this rank's zigzag shard)."""
 
-    def __init__(self, embed: nn.Module, positions: nn.Module | None, dropout: nn.Module | None):
+    def __init__(self, embed: nn.Module, positions: nn.Module | None, dropout: nn.Module | None,
+                 cp: ContextParallel | None = None):
         super().__init__()
         self.embed = embed
         self.positions = positions
         self.drop = dropout if dropout is not None else nn.Identity()
+        self.cp = cp
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         hidden = self.embed(tokens)
         if self.positions is not None:
-            hidden = hidden + self.positions(torch.arange(tokens.shape[1], device=tokens.device))
+            hidden = hidden + self.positions(global_positions(tokens.shape[1], self.cp, tokens.device))
         return self.drop(hidden)
 
 
 class HFDecoderLayer(nn.Module):
     """One decoder layer; computes its own positions, rotary cos/sin and causal (or sliding-window) mask
-    the way the model's own forward does for a batch without padding."""
+    the way the model's own forward does for a batch without padding. ``cp``: ``hidden`` is this
+    rank's zigzag shard, at its global positions; the ring attention masks, so no mask is built."""
 
-    def __init__(self, layer: nn.Module, config: Any, rotary: nn.Module | None, sliding: bool):
+    def __init__(self, layer: nn.Module, config: Any, rotary: nn.Module | None, sliding: bool,
+                 cp: ContextParallel | None = None):
         super().__init__()
         self.layer = layer
         self.rotary = rotary
         self.sliding = sliding
+        self.cp = cp
         self._config = config   # not a module: kept out of the state dict
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-        positions = torch.arange(hidden.shape[1], device=hidden.device).unsqueeze(0)
+        positions = global_positions(hidden.shape[1], self.cp, hidden.device).unsqueeze(0)
         make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
-        # shape inference runs on the meta device, where a mask cannot be built (nor changes a shape)
-        mask = None if hidden.is_meta else make_mask(config=self._config, inputs_embeds=hidden, attention_mask=None,
-                                                     cache=None, position_ids=positions)
+        # shape inference runs on the meta device, where a mask cannot be built (nor changes a shape);
+        # under context parallelism the ring attention masks
+        unmasked = hidden.is_meta or self.cp is not None
+        mask = None if unmasked else make_mask(config=self._config, inputs_embeds=hidden, attention_mask=None,
+                                               cache=None, position_ids=positions)
         extra = {}
         if self.rotary is not None:
             extra = dict(position_embeddings=self.rotary(hidden, positions), position_ids=positions)
@@ -119,10 +130,12 @@ def sliding_layer(config: Any, index: int) -> bool:
     return getattr(config, "sliding_window", None) is not None
 
 
-def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | None = None) -> LayerModel:
+def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | None = None,
+             cp: ContextParallel | None = None) -> LayerModel:
     """The model folder ``model_cfg["path"]`` as a ``LayerModel``. ``checkpoint`` reads the tensors
     (one per model by default; pass one to see what was read). ``seed`` is unused: the weights are
-    the checkpoint's."""
+    the checkpoint's. With ``cp`` (size > 1) the layers take this rank's zigzag shard of each
+    sequence (``split_zigzag``) and the loss is the local mean, as the gpt and llama families'."""
     transformers = require_transformers()
     folder = model_folder(model_cfg)
     layout = layout_of(read_hf_config(model_cfg), f"model.path={model_cfg.get('path')}: ")
@@ -131,6 +144,10 @@ def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | 
     seq_len = int(model_cfg.get("seq_len") or sizes["seq_len"])
     tie = bool(sizes["tie_embeddings"])
     config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
+    cp = splitting(cp)
+    if cp is not None:
+        check_hf_context_parallel(config, num_blocks, seq_len, cp, f"model.path={model_cfg.get('path')}: ",
+                                  sliding_layer)
     reader = checkpoint or SafetensorsCheckpoint(folder)
     last = num_blocks + 1
 
@@ -148,12 +165,14 @@ def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | 
 
     def build_layer(i: int) -> nn.Module:
         if i == 0:
-            layer = HFEmbedding(part(layout.embed), part(layout.positions), part(layout.dropout))
+            layer = HFEmbedding(part(layout.embed), part(layout.positions), part(layout.dropout), cp)
         elif i == last:
             layer = HFHead(part(layout.norm), part(layout.head))
         else:
             rotary = type(skeleton().get_submodule(layout.rotary))(config=config) if layout.rotary else None
-            layer = HFDecoderLayer(part(f"{layout.layers}.{i - 1}"), config, rotary, sliding_layer(config, i - 1))
+            layer = HFDecoderLayer(part(f"{layout.layers}.{i - 1}"), config, rotary, sliding_layer(config, i - 1), cp)
+            if cp is not None:
+                use_ring_attention(layer.layer.get_submodule(layout.attention), cp)
         if torch.get_default_device().type != "meta":
             load_layer(layer, layout, i)
         return layer
@@ -172,9 +191,9 @@ def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | 
                       make_batch=make_batch, tied=tied)
 
 
-def hf_from_config(model_cfg: Any, seed: int = 0) -> LayerModel:
-    """``model=hf`` (``models.registry``)."""
-    return hf_model(model_cfg, seed)
+def hf_from_config(model_cfg: Any, seed: int = 0, tp: Any = None, cp: ContextParallel | None = None) -> LayerModel:
+    """``model=hf`` (``models.registry``); ``tp`` is always None (the family has no tensor-parallel form)."""
+    return hf_model(model_cfg, seed, cp=cp)
 
 
 def to_hf(model_state: dict[str, torch.Tensor], model_cfg: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:

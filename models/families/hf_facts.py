@@ -39,6 +39,7 @@ class HFLayout:
     positions: str | None = None
     rotary: str | None = None
     dropout: str | None = None      # the embedding's dropout (GPT-2's embd_pdrop)
+    attention: str = "self_attn"    # the attention module inside a decoder layer
 
 
 LLAMA_LAYOUT = dict(embed="model.embed_tokens", layers="model.layers", norm="model.norm", rotary="model.rotary_emb")
@@ -47,7 +48,7 @@ LAYOUTS = MappingProxyType({
     "mistral": HFLayout("MistralForCausalLM", **LLAMA_LAYOUT),
     "qwen2": HFLayout("Qwen2ForCausalLM", **LLAMA_LAYOUT),
     "gpt2": HFLayout("GPT2LMHeadModel", embed="transformer.wte", layers="transformer.h", norm="transformer.ln_f",
-                     positions="transformer.wpe", dropout="transformer.drop"),
+                     positions="transformer.wpe", dropout="transformer.drop", attention="attn"),
 })
 # config.json's names for the sizes, per model_type (GPT-2 keeps its original names)
 SIZE_NAMES = MappingProxyType({

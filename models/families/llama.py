@@ -235,7 +235,8 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                                      "ffn_hidden_size": ffn_hidden_size}, tp.size)
     cp = splitting(cp)
     if cp is not None:
-        check_context_parallel_model(cp, 1 if tp is None else tp.size, seq_len)
+        check_context_parallel_model(cp, 1 if tp is None else tp.size, seq_len,
+                                     sequence_parallel=tp is not None and tp.sequence_parallel)
     inv_freq = rope_inverse_frequencies(hidden_size // num_heads, rope_theta, rope_scaling)
     embedding = partial(Embedding, vocab_size, hidden_size)
 

@@ -22,21 +22,23 @@ from models.tensor_parallel.sequence import SequenceParallelLayerNorm
 
 class ParallelSelfAttention(nn.Module):
     def __init__(self, qkv: ColumnParallelLinear, proj: RowParallelLinear, num_heads: int, dropout: float,
-                 resid_drop: nn.Module, causal: bool, rng: RNGTracker):
+                 resid_drop: nn.Module, causal: bool, rng: RNGTracker, core: CoreAttention | None = None):
         super().__init__()
         tp = qkv.tp
         self.qkv, self.proj, self.resid_drop = qkv, proj, resid_drop
         self.local_heads = divide(num_heads, tp.size, "model.num_heads", "choose parallel.tp dividing the head count")
         self.head_dim = qkv.in_features // num_heads
         self.dropout, self.causal, self.rng = dropout, causal, rng
-        self.core = CoreAttention(causal, dropout)
+        # the dense layer's core keeps its context-parallel group: the ring runs on this rank's heads
+        self.core = core if core is not None else CoreAttention(causal, dropout)
 
     @classmethod
     def from_dense(cls, attn: nn.Module, tp: TensorParallel, rng: RNGTracker) -> "ParallelSelfAttention":
         divide(attn.num_heads, tp.size, "model.num_heads", "choose parallel.tp dividing the head count")
         qkv = ColumnParallelLinear.from_dense(attn.qkv, tp, stride=3)
         proj = RowParallelLinear.from_dense(attn.proj, tp)
-        return cls(qkv, proj, attn.num_heads, attn.dropout, attn.resid_drop, getattr(attn, "causal", True), rng)
+        return cls(qkv, proj, attn.num_heads, attn.dropout, attn.resid_drop, getattr(attn, "causal", True), rng,
+                   getattr(attn, "core", None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)   # the whole sequence (with sequence parallelism x holds this rank's part)
