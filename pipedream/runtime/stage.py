@@ -111,11 +111,13 @@ class Stage:
         self.weight_grads = WeightGradQueue()
         self._awaiting_weight: dict[tuple[int, int], int] = {}   # split backwards -> bytes held until W
         self._saved_bytes: dict[tuple, int] = {}   # (chunk, input shapes, dtypes, own weights) -> bytes
-        self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
         # (microbatch, chunk) -> what its W runs besides the held GEMMs: the weight half of a split
         # graph, or a first chunk's whole backward (its stash entry and output gradient)
         self._weight_halves: dict[tuple[int, int], WeightHalf | tuple[_Stashed, Boundary | None]] = {}
         self._split_params: dict[int, tuple[list[nn.Parameter], list[nn.Parameter]] | None] = {}
+        # zero3 with reshard_after_forward (numerics/param_residency.py): frees a chunk's parameters
+        # after each action and gathers them before each backward
+        self.residency = None
 
     def parameters(self) -> list[nn.Parameter]:
         seen, params = set(), []
@@ -156,6 +158,8 @@ class Stage:
             nbytes = self._saved_bytes[key] = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, root, nbytes)
         self.stats.add(chunk, nbytes)
+        if self.residency is not None:
+            self.residency.after_forward(chunk)
         return loss.detach() if loss is not None else boundary.detach(outputs)
 
     def _layers(self, chunk: int) -> Iterable[nn.Module]:
@@ -183,7 +187,8 @@ class Stage:
         return value
 
     def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
-        weight_ptrs = self._parameter_ptrs
+        # taken now: zero3 frees and reallocates the parameters' storage between steps
+        weight_ptrs = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
         if weights is not None:
             weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
         return _SavedBytesCounter(weight_ptrs)
@@ -203,6 +208,8 @@ class Stage:
         (microbatch, chunk), for the caller to run. ``split`` (a B followed by its own W) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
+        if self.residency is not None:
+            self.residency.before_backward(chunk)
         if split and self.split_graphs and self._splits_graph(chunk):
             self._split_backward(microbatch, chunk, stashed, grad_output)
         elif defer_weight_grads or split:
@@ -214,6 +221,8 @@ class Stage:
             self._awaiting_weight[(microbatch, chunk)] = stashed.saved_bytes
         else:
             self.stats.remove(stashed.saved_bytes)
+        if self.residency is not None:
+            self.residency.after_backward(chunk)
         return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
 
     def _splits_graph(self, chunk: int) -> bool:
@@ -272,6 +281,8 @@ class Stage:
     def weight_grad(self, microbatch: int, chunk: int) -> None:
         """A WEIGHT action (``ScheduleInfo.split_backward``): the weight-gradient GEMMs that the split
         backward of (microbatch, chunk) left, then its activations count as freed."""
+        if self.residency is not None:
+            self.residency.before_backward(chunk)
         self.weight_grads.run((microbatch, chunk))
         rest = self._weight_halves.pop((microbatch, chunk), None)
         if isinstance(rest, WeightHalf):
@@ -279,6 +290,8 @@ class Stage:
         elif rest is not None:   # a first chunk's whole backward
             self._backpropagate(chunk, *rest)
         self.stats.remove(self._awaiting_weight.pop((microbatch, chunk)))
+        if self.residency is not None:
+            self.residency.after_backward(chunk)
 
     def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:
         """Evaluation: no graph, nothing stashed."""
