@@ -57,9 +57,6 @@ class RankStats:
     memory: dict[str, Any] | None = None   # memory_virtualised: device budget, peak resident bytes, swap volume
     cpu_affinity: list[int] | None = None   # the cores this rank may run on (launcher.bind_cores)
     intra_op_threads: int | None = None
-    # bytes of parameters, gradients and optimizer state held at rest (between steps) and at peak,
-    # measured from the tensors held (numerics/held_bytes.py); None where the engine does not measure
-    held_bytes: dict[str, Any] | None = None
 
 
 @dataclass
@@ -271,8 +268,7 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
                       optimizer_state_bytes=optimizer_state_bytes(engine.optimizer),
                       memory=engine.memory_report(), cpu_affinity=sorted(os.sched_getaffinity(0)),
-                      intra_op_threads=torch.get_num_threads(),
-                      held_bytes=engine.held_bytes() if hasattr(engine, "held_bytes") else None)
+                      intra_op_threads=torch.get_num_threads())
     gathered: list[RankStats | None] = [None] * ctx.world_size
     dist.all_gather_object(gathered, stats)
     traces = gather_traces(loop.recorder, ctx.rank, engine.coords.pp, engine.coords.dp, ctx.world_size)

@@ -1,7 +1,7 @@
 """Bytes of parameters, gradients and optimizer state one rank holds, measured from the tensors it
 actually holds (each storage counted once, a freed zero3 parameter as 0 bytes), at rest (after a
 step's update) and at their peak (sampled where each can peak: the SYNC, every reduce-scatter
-launch and landing, the update). summary.json reports both per rank (``ranks[i].held_bytes``)."""
+launch and landing, the update). summary.json reports both per rank (``ranks[i].memory.held_bytes``)."""
 from __future__ import annotations
 
 from typing import Any, Callable

@@ -164,9 +164,7 @@ class PipelineEngine:
         buffers = [b.buffer for b in getattr(reduction, "buckets", ()) if getattr(b, "buffer", None) is not None]
         return {**extra, "grads": extra.get("grads", 0) + sum(t.numel() * t.element_size() for t in buffers)}
 
-    def held_bytes(self) -> dict[str, Any]:
-        """Per kind (params, grads, optimizer): bytes held at rest (after the last update) and at peak."""
-        return self.held.report()
+
 
     def _build_gradient_sync(self, built: dict[int, nn.Module], groups: ProcessGroups, replicas: int,
                              train: TrainSpec, recorder: Any, global_grad_norm: bool,
@@ -279,9 +277,10 @@ class PipelineEngine:
             return 0, 0
         return self.comm.stats.bytes_sent, self.comm.stats.bytes_received
 
-    def memory_report(self) -> None:
-        """Stages keep their weights on the device: nothing beyond ``peak_memory_bytes`` to report."""
-        return None
+    def memory_report(self) -> dict[str, Any]:
+        """summary.json's per-rank record: ``held_bytes``, the parameter, gradient and optimizer-state
+        bytes held at rest (after the last update) and at peak, measured from the tensors held."""
+        return {"held_bytes": self.held.report()}
 
     def fusion_report(self) -> dict[str, Any] | None:
         return self.fused_stage.report() if self.fused_stage is not None else None

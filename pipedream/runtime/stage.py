@@ -53,17 +53,21 @@ class _SavedBytesCounter:
     """Counts the bytes autograd saves for backward, parameters excluded (a tensor saved twice
     counts once)."""
 
-    def __init__(self, parameter_ptrs: set[int]):
+    def __init__(self, parameter_ptrs: Callable[[], set[int]]):
+        # asked once the forward is done: zero3 allocates a parameter's storage at its layer's gather
         self.parameter_ptrs = parameter_ptrs
-        self.seen: set[int] = set()
-        self.total = 0
+        self.seen: dict[int, int] = {}   # storage pointer -> bytes
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         ptr = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
-        if ptr not in self.parameter_ptrs and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.total += tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0
+        if ptr not in self.seen:
+            self.seen[ptr] = tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0
         return tensor
+
+    @property
+    def total(self) -> int:
+        parameters = self.parameter_ptrs()
+        return sum(nbytes for ptr, nbytes in self.seen.items() if ptr not in parameters)
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
@@ -187,10 +191,9 @@ class Stage:
         return value
 
     def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
-        # taken now: zero3 frees and reallocates the parameters' storage between steps
-        weight_ptrs = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
-        if weights is not None:
-            weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
+        def weight_ptrs() -> set[int]:   # zero3 frees and reallocates the parameters' storage
+            ptrs = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
+            return ptrs | {t.untyped_storage().data_ptr() for t in (weights or {}).values()}
         return _SavedBytesCounter(weight_ptrs)
 
     def _run_chunk(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:

@@ -68,7 +68,7 @@ def one_run(overrides: list[str], steps: int, run_dir: Path) -> dict[str, Any]:
             "stash_bytes_per_microbatch": [sum(r["stash_bytes_per_microbatch"].values()) for r in ranks],
             "optimizer_state_bytes": [r["optimizer_state_bytes"] for r in ranks],
             # parameters + gradients + optimizer state held between steps (summary.json's held_bytes)
-            "held_at_rest_bytes": [sum(r["held_bytes"]["rest"].values()) for r in ranks]}
+            "held_at_rest_bytes": [sum(r["memory"]["held_bytes"]["rest"].values()) for r in ranks]}
 
 
 def measure(comparison: Comparison, model: list[str], steps: int, rounds: int) -> dict[str, Any]:

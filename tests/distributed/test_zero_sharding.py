@@ -38,7 +38,7 @@ EXACT = ("zero2-pp2-dp2", "zero3-pp2-dp2", "zero2-pp1-dp4", "zero3-pp1-dp4", "ze
 
 
 def _held_at_rest(result: list[dict], kinds: tuple[str, ...]) -> list[int]:
-    return [sum(rank["held_bytes"]["rest"][kind] for kind in kinds) for rank in result[0]["summary"]["ranks"]]
+    return [sum(rank["memory"]["held_bytes"]["rest"][kind] for kind in kinds) for rank in result[0]["summary"]["ranks"]]
 
 
 @pytest.mark.slow
