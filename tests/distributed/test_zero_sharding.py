@@ -1,7 +1,7 @@
 """ZeRO-2 and ZeRO-3 (``optim.distributed=zero2|zero3``): AdamW with clipping trains as
 single-process training does at (pp, dp) = (2, 2) (reduce-scatter overlapped with the backward in
-buckets) and at (1, 4) (whole at the SYNC), zero3 also under a zero-bubble schedule (zbv: split
-B/W, two chunks per rank) and with ``reshard_after_forward=true`` (zb_h2: a gather around every F,
+buckets) and at (1, 4) (whole at the SYNC), zero3 also under every other flush schedule (gpipe,
+interleaved, zbv and dualpipev: split B/W, two chunks per rank) and with ``reshard_after_forward=true`` (zb_h2: a gather around every F,
 B and W) and with tensor parallelism; bf16 and fp16 (loss scaling) match the undistributed runs of
 their precision; zero3 at dp = 4 holds at most 0.3x zero1's
 parameter and gradient bytes between steps (summary.json, measured from the tensors held); a zero3
@@ -32,6 +32,11 @@ RUNS = {
     "zero3-zbv": ADAMW + PP2 + ["optim.distributed=zero3", "schedule=zbv"],
     "zero3-reshard-zb_h2": ADAMW + PP2 + ["optim.distributed=zero3", "optim.reshard_after_forward=true",
                                           "schedule=zb_h2"],
+    # the other flush schedules: several chunks per rank (interleaved, a V), GPipe's all-forwards-first
+    **{f"zero3-{schedule}": ADAMW + PP2 + ["optim.distributed=zero3", f"schedule={schedule}"]
+       for schedule in ("gpipe", "interleaved")},
+    "zero3-dualpipev": [o for o in ADAMW if not o.startswith("train.micro_batch_size")] + PP2
+                       + ["optim.distributed=zero3", "schedule=dualpipev", "train.micro_batch_size=1"],   # m >= 2p
     # tensor-parallel shards sharded again over dp (vocabulary divisible by tp)
     "zero3-tp2-dp2": ADAMW + OVERLAP + ["optim.distributed=zero3", "parallel.pp=1", "parallel.tp=2", "parallel.dp=2",
                                         "model.vocab_size=255"],
@@ -44,7 +49,7 @@ RUNS = {
     "fp16-undistributed": ADAMW + FP16,
 }
 EXACT = ("zero2-pp2-dp2", "zero3-pp2-dp2", "zero2-pp1-dp4", "zero3-pp1-dp4", "zero3-zbv", "zero3-reshard-zb_h2",
-         "zero3-tp2-dp2")
+         "zero3-tp2-dp2", "zero3-gpipe", "zero3-interleaved", "zero3-dualpipev")
 
 
 def _held_at_rest(result: list[dict], kinds: tuple[str, ...]) -> list[int]:
