@@ -191,7 +191,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     self._hooks.append(layer.register_forward_pre_hook(
                         partial(self._before_forward, needed, following)))
 
-    def _before_forward(self, needed: tuple[int, ...], following: tuple[int, ...] = (), module: nn.Module = None,
+    def _before_forward(self, needed: tuple[int, ...], following: tuple[int, ...] = (), module: nn.Module | None = None,
                         args: Any = None) -> None:
         if self.level == 3:   # buckets in forward order (they are cut in reverse order of use)
             for index in (*needed, *following):
