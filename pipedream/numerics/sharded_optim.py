@@ -495,6 +495,7 @@ class ShardedReduction(BucketedReduction):
     def _land_completed(self) -> None:
         for bucket in self.buckets[:self._next]:
             if not bucket.landed and bucket.work.is_completed():
+                bucket.work.wait()   # done already; orders the result's stream where there is one
                 bucket.completed_at = self.clock()
                 self._land(bucket)
                 bucket.landed = True
