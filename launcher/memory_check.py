@@ -72,12 +72,15 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
     per_sample = activation_bytes_per_sample(model.layer_specs(tp), spec) * tp   # per tp group, as weights
     weights = parameters * FP32 * share
     in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
+    # optim.distributed: each data-parallel rank keeps 1/dp of the state (zero1 and up), of the
+    # gradients (zero2 and up) and of the parameters (zero3), as held between steps
+    dp, zero = spec.layout.dp, spec.optim.zero
+    versions = weight_versions(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
     return MemoryEstimate(
         processes=processes,
-        weights=weights * weight_versions(spec.schedule, pp, spec.microbatches, spec.layout.vpp),
-        gradients=weights,
-        # optim.distributed: each data-parallel rank keeps 1/dp of the state
-        optimizer=weights * optimizer_states(spec.optim) / (spec.layout.dp if spec.optim.distributed else 1),
+        weights=weights * versions / (dp if zero >= 3 else 1),
+        gradients=weights / (dp if zero >= 2 else 1),
+        optimizer=weights * optimizer_states(spec.optim) / (dp if zero >= 1 else 1),
         activations=per_sample * spec.micro_batch * in_flight * share,
         runtime=RUNTIME_BYTES_PER_PROCESS * processes)
 

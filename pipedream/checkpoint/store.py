@@ -36,6 +36,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from pipedream.checkpoint.plain import load_plain
 from pipedream.checkpoint.integrity import MARKER, checkpoint_problem, completeness_problem, has_checksums, manifest
 from pipedream.errors import stderr_line
+from pipedream.numerics.sharded_optim import ShardedOptimizer
 from pipedream.config.specs import CheckpointSpec
 from pipedream.runtime.engine_protocol import Engine
 
@@ -196,6 +197,7 @@ def save_checkpoint(root: Path, step: int, module: nn.Module, optimizer: torch.o
             partial.mkdir(parents=True, exist_ok=True)
 
     def write_shards() -> None:
+        _whole_parameters(optimizer)
         state = {"model": get_model_state_dict(module, options=OPTIONS),
                  "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
         if tp is not None and tp.size > 1:
@@ -279,6 +281,14 @@ def prune(root: Path, newest: Path, keep: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _whole_parameters(optimizer: torch.optim.Optimizer) -> None:
+    """Collective: checkpoints hold whole parameters, whatever the ZeRO level (a zero3 rank gathers
+    them; they stay whole until its next step's SYNC frees them), so they load into any dp degree
+    and level."""
+    if isinstance(optimizer, ShardedOptimizer):
+        optimizer.whole_parameters()
+
+
 def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any,
                     layout_key: str, rank: int, tp: Any = None) -> int:
     """Collective. Loads weights and optimizer state (into any layout), the schedule position and,
@@ -287,6 +297,7 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
     anything of the checkpoint is loaded."""
     own = path / f"rank{rank}.pt"
     saved = load_plain(own) if own.exists() else None
+    _whole_parameters(optimizer)
     state = {"model": get_model_state_dict(module, options=OPTIONS),
              "optim": get_optimizer_state_dict(module, optimizer, options=OPTIONS)}
     shards = {}
@@ -303,6 +314,8 @@ def load_checkpoint(path: Path, module: nn.Module, optimizer: torch.optim.Optimi
         for key, spec in shards.items():
             _set(state, key, shard_tensor(_get(state, key), spec, tp))
     set_model_state_dict(module, state["model"], options=OPTIONS)
+    if isinstance(optimizer, ShardedOptimizer):   # zero3: its shard of the loaded parameters
+        optimizer.parameters_loaded()
     set_optimizer_state_dict(module, optimizer, state["optim"], options=OPTIONS)
     step = checkpoint_step(path)
     set_schedule_position(optimizer, scheduler, step)

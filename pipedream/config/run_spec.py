@@ -225,19 +225,32 @@ def _check_sequence_parallel(cfg: Any, tp: Any, plugin: CheckedModel | None) -> 
     return True
 
 
-def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_models: bool) -> None:
-    """ZeRO-1 updates every shard at one flush; the asynchronous schedules update per stage at their
-    own times, Harmony keeps its state on the host and fused model sets have their own optimizer."""
+def _check_distributed_optimizer(optim: OptimSpec, info: ScheduleInfo, fused_models: bool,
+                                 compile_backend: str | None = None) -> None:
+    """ZeRO updates every shard at one flush; the asynchronous schedules update per stage at their
+    own times, Harmony keeps its state on the host and fused model sets have their own optimizer.
+    zero3's gathers run in the layers' forward pre-hooks, which torch.compile would trace."""
+    value = _zero_name(optim.zero)
+    if optim.reshard_after_forward and optim.zero != 3:
+        raise ConfigError(f"optim.reshard_after_forward=true applies to sharded parameters, not optim.distributed={value}: "
+                          f"set optim.distributed=zero3 or optim.reshard_after_forward=false")
     if not optim.distributed:
         return
     if info.asynchronous or info.memory_virtualised:
-        raise ConfigError(f"optim.distributed=true needs a flush schedule (1f1b, gpipe, interleaved, zb_h2, zbv, "
+        raise ConfigError(f"optim.distributed={value} needs a flush schedule (1f1b, gpipe, interleaved, zb_h2, zbv, "
                           f"dualpipev), not schedule={info.name}: set optim.distributed=false or pick one of those")
     if fused_models:
-        raise ConfigError("optim.distributed=true does not apply to train.models (fused model sets): "
-                          "set optim.distributed=false")
+        raise ConfigError(f"optim.distributed={value} does not apply to train.models (fused model sets): "
+                          f"set optim.distributed=false")
     if optim.impl != "torch":
-        raise ConfigError(f"optim.distributed=true needs optim.impl=torch (got {optim.impl}): set optim.impl=torch")
+        raise ConfigError(f"optim.distributed={value} needs optim.impl=torch (got {optim.impl}): set optim.impl=torch")
+    if optim.zero == 3 and compile_backend is not None:
+        raise ConfigError(f"optim.distributed=zero3 gathers parameters in forward hooks that train.compile would trace: "
+                          f"set train.compile=false or use optim.distributed=zero2")
+
+
+def _zero_name(level: int) -> str:
+    return "false" if level == 0 else f"zero{level}"
 
 
 def _schedule(cfg: Any) -> ScheduleInfo:
@@ -363,7 +376,7 @@ def _multi_model(cfg: Any, info: ScheduleInfo, layout: ParallelLayout, optim: Op
     every layer run fused once on the meta device (torch)."""
     multi_model = check_multi_model(cfg, info.name, info.asynchronous, layout.tp, optim.impl)
     _check_compile(train.compile, info, layout.tp, multi_model is not None)
-    _check_distributed_optimizer(optim, info, multi_model is not None)
+    _check_distributed_optimizer(optim, info, multi_model is not None, train.compile)
     if multi_model is not None:
         from pipedream.multi_model.fused import build_fused_model   # torch, only for a fused set
         build_fused_model(cfg.model, multi_model)

@@ -175,11 +175,19 @@ class OptimSpec:
     weight_decay: float            # matrices only
     fused: bool                    # torch's fused kernel where the device has one
     impl: str                      # torch | apex (pipedream/numerics/apex.py)
-    distributed: bool              # ZeRO-1: state sharded over the data-parallel group (numerics/sharded_optim.py)
+    distributed: bool              # zero >= 1 (set from it; true alone means zero1)
     # None where the optimizer has no such option (betas/eps: adamw; momentum: sgd)
     betas: tuple[float, float] | None = None
     eps: float | None = None
     momentum: float | None = None
+    zero: int = 0                  # ZeRO level 0..3 over the data-parallel group (numerics/sharded_optim.py)
+    reshard_after_forward: bool = False   # zero3: gather and free around every action, not once per step
+
+    def __post_init__(self) -> None:
+        # ``distributed`` and ``zero`` say the same: specs built with either stay consistent
+        zero = self.zero or (1 if self.distributed else 0)
+        object.__setattr__(self, "zero", zero)
+        object.__setattr__(self, "distributed", zero >= 1)
 
     @classmethod
     def from_config(cls, cfg: Any, choices: tuple[str, ...]) -> OptimSpec:
@@ -191,13 +199,27 @@ class OptimSpec:
         if impl not in ("torch", "apex"):
             raise ConfigError(f"optim.impl={impl!r} is unknown: choose torch or apex")
         common = dict(name=name, weight_decay=optim.number("weight_decay"), fused=optim.flag("fused"), impl=impl,
-                      distributed=optim.flag("distributed"))
+                      distributed=False, zero=zero_level(optim.raw("distributed")),
+                      reshard_after_forward=optim.flag("reshard_after_forward"))
         if name == "adamw":
             betas = optim.raw("betas")
             if isinstance(betas, (str, int, float)) or len(betas) != 2:
                 raise ConfigError(f"optim.betas = {betas!r} must be two numbers, e.g. [0.9, 0.95]")
             return cls(**common, betas=(float(betas[0]), float(betas[1])), eps=optim.number("eps"))
         return cls(**common, momentum=optim.number("momentum"))
+
+
+ZERO_LEVELS = {False: 0, True: 1, "false": 0, "true": 1, "zero1": 1, "zero2": 2, "zero3": 3}
+
+
+def zero_level(value: Any) -> int:
+    """``optim.distributed``: false | zero1 | zero2 | zero3 (true: zero1, as before the levels)."""
+    level = ZERO_LEVELS.get(value.lower() if isinstance(value, str) else value) \
+        if isinstance(value, (bool, str)) else None
+    if level is None:
+        raise ConfigError(f"optim.distributed = {value!r} is not a ZeRO level: it must be false, zero1, zero2 or "
+                          f"zero3 (true means zero1); e.g. optim.distributed=zero2")
+    return level
 
 
 def default_checkpoint_root(run_dir: Path) -> Path:

@@ -56,6 +56,7 @@ class Bucket:
     launched_at: float = 0.0
     completed_at: float | None = None
     waiting: set[int] = field(default_factory=set)   # ids of parameters whose gradient is not final
+    landed: bool = False        # its result is already in place (a subclass may land before ``finish``)
 
 
 def make_bucket(params: list[nn.Parameter]) -> Bucket:
@@ -111,6 +112,7 @@ class BucketedReduction:
         self._unseen: set[int] = set()                  # ids of parameters with gradients but no report
         self._next = 0                                  # the next bucket to launch (they go in order)
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.observe: Callable[[], object] | None = None   # samples the bytes held (held_bytes.HeldBytes)
         if overlap:
             self._handles = [p.register_post_accumulate_grad_hook(self.accumulated) for p in params
                              if p.requires_grad]
@@ -135,23 +137,29 @@ class BucketedReduction:
         if self.overlap and self._expected is None:
             # a gradient that arrived by a path no hook reported: its bucket waits for the sync
             self._unseen = {id(p) for p in self.params if p.grad is not None and id(p) not in self._seen}
-        for param in self.params:   # parameters that took no part in the loss still sync
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
+        self._fill_missing()
         if self._expected is not None:
             self._check_counts()
         while self._next < len(self.buckets):
             self._launch(self.buckets[self._next])
         for index, bucket in enumerate(self.buckets):
-            bucket.work.wait()
-            if bucket.completed_at is None:
-                bucket.completed_at = self.clock()
-            self._land(bucket)
+            if not bucket.landed:
+                bucket.work.wait()
+                if bucket.completed_at is None:
+                    bucket.completed_at = self.clock()
+                self._land(bucket)
+                if self.observe is not None:
+                    self.observe()
             if self.recorder is not None:
                 self.recorder.record_reduction(index, bucket.launched_at, bucket.completed_at)
         if self.overlap and self._expected is None:
             self._expected = dict(self._seen)
         self._reset()
+
+    def _fill_missing(self) -> None:
+        for param in self.params:   # parameters that took no part in the loss still sync
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
 
     def _check_counts(self) -> None:
         extra = [p for p in self.params if self._seen.get(id(p), 0) > self._expected.get(id(p), 0)]
@@ -164,7 +172,7 @@ class BucketedReduction:
         self._seen.clear()
         self._next = 0
         for bucket in self.buckets:
-            bucket.work, bucket.completed_at = None, None
+            bucket.work, bucket.completed_at, bucket.landed = None, None, False
             bucket.waiting = {id(p) for p in bucket.params if self._expected is None or self._expected.get(id(p), 0)
                               or id(p) in self._unseen or id(p) in self.held}
 
@@ -185,6 +193,8 @@ class BucketedReduction:
         bucket.launched_at = self.clock()
         bucket.work = self._collective(bucket)
         self._next += 1
+        if self.observe is not None:
+            self.observe()
 
     def _new_buffer(self, bucket: Bucket) -> torch.Tensor:
         return torch.empty(bucket.numel, dtype=bucket.dtype, device=bucket.device)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -38,7 +38,8 @@ def build_sharded_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: fl
     reduce-scattered during the backward."""
     buckets = [b.params for b in assign_buckets(params, bucket_bytes)] if bucket_bytes else None
     return ShardedOptimizer(parameter_groups(params, optim.weight_decay), lr,
-                            lambda groups: optimizer_for_groups(optim, groups, lr), group, dp, dp_rank, buckets)
+                            lambda groups: optimizer_for_groups(optim, groups, lr), group, dp, dp_rank, buckets,
+                            level=optim.zero)
 
 
 def optimizer_for_groups(optim: OptimSpec, groups: list[dict[str, Any]], lr: float) -> torch.optim.Optimizer:
@@ -128,19 +129,24 @@ class GradientSync:
         self.tied = tied
         self.norm_group = norm_group
         self._not_owned = {id(t.param) for t in tied if not t.owner}
+        self.observe: Callable[[], object] | None = None   # samples the bytes held (held_bytes.HeldBytes)
 
     def sync(self) -> None:
-        for param in self.params:  # parameters that took no part in the loss still sync
-            if param.grad is None:
-                param.grad = torch.zeros_like(param)
+        if self.observe is not None:   # every gradient whole (and zero3's parameters gathered)
+            self.observe()
         if self.sharded is not None:   # tied sums first: the shards then hold the reduced sums
-            for copy in self.tied:
+            for copy in self.tied:   # (a missing gradient reduces as zeros; zero2/3 may have dropped landed ones)
+                if copy.param.grad is None:
+                    copy.param.grad = torch.zeros_like(copy.param)
                 dist.all_reduce(copy.param.grad, group=copy.group)
             if self.reduction is not None:   # buckets reduce-scattered during the backward (ShardedReduction)
                 self.reduction.finish()
             else:
                 self.sharded.reduce_gradients()
             return
+        for param in self.params:  # parameters that took no part in the loss still sync
+            if param.grad is None:
+                param.grad = torch.zeros_like(param)
         if self.reduction is not None:
             self.reduction.finish()
         for copy in self.tied:

@@ -1,5 +1,5 @@
-"""The distributed optimizer (``optim.distributed=true``): ZeRO stage 1, as Megatron-Core's
-``--use-distributed-optimizer``.
+"""The distributed optimizer (``optim.distributed=zero1|zero2|zero3``; ``true`` is zero1): ZeRO
+stages 1 to 3, zero1 as Megatron-Core's ``--use-distributed-optimizer``.
 
 A stage's parameters, laid end to end in one flat order (that of ``param_groups``), are cut into
 dp contiguous shards, one per data-parallel rank. Each rank keeps optimizer state (AdamW's two
@@ -32,6 +32,22 @@ per-parameter form that an undistributed optimizer of the same kind saves, and `
 takes the own shard from that form, so DCP saves and resumes into any dp degree, distributed or
 not (the gathered copy exists only while a checkpoint is written or read). ``state`` lists, per
 parameter, the names of its state (the values live in the shard): DCP reads the names.
+
+The levels differ in what a rank holds between steps (docs/design.md, ZeRO-2 and ZeRO-3):
+
+* zero1: whole parameters, the gradient shard (kept allocated) and the state shard; whole
+  gradients from the backward to their bucket's reduce-scatter, landed at the SYNC.
+* zero2: as zero1, but the gradient shard exists only from the reduce-scatter to the update, and
+  with the overlapped reduction a bucket whose reduce-scatter has completed drops its whole
+  gradients during the backward (``ShardedReduction``), not at the SYNC.
+* zero3: as zero2, but the parameters are sharded at rest: the rank keeps its fp32 shard
+  (``_master``, the pieces' storage) and each parameter's storage is freed (resized to 0 bytes,
+  so shapes, names and autograd's references stay). A layer's forward pre-hook gathers the
+  buckets holding its parameters (and launches the next layer's); they stay whole until the
+  SYNC (after the stage's last backward of the step) and are freed there: one all-gather and one
+  reduce-scatter per step whatever the micro-batch count. With ``reshard_after_forward``
+  (``param_residency.ChunkResidency``) a chunk's parameters are freed after every action (F, B,
+  W) and gathered again before the next: less memory, one gather per action.
 """
 from __future__ import annotations
 
@@ -84,8 +100,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, groups: list[dict[str, Any]], lr: float, build: Callable[[list[dict[str, Any]]], torch.optim.Optimizer],
                  group: dist.ProcessGroup | None, dp: int, dp_rank: int,
-                 buckets: list[list[nn.Parameter]] | None = None):
+                 buckets: list[list[nn.Parameter]] | None = None, level: int = 1):
         super().__init__(groups, {"lr": lr})
+        self.level = level
         self.params = [p for g in self.param_groups for p in g["params"]]
         self.group, self.dp = group, dp
         self.total = sum(p.numel() for p in self.params)
@@ -115,17 +132,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if len(self.offsets) != len(self.params) or begin != self.total:
             raise ValueError("ShardedOptimizer buckets must hold every parameter of param_groups exactly once")
         if not self.pieces:
-            raise ConfigError(f"optim.distributed=true: a stage's {self.total} parameters cannot be shared by dp = {dp} "
-                              f"ranks: set optim.distributed=false")
+            raise ConfigError(f"optim.distributed=zero{level}: a stage's {self.total} parameters cannot be shared by "
+                              f"dp = {dp} ranks: set optim.distributed=false")
         self.shard_numel = shard_offset
+        dtype, device = self.params[0].dtype, self.params[0].device
+        self._dtype, self._device = dtype, device
+        self._master: torch.Tensor | None = None
+        if level == 3:   # the pieces move into the rank's own fp32 shard; the parameters are freed
+            _check_own_storage(self.params)
+            self._master = torch.zeros(self.shard_numel, dtype=dtype, device=device)
+            for piece in self.pieces:
+                master = self._master[piece.shard_offset:piece.shard_offset + piece.end - piece.begin]
+                master.copy_(piece.view.data)
+                piece.view.data = master
         self.local = build([{**{k: v for k, v in g.items() if k != "params"}, "params": mine}
                             for g, mine in zip(self.param_groups, views)])
-        dtype, device = self.params[0].dtype, self.params[0].device
-        self._grad_shard = torch.zeros(self.shard_numel, dtype=dtype, device=device)
-        self._mine = torch.empty(self.shard_numel, dtype=dtype, device=device)
+        # zero1 keeps the gradient shard allocated; zero2/3 only from the reduce-scatter to the update
+        self._grad_shard = torch.zeros(self.shard_numel, dtype=dtype, device=device) if level == 1 else None
+        # zero1/2: the contiguous copy of the pieces each update all-gathers (zero3 gathers _master)
+        self._mine = torch.empty(self.shard_numel, dtype=dtype, device=device) if level < 3 else None
         self._gathers: dict[int, tuple[dist.Work, torch.Tensor]] = {}   # bucket index -> its all-gather in flight
+        self._present = set(range(len(self.buckets)))   # buckets whose parameters are whole (zero3: gathered)
         self._overlap_gather = False
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
+        self.observe: Callable[[], Any] | None = None   # samples the bytes held (held_bytes.HeldBytes)
+        if level == 3:
+            self.release(range(len(self.buckets)))
 
     def gather_before(self, layers: Iterable[nn.Module]) -> None:
         """From now on ``step`` leaves the parameters' all-gather in flight: each of ``layers`` (every
@@ -139,10 +171,31 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for layer in layers:
             needed = tuple(sorted({bucket_of[id(p)] for p in layer.parameters() if id(p) in bucket_of}))
             if needed:
-                self._hooks.append(layer.register_forward_pre_hook(partial(self._before_forward, needed)))
+                self._hooks.append(layer.register_forward_pre_hook(partial(self._before_forward, needed, ())))
         self._overlap_gather = True
 
-    def _before_forward(self, needed: tuple[int, ...], module: nn.Module, args: Any) -> None:
+    def shard_parameters(self, chunks: Iterable[Iterable[nn.Module]]) -> None:
+        """zero3: each layer of ``chunks`` (every parameter of the optimizer belongs to one) gathers,
+        before its forward, the buckets holding its parameters that are not whole, and launches
+        those of the next layer of its chunk (prefetch)."""
+        chunks = [list(chunk) for chunk in chunks]
+        bucket_of = {id(p): index for index, bucket in enumerate(self.buckets) for p in bucket.params}
+        covered = {id(p) for chunk in chunks for layer in chunk for p in layer.parameters()}
+        if any(id(p) not in covered for p in self.params):
+            raise ValueError("shard_parameters: every parameter of the optimizer must belong to one of the layers")
+        for chunk in chunks:
+            needs = [tuple(sorted({bucket_of[id(p)] for p in layer.parameters() if id(p) in bucket_of}, reverse=True))
+                     for layer in chunk]
+            for layer, needed, following in zip(chunk, needs, needs[1:] + [()]):
+                if needed or following:
+                    self._hooks.append(layer.register_forward_pre_hook(
+                        partial(self._before_forward, needed, following)))
+
+    def _before_forward(self, needed: tuple[int, ...], following: tuple[int, ...] = (), module: nn.Module | None = None,
+                        args: Any = None) -> None:
+        if self.level == 3:   # buckets in forward order (they are cut in reverse order of use)
+            for index in (*needed, *following):
+                self._launch_gather(index)
         if self._gathers:
             for index in needed:
                 self._land_gather(index)
@@ -152,10 +205,49 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for index in list(self._gathers):
             self._land_gather(index)
 
+    def whole_parameters(self) -> None:
+        """Collective over the group: every parameter whole and holding the last update (checkpoints,
+        the end of training; zero3 keeps them whole until the next step's SYNC frees them)."""
+        if self.level == 3:
+            self.acquire(range(len(self.buckets)))
+        self.wait_parameters()
+
+    def parameters_loaded(self) -> None:
+        """The whole parameters were written (a checkpoint loaded into them): zero3 takes its shard
+        from them (zero1/2's pieces are views of the parameters already)."""
+        if self.level == 3:
+            for piece in self.pieces:
+                piece.view.data.copy_(piece.param.data.view(-1)[piece.begin:piece.end])
+
+    def acquire(self, indices: Iterable[int]) -> None:
+        """Collective over the group: the buckets ``indices`` whole (launched together, then landed)."""
+        indices = list(indices)
+        for index in indices:
+            self._launch_gather(index)
+        for index in indices:
+            self._land_gather(index)
+
+    def release(self, indices: Iterable[int]) -> None:
+        """zero3: frees the parameters of buckets ``indices`` (the storage, not the tensors: shapes,
+        names and autograd's references stay); the rank keeps its shard in ``_master``."""
+        if self.level != 3:
+            return
+        for index in indices:
+            self._land_gather(index)   # a gather in flight would write into freed storage
+            for param in self.buckets[index].params:
+                param.untyped_storage().resize_(0)
+            self._present.discard(index)
+
+    def gradients_reduced(self) -> None:
+        """The SYNC is done: the pieces hold the averaged gradients; zero3's parameters have served
+        the step's last backward and are freed until the next step's first forward."""
+        self.attach_gradients()
+        self.release(range(len(self.buckets)))
+
     def _new_flat(self) -> torch.Tensor:
         """A whole-stage buffer, only while a collective needs it (kept, it would cost more memory
         than SGD's sharded momentum saves)."""
-        return torch.empty(self.shard_numel * self.dp, dtype=self._mine.dtype, device=self._mine.device)
+        return torch.empty(self.shard_numel * self.dp, dtype=self._dtype, device=self._device)
 
     def reduce_gradients(self) -> None:
         """Collective over the group: leaves each piece the average of its gradient over the replicas."""
@@ -167,14 +259,16 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     flat[offset:offset + param.numel()].copy_(param.grad.reshape(-1))
             self.reduce_scatter(bucket, flat).wait()
             self.land(bucket)
-        self.attach_gradients()
+        self.gradients_reduced()
 
     def bucket_buffer(self, bucket: ShardedBucket) -> torch.Tensor:
         """Zeros for ``bucket``'s gradients, padded to dp equal parts."""
-        return torch.zeros(bucket.per_rank * self.dp, dtype=self._mine.dtype, device=self._mine.device)
+        return torch.zeros(bucket.per_rank * self.dp, dtype=self._dtype, device=self._device)
 
     def reduce_scatter(self, bucket: ShardedBucket, flat: torch.Tensor) -> dist.Work:
         """Sums ``flat`` over the group into this rank's part of the shard, asynchronously."""
+        if self._grad_shard is None:
+            self._grad_shard = torch.zeros(self.shard_numel, dtype=self._dtype, device=self._device)
         out = self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
         return reduce_scatter_flat(out, flat, group=self.group, async_op=True)
 
@@ -186,6 +280,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             param.grad = None
 
     def attach_gradients(self) -> None:
+        if self._grad_shard is None:   # no reduce-scatter ran (a stage of no gradient): zeros
+            self._grad_shard = torch.zeros(self.shard_numel, dtype=self._dtype, device=self._device)
         for piece in self.pieces:
             piece.view.grad = self._grad_shard[piece.shard_offset:piece.shard_offset + piece.end - piece.begin]
 
@@ -201,18 +297,40 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for inner, outer in zip(self.local.param_groups, self.param_groups):
             inner["lr"] = outer["lr"]
         self.local.step()
-        self._launch_gathers()
-        if not self._overlap_gather:
-            self.wait_parameters()
+        if self.observe is not None:
+            self.observe()
+        if self.level < 3:   # zero3's parameters are gathered by the next forward (shard_parameters)
+            self._launch_gathers()
+            if not self._overlap_gather:
+                self.wait_parameters()
+        self._drop_grad_shard()
         self._name_state()
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         super().zero_grad(set_to_none=set_to_none)
         self.local.zero_grad(set_to_none=True)
+        self._drop_grad_shard()
+
+    def _drop_grad_shard(self) -> None:
+        """zero2/3: no gradient is held between steps (zero1 keeps its shard's buffer)."""
+        if self.level >= 2:
+            self.local.zero_grad(set_to_none=True)
+            self._grad_shard = None
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for s in self.local.state.values() for t in s.values()
                    if torch.is_tensor(t))
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this optimizer holds besides the parameters' and their gradients' own storage:
+        the zero3 shard, the gather source and buffers in flight (parameters), the gradient shard,
+        the state shard."""
+        params = [t for t in (self._master, self._mine) if t is not None]
+        params += [gathered for _, gathered in self._gathers.values()]
+        return {"params": sum(t.numel() * t.element_size() for t in params),
+                "grads": self._grad_shard.numel() * self._grad_shard.element_size() if self._grad_shard is not None
+                else 0,
+                "optimizer": self.state_bytes()}
 
     def state_dict(self) -> dict[str, Any]:
         """Collective over the group: the whole-model form (per parameter, full shapes)."""
@@ -266,11 +384,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._name_state()
 
     def _gathered(self, name: str) -> torch.Tensor:
-        self._mine.zero_()
+        mine = torch.zeros(self.shard_numel, dtype=self._dtype, device=self._device)
         for piece in self.pieces:
-            self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(
+            mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(
                 self.local.state[piece.view][name])
-        return self._all_gathered()
+        return self._all_gathered(mine)
 
     def _launch_gathers(self) -> None:
         """Starts every bucket's all-gather of the updated shards, in the forward's order of use
@@ -283,6 +401,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             mine = self._mine[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
             self._gathers[index] = (all_gather_flat(gathered, mine, group=self.group, async_op=True), gathered)
 
+    def _launch_gather(self, index: int) -> None:
+        """zero3: starts bucket ``index``'s all-gather from the shards, unless it is whole or on its way."""
+        if index in self._present or index in self._gathers:
+            return
+        bucket = self.buckets[index]
+        gathered = torch.empty(bucket.per_rank * self.dp, dtype=self._dtype, device=self._device)
+        mine = self._master[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
+        self._gathers[index] = (all_gather_flat(gathered, mine, group=self.group, async_op=True), gathered)
+
     @torch.no_grad()   # called from a forward pre-hook, inside a graph being recorded
     def _land_gather(self, index: int) -> None:
         """Waits for bucket ``index``'s all-gather and writes it into the parameters."""
@@ -294,12 +421,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
         bucket = self.buckets[index]
         for param in bucket.params:
             offset = self.offsets[id(param)] - bucket.begin
+            storage = param.untyped_storage()
+            if storage.nbytes() == 0:   # zero3: freed since the last gather
+                storage.resize_(param.numel() * param.element_size())
             param.data.view(-1).copy_(gathered[offset:offset + param.numel()])
+        self._present.add(index)
+        if self.observe is not None and self.level == 3:
+            self.observe()
 
-    def _all_gathered(self) -> torch.Tensor:
-        """Every rank's ``_mine``, in the flat order: rank r's part of each bucket back in its place."""
+    def _all_gathered(self, mine: torch.Tensor | None = None) -> torch.Tensor:
+        """Every rank's ``mine`` (default ``_mine``), in the flat order: rank r's part of each bucket
+        back in its place."""
         gathered = self._new_flat()
-        all_gather_flat(gathered, self._mine, group=self.group)
+        all_gather_flat(gathered, self._mine if mine is None else mine, group=self.group)
         if len(self.buckets) == 1:   # one range: the ranks' parts are already in order
             return gathered
         per_rank = gathered.view(self.dp, self.shard_numel)
@@ -353,9 +487,29 @@ class ShardedReduction(BucketedReduction):
         super().__init__([p for b in optimizer.buckets for p in b.params], optimizer.group, optimizer.dp, 0,
                          overlap=True, recorder=recorder, clock=clock, buckets=buckets, held=frozenset(deferred))
 
+    def accumulated(self, param: torch.Tensor) -> None:
+        super().accumulated(param)
+        if self.optimizer.level >= 2:   # whole gradients go as soon as their shard has arrived
+            self._land_completed()
+
+    def _land_completed(self) -> None:
+        for bucket in self.buckets[:self._next]:
+            if not bucket.landed and bucket.work.is_completed():
+                bucket.work.wait()   # done already; orders the result's stream where there is one
+                bucket.completed_at = self.clock()
+                self._land(bucket)
+                bucket.landed = True
+
     def finish(self) -> None:
         super().finish()
-        self.optimizer.attach_gradients()
+        self.optimizer.gradients_reduced()
+
+    def _fill_missing(self) -> None:
+        """Nothing: a missing gradient reduces as zeros (``_launch``), and a landed bucket's whole
+        gradients must stay dropped."""
+
+    def held_bytes(self) -> int:
+        return sum(b.buffer.numel() * b.buffer.element_size() for b in self.buckets if b.buffer is not None)
 
     def _new_buffer(self, bucket: Bucket) -> torch.Tensor:
         return self.optimizer.bucket_buffer(self._sharded[id(bucket)])
@@ -366,3 +520,15 @@ class ShardedReduction(BucketedReduction):
     def _land(self, bucket: Bucket) -> None:
         self.optimizer.land(self._sharded[id(bucket)])
         bucket.buffer = None   # a gradient-sized buffer only while the buckets are in flight
+
+
+def _check_own_storage(params: list[nn.Parameter]) -> None:
+    """zero3 frees each parameter's storage: every parameter must be the whole of its own."""
+    seen = set()
+    for param in params:
+        storage = param.untyped_storage()
+        if (param.storage_offset() != 0 or not param.is_contiguous()
+                or storage.nbytes() != param.numel() * param.element_size() or storage.data_ptr() in seen):
+            raise ConfigError(f"optim.distributed=zero3 frees each parameter's storage, but a parameter of shape "
+                              f"{tuple(param.shape)} shares its storage: use optim.distributed=zero2")
+        seen.add(storage.data_ptr())

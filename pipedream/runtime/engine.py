@@ -27,7 +27,10 @@ from pipedream.multi_model.fused import FusedLayer, FusedLayerModel
 from pipedream.runtime.fused_training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from pipedream.numerics.precision import MixedPrecision
 from pipedream.numerics.grad_buckets import BucketedReduction
-from pipedream.numerics.optim import GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer
+from pipedream.numerics.optim import (GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer,
+                                      optimizer_state_bytes)
+from pipedream.numerics.held_bytes import HeldBytes
+from pipedream.numerics.param_residency import ChunkResidency
 from pipedream.numerics.sharded_optim import ShardedOptimizer, ShardedReduction
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.async_runner import AsyncRunner
@@ -73,6 +76,7 @@ class PipelineEngine:
                                                                                          schedule_rank))
         self.gradients = self._build_gradient_sync(built, groups, replicas, train, recorder, runner.global_grad_norm,
                                                    multi)
+        self.held = self._observe_held_bytes()
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
                                                       layout.chunk_placement)[self.coords.pp])
         input_dtype = dtypes(model.make_batch(1, torch.Generator().manual_seed(0))[0])
@@ -126,15 +130,41 @@ class PipelineEngine:
             return build_multi_optimizer(optim, self.params, multi.settings)
         if not optim.distributed:
             return build_optimizer(optim, self.params, float(train.lr))
-        # sharded bucket by bucket where the buckets overlap the backward
+        # sharded bucket by bucket where the buckets overlap the backward (zero3 always: its
+        # parameters are gathered bucket by bucket, as the layers need them)
         overlap_bytes = self._overlap_bucket_bytes(train, replicas)
+        bucket_bytes = overlap_bytes if optim.zero < 3 else int(train.grad_bucket_mb * 2 ** 20)
+        # the shard index among the ranks that average this stage's gradients (groups.dp)
         optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                            layout.replica(rank), overlap_bytes)
+                                            self.spec.layout.replica(self.rank), bucket_bytes)
+        if optim.zero == 3:   # gathered by the layers' forwards; freed at the SYNC or after each action
+            optimizer.shard_parameters(self.stage.chunks)
+            if optim.reshard_after_forward:
+                self.stage.residency = ChunkResidency(optimizer, self.stage.chunks)
         # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
         # (forward pre-hooks; compiled layers would trace the wait, so they get the blocking gather)
-        if overlap_bytes is not None and train.compile is None:
+        elif overlap_bytes is not None and train.compile is None:
             optimizer.gather_before(layer for chunk in self.stage.chunks for layer in chunk)
         return optimizer
+
+    def _observe_held_bytes(self) -> HeldBytes:
+        """Samples the bytes held where they can peak: the SYNC, each bucket's reduce-scatter, the
+        update, each zero3 gather."""
+        held = HeldBytes(self.params, self._held_extra)
+        for part in (self.optimizer, self.gradients, self.gradients.reduction):
+            if part is not None and hasattr(part, "observe"):
+                part.observe = held.sample
+        return held
+
+    def _held_extra(self) -> dict[str, int]:
+        optimizer = self.optimizer
+        extra = optimizer.held_bytes() if isinstance(optimizer, ShardedOptimizer) else \
+            {"optimizer": optimizer_state_bytes(optimizer)}
+        reduction = getattr(self.gradients, "reduction", None)
+        buffers = [b.buffer for b in getattr(reduction, "buckets", ()) if getattr(b, "buffer", None) is not None]
+        return {**extra, "grads": extra.get("grads", 0) + sum(t.numel() * t.element_size() for t in buffers)}
+
+
 
     def _build_gradient_sync(self, built: dict[int, nn.Module], groups: ProcessGroups, replicas: int,
                              train: TrainSpec, recorder: Any, global_grad_norm: bool,
@@ -201,14 +231,16 @@ class PipelineEngine:
             for model_chunk in self.stage.chunks:
                 model_chunk.train()
             self._chunks_training = True
-        return self.runner.run_step(batches, grad_norm)
+        result = self.runner.run_step(batches, grad_norm)
+        self.held.at_rest()
+        return result
 
     def drain(self) -> StepResult | None:
         """Finishes every admitted micro-batch (before a checkpoint, or at the end). None for flush
         schedules, which never leave work."""
         result = self.runner.drain()
-        if isinstance(self.optimizer, ShardedOptimizer):   # the last update's all-gather, if in flight
-            self.optimizer.wait_parameters()
+        if isinstance(self.optimizer, ShardedOptimizer):   # the last update's all-gather, if in flight;
+            self.optimizer.whole_parameters()                # zero3: whole until the next step's SYNC
         return result
 
     def resume_at(self, step: int) -> None:
@@ -245,9 +277,10 @@ class PipelineEngine:
             return 0, 0
         return self.comm.stats.bytes_sent, self.comm.stats.bytes_received
 
-    def memory_report(self) -> None:
-        """Stages keep their weights on the device: nothing beyond ``peak_memory_bytes`` to report."""
-        return None
+    def memory_report(self) -> dict[str, Any]:
+        """summary.json's per-rank record: ``held_bytes``, the parameter, gradient and optimizer-state
+        bytes held at rest (after the last update) and at peak, measured from the tensors held."""
+        return {"held_bytes": self.held.report()}
 
     def fusion_report(self) -> dict[str, Any] | None:
         return self.fused_stage.report() if self.fused_stage is not None else None

@@ -53,17 +53,21 @@ class _SavedBytesCounter:
     """Counts the bytes autograd saves for backward, parameters excluded (a tensor saved twice
     counts once)."""
 
-    def __init__(self, parameter_ptrs: set[int]):
+    def __init__(self, parameter_ptrs: Callable[[], set[int]]):
+        # asked once the forward is done: zero3 allocates a parameter's storage at its layer's gather
         self.parameter_ptrs = parameter_ptrs
-        self.seen: set[int] = set()
-        self.total = 0
+        self.seen: dict[int, int] = {}   # storage pointer -> bytes
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         ptr = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
-        if ptr not in self.parameter_ptrs and ptr not in self.seen:
-            self.seen.add(ptr)
-            self.total += tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0
+        if ptr not in self.seen:
+            self.seen[ptr] = tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0
         return tensor
+
+    @property
+    def total(self) -> int:
+        parameters = self.parameter_ptrs()
+        return sum(nbytes for ptr, nbytes in self.seen.items() if ptr not in parameters)
 
 
 def _same(tensor: torch.Tensor) -> torch.Tensor:
@@ -111,11 +115,13 @@ class Stage:
         self.weight_grads = WeightGradQueue()
         self._awaiting_weight: dict[tuple[int, int], int] = {}   # split backwards -> bytes held until W
         self._saved_bytes: dict[tuple, int] = {}   # (chunk, input shapes, dtypes, own weights) -> bytes
-        self._parameter_ptrs = {p.untyped_storage().data_ptr() for c in chunks for p in c.parameters()}
         # (microbatch, chunk) -> what its W runs besides the held GEMMs: the weight half of a split
         # graph, or a first chunk's whole backward (its stash entry and output gradient)
         self._weight_halves: dict[tuple[int, int], WeightHalf | tuple[_Stashed, Boundary | None]] = {}
         self._split_params: dict[int, tuple[list[nn.Parameter], list[nn.Parameter]] | None] = {}
+        # zero3 with reshard_after_forward (numerics/param_residency.py): frees a chunk's parameters
+        # after each action and gathers them before each backward
+        self.residency = None
 
     def parameters(self) -> list[nn.Parameter]:
         seen, params = set(), []
@@ -156,6 +162,8 @@ class Stage:
             nbytes = self._saved_bytes[key] = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, root, nbytes)
         self.stats.add(chunk, nbytes)
+        if self.residency is not None:
+            self.residency.after_forward(chunk)
         return loss.detach() if loss is not None else boundary.detach(outputs)
 
     def _layers(self, chunk: int) -> Iterable[nn.Module]:
@@ -183,9 +191,9 @@ class Stage:
         return value
 
     def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
-        weight_ptrs = self._parameter_ptrs
-        if weights is not None:
-            weight_ptrs = weight_ptrs | {t.untyped_storage().data_ptr() for t in weights.values()}
+        def weight_ptrs() -> set[int]:   # zero3 frees and reallocates the parameters' storage
+            ptrs = {p.untyped_storage().data_ptr() for c in self.chunks for p in c.parameters()}
+            return ptrs | {t.untyped_storage().data_ptr() for t in (weights or {}).values()}
         return _SavedBytesCounter(weight_ptrs)
 
     def _run_chunk(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
@@ -203,6 +211,8 @@ class Stage:
         (microbatch, chunk), for the caller to run. ``split`` (a B followed by its own W) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
+        if self.residency is not None:
+            self.residency.before_backward(chunk)
         if split and self.split_graphs and self._splits_graph(chunk):
             self._split_backward(microbatch, chunk, stashed, grad_output)
         elif defer_weight_grads or split:
@@ -214,6 +224,8 @@ class Stage:
             self._awaiting_weight[(microbatch, chunk)] = stashed.saved_bytes
         else:
             self.stats.remove(stashed.saved_bytes)
+        if self.residency is not None:
+            self.residency.after_backward(chunk)
         return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
 
     def _splits_graph(self, chunk: int) -> bool:
@@ -272,6 +284,8 @@ class Stage:
     def weight_grad(self, microbatch: int, chunk: int) -> None:
         """A WEIGHT action (``ScheduleInfo.split_backward``): the weight-gradient GEMMs that the split
         backward of (microbatch, chunk) left, then its activations count as freed."""
+        if self.residency is not None:
+            self.residency.before_backward(chunk)
         self.weight_grads.run((microbatch, chunk))
         rest = self._weight_halves.pop((microbatch, chunk), None)
         if isinstance(rest, WeightHalf):
@@ -279,6 +293,8 @@ class Stage:
         elif rest is not None:   # a first chunk's whole backward
             self._backpropagate(chunk, *rest)
         self.stats.remove(self._awaiting_weight.pop((microbatch, chunk)))
+        if self.residency is not None:
+            self.residency.after_backward(chunk)
 
     def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:
         """Evaluation: no graph, nothing stashed."""

@@ -1,5 +1,5 @@
 """Training features against their baselines, on this machine: selective recomputation, sequence
-parallelism, the distributed optimizer and compiled stages. Each feature runs paired with its baseline (same model, layout and
+parallelism, the distributed optimizer (and its ZeRO-2 and ZeRO-3 levels against ZeRO-1) and compiled stages. Each feature runs paired with its baseline (same model, layout and
 steps, the order alternating between rounds, so both see the same phase of a shared machine); the
 step-time ratio is taken within each round, then its median. Memory is each rank's peak RSS and the
 bytes autograd stashes per micro-batch (the activation memory the features exist to cut), from the
@@ -49,6 +49,10 @@ COMPARISONS = (
                "tp = 2: LayerNorm/dropout regions on half the sequence"),
     Comparison("distributed optimizer", ("parallel.pp=1", "parallel.dp=2", "schedule=1f1b"), ("optim.distributed=false",),
                ("optim.distributed=true",), "dp = 2: AdamW state sharded over the two replicas"),
+    Comparison("ZeRO-2", ("parallel.pp=1", "parallel.dp=2", "schedule=1f1b"), ("optim.distributed=zero1",),
+               ("optim.distributed=zero2",), "dp = 2 against zero1: no gradient held between steps"),
+    Comparison("ZeRO-3", ("parallel.pp=1", "parallel.dp=2", "schedule=1f1b"), ("optim.distributed=zero1",),
+               ("optim.distributed=zero3",), "dp = 2 against zero1: parameters sharded at rest, gathered once per step"),
     Comparison("compiled stages", ("parallel.pp=2", "schedule=1f1b"), ("train.compile=false",),
                ("train.compile=true",), "torch.compile (inductor) per layer; its compile time is excluded "
                                          "(the median step is after the warm-up steps)"),
@@ -62,7 +66,9 @@ def one_run(overrides: list[str], steps: int, run_dir: Path) -> dict[str, Any]:
     return {"step_time_s": summary["median_step_time_s"],
             "peak_rss_bytes": [r["peak_memory_bytes"].get("rss", 0) for r in ranks],
             "stash_bytes_per_microbatch": [sum(r["stash_bytes_per_microbatch"].values()) for r in ranks],
-            "optimizer_state_bytes": [r["optimizer_state_bytes"] for r in ranks]}
+            "optimizer_state_bytes": [r["optimizer_state_bytes"] for r in ranks],
+            # parameters + gradients + optimizer state held between steps (summary.json's held_bytes)
+            "held_at_rest_bytes": [sum(r["memory"]["held_bytes"]["rest"].values()) for r in ranks]}
 
 
 def measure(comparison: Comparison, model: list[str], steps: int, rounds: int) -> dict[str, Any]:
@@ -80,7 +86,8 @@ def measure(comparison: Comparison, model: list[str], steps: int, rounds: int) -
             **{side: {"step_time_s": statistics.median(r["step_time_s"] for r in results),
                       "peak_rss_bytes": [statistics.median(r["peak_rss_bytes"][k] for r in results) for k in (0, 1)],
                       "stash_bytes_per_microbatch": results[0]["stash_bytes_per_microbatch"],
-                      "optimizer_state_bytes": results[0]["optimizer_state_bytes"]}
+                      "optimizer_state_bytes": results[0]["optimizer_state_bytes"],
+                      "held_at_rest_bytes": results[0]["held_at_rest_bytes"]}
                for side, results in runs.items()}}
 
 
@@ -94,7 +101,8 @@ def markdown(data: dict[str, Any]) -> str:
              f"rank's chunks.", "",
              "| feature | step time, baseline -> feature (ms) | feature / baseline (paired; range) | "
              "stash per micro-batch, rank 0 / 1 (KiB) | optimizer state, rank 0 / 1 (KiB) | "
-             "peak RSS, rank 0 / 1 (MiB) |", "|---|---|---|---|---|---|"]
+             "params + grads + state at rest, rank 0 / 1 (KiB) | peak RSS, rank 0 / 1 (MiB) |",
+             "|---|---|---|---|---|---|---|"]
     for name, result in data["results"].items():
         base, feat, ratio = result["baseline"], result["feature"], result["paired_step_time_ratio"]
         stash = " / ".join(f"{b / 1024:.0f} -> {f / 1024:.0f}" for b, f in
@@ -102,15 +110,19 @@ def markdown(data: dict[str, Any]) -> str:
         rss = " / ".join(f"{b / mib:.0f} -> {f / mib:.0f}" for b, f in zip(base["peak_rss_bytes"], feat["peak_rss_bytes"]))
         state = " / ".join(f"{b / 1024:.0f} -> {f / 1024:.0f}" for b, f in
                            zip(base["optimizer_state_bytes"], feat["optimizer_state_bytes"]))
+        held = " / ".join(f"{b / 1024:.0f} -> {f / 1024:.0f}" for b, f in
+                          zip(base["held_at_rest_bytes"], feat["held_at_rest_bytes"]))
         lines.append(f"| {name} ({result['what']}) | {base['step_time_s'] * 1e3:.0f} -> {feat['step_time_s'] * 1e3:.0f} | "
-                     f"{ratio['median']:.2f} ({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}) | {stash} | {state} | {rss} |")
+                     f"{ratio['median']:.2f} ({ratio['range'][0]:.2f}-{ratio['range'][1]:.2f}) | {stash} | {state} | "
+                     f"{held} | {rss} |")
     lines += ["", "What these measure on a CPU: torch's CPU attention is a fused kernel that keeps no s x s "
               "matrices, so selective recomputation has little to drop here and pays the cores' forward again "
               "(on a GPU with the math kernel it drops 5as/h of the layer's 34 + 5as/h bytes per element of sbh); "
               "Gloo has no reduce-scatter, so sequence parallelism runs an all-reduce and keeps a slice (more bytes "
               "than NCCL's reduce-scatter); inductor's CPU kernels for layers this small do not beat eager. The "
               "memory columns are what each feature is for: the stash with sequence parallelism, the optimizer "
-              "state with the distributed optimizer."]
+              "state with the distributed optimizer, the bytes held between steps with ZeRO-2 (no gradients) and ZeRO-3 "
+              "(a 1/dp shard of the parameters too)."]
     return "\n".join(lines) + "\n"
 
 

@@ -101,7 +101,7 @@ CATALOGUE = [
     case("models-budget-negative", "train.models=2 memory.device_budget_bytes=-5",
          "memory.device_budget_bytes = -5 must be a positive number of bytes"),
     case("distributed-optimizer-async", "schedule=pipedream model.tie_embeddings=false optim.distributed=true",
-         "optim.distributed=true needs a flush schedule"),
+         "optim.distributed=zero1 needs a flush schedule"),
     case("grad-bucket-zero", "train.grad_bucket_mb=0", "train.grad_bucket_mb = 0 must be > 0"),
     # data, checked on the launcher side
     case("text-empty-file", "data=text_file data.path={tmp}/empty.txt", "is empty"),

@@ -64,6 +64,18 @@ def test_weights_match_the_built_model_and_terms_scale():
     assert gpipe.activations == pytest.approx(adamw.activations * 8 / 1.5)   # m = 8 vs 1F1B's (2 + 1) / 2
 
 
+def test_zero_levels_divide_their_terms_by_dp():
+    """zero1 shards the optimizer state, zero2 the gradients too, zero3 the parameters too."""
+    layout = ["parallel.pp=1", "parallel.dp=2", "optim=adamw"]
+    plain, _, _ = estimate(layout)
+    for level, sharded in (("zero1", ("optimizer",)), ("zero2", ("optimizer", "gradients")),
+                           ("zero3", ("optimizer", "gradients", "weights"))):
+        zero, _, _ = estimate(layout + [f"optim.distributed={level}"])
+        for term in ("weights", "gradients", "optimizer"):
+            share = 0.5 if term in sharded else 1.0
+            assert getattr(zero, term) == pytest.approx(getattr(plain, term) * share), (level, term)
+
+
 def test_large_model_is_refused_with_the_numbers_in_one_line():
     _, cfg, spec = estimate(GPT_1_7B)
     with pytest.raises(ConfigError) as error:
