@@ -17,10 +17,21 @@ class MemoryOptions:
     ``grad_bucket_bytes`` (not None) overlaps the data-parallel reduction with the last
     micro-batch's backward in buckets of that size; ``recompute_layers`` = k (recompute.num_layers)
     limits full or selective recomputation to the first k layers of each chunk, the rest keeping
-    their activations and skipping the extra forward."""
+    their activations and skipping the extra forward. ``zero`` is the ZeRO level (optim.distributed:
+    0 none, 1 optimizer state, 2 also gradients, 3 also parameters, each split ``optimizer_shards``
+    ways: the d x c ranks that reduce gradients together)."""
 
     selective: bool = False
     sequence_parallel: bool = False
     optimizer_shards: int = 1
     grad_bucket_bytes: float | None = None
     recompute_layers: int | None = None
+    zero: int = 0
+
+    @property
+    def gradient_shards(self) -> int:
+        return self.optimizer_shards if self.zero >= 2 else 1
+
+    @property
+    def parameter_shards(self) -> int:
+        return self.optimizer_shards if self.zero >= 3 else 1

@@ -21,7 +21,8 @@ from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
 from planner.search.pins import check_pins
 from planner.search.ranking import Rows, SearchResult, rank
-from planner.costs.uniform import RankStats, even_boundaries, estimate, rank_stats
+from planner.costs.uniform import (Estimates, RankStats, even_boundaries, estimate, peak_memory, rank_stats,
+                                   zero3_gather_seconds)
 from planner.inputs.memory_options import MemoryOptions
 
 
@@ -33,40 +34,79 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
     for t in inputs.tp_degrees():
         profile = inputs.profile_at(t)
         all_b = np.array(inputs.micro_batches(batch) or [1], dtype=float)
-        times = profile.times_many(all_b)
+        times_at = {}   # per context-parallel degree c: the layers' times for b / c samples
         for p in divisors(n // t):
             if inputs.pin_pp is not None and p != inputs.pin_pp:
                 continue
-            d = n // (t * p)
-            if inputs.pin_dp is not None and d != inputs.pin_dp:
+            if even_boundaries(profile, p) is None:
                 continue
-            if batch % d or even_boundaries(profile, p) is None:
-                continue
-            chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
-            for v in chunk_counts:
-                schedules = [s for s in inputs.schedules if schedule_info(s).interleaves == (v > 1)
-                             and zero_bubble.fits(s, p, len(_blocks(profile)))]
-                if not schedules:
+            # c grows only until a configuration of this (t, p) fits: a larger c moves more of each
+            # sequence around the ring to relieve memory that is no longer short
+            for c in inputs.cp_degrees(n // (t * p)):
+                d = n // (t * p * c)
+                if (inputs.pin_dp is not None and d != inputs.pin_dp) or batch % d:
                     continue
-                unsharded = {}   # per (recompute, options without optimizer shards): the layers summed once
-                for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
-                                                                   optimizer_modes(inputs, d)):
-                    per_kind = {}   # recompute.num_layers applies to the flush schedules only
-                    for partial in {not schedule_info(s).asynchronous for s in schedules}:
-                        options = inputs.memory_options(t, d, selective, profile, sharded, partial)
-                        key = (rec, replace(options, optimizer_shards=1))
-                        if key not in unsharded:
-                            unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1])
-                        per_kind[partial] = with_optimizer_shards(unsharded[key], options)
-                    for schedule in schedules:
-                        stats = per_kind[not schedule_info(schedule).asynchronous]
-                        if stats is None:
-                            continue
-                        est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
-                        rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec),
-                                 selective_recompute=int(selective), sequence_parallel=int(options.sequence_parallel),
-                                 distributed_optimizer=int(options.optimizer_shards > 1))
+                if c not in times_at:
+                    times_at[c] = profile.times_many(all_b / c)
+                if _price(inputs, rows, profile, all_b, times_at[c], t, p, c, d):
+                    break
     return rank(inputs, "ptdp", rows)
+
+
+def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int, p: int, c: int, d: int) -> bool:
+    """Every (v, recompute, ZeRO level, schedule) of one (t, p, c, d), vectorised over micro-batch sizes;
+    whether any of them fits."""
+    batch = inputs.global_batch
+    fits = False
+    chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
+    for v in chunk_counts:
+        schedules = [s for s in inputs.schedules if schedule_info(s).interleaves == (v > 1)
+                     and zero_bubble.fits(s, p, len(_blocks(profile)))]
+        if not schedules:
+            continue
+        unsharded = {}   # per (recompute, options without optimizer shards): the layers summed once
+        for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
+                                                           optimizer_modes(inputs, d * c)):
+            per_kind = {}   # recompute.num_layers applies to the flush schedules only
+            for partial in {not schedule_info(s).asynchronous for s in schedules}:
+                options = inputs.memory_options(t, d * c, selective, profile, sharded, partial)
+                key = (rec, replace(options, optimizer_shards=1, zero=0))
+                if key not in unsharded:
+                    unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1], c)
+                per_kind[partial] = with_optimizer_shards(unsharded[key], options)
+            for schedule in schedules:
+                stats = per_kind[not schedule_info(schedule).asynchronous]
+                if stats is None:
+                    continue
+                keys = dict(t=t, p=p, d=d, v=v, c=c, recompute=int(rec), selective_recompute=int(selective),
+                            sequence_parallel=int(stats.options.sequence_parallel),
+                            distributed_optimizer=int(stats.options.optimizer_shards > 1))
+                est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
+                rows.add(est, all_b, schedule, zero=stats.options.zero, **keys)
+                fits |= bool((est.valid & (est.memory <= inputs.capacity)).any())
+                if stats.options.zero == 1 and not schedule_info(schedule).asynchronous:
+                    fits |= _deeper_zero(inputs, rows, stats, est, schedule, d, all_b, keys)
+    return fits
+
+
+def _deeper_zero(inputs: Inputs, rows: Rows, stats: RankStats, est: Estimates, schedule: str, d: int,
+                 all_b: np.ndarray, keys: dict) -> bool:
+    """ZeRO-2, then ZeRO-3, priced only for the micro-batch sizes the level below does not fit: they
+    save memory that is then needed. ZeRO-2 costs ZeRO-1's time (a reduce-scatter and an all-gather
+    either way), ZeRO-3 an extra all-gather per step; only the memory is summed again. Whether a
+    deeper level fits where the one below did not."""
+    below = est
+    for level in range(2, inputs.max_zero + 1):
+        need = below.valid & (below.memory > inputs.capacity)
+        if not need.any():
+            return level > 2
+        deeper = replace(stats, options=replace(stats.options, zero=level))
+        memory, parts = peak_memory(deeper, schedule, est.microbatches, inputs.workspace, inputs.runtime.process_bytes)
+        gather = zero3_gather_seconds(deeper, inputs.cluster, d)
+        below = replace(est, valid=need, memory=memory, parts=parts, iteration_time=est.iteration_time + gather,
+                        dp_comm=est.dp_comm + gather)
+        rows.add(below, all_b, schedule, zero=level, **keys)
+    return bool((below.valid & (below.memory <= inputs.capacity)).any())
 
 
 def with_optimizer_shards(stats: RankStats | None, options: MemoryOptions) -> RankStats | None:
