@@ -1,0 +1,74 @@
+"""Context parallelism and the ZeRO level in the PTD-P search: a 128K-token Llama 3 405B splits its
+sequences (activation memory), a model whose fp32 weights exceed the device at every t x p shards
+them (ZeRO-3), and both reach the plan file, the report and the training config."""
+from __future__ import annotations
+
+import pytest
+
+from pipedream.config.plan_file import plan_from_json
+from planner.config import compose, inputs_from_config
+from planner.report import plan_table
+from planner.run_line import plan_settings
+from planner.search.auto import make_plan
+from planner.search.ranking import GIB
+
+LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=16",
+                "train.global_batch_size=64"]
+# two 3.4B-parameter blocks: at most p = 2 and no tensor parallelism, 13.4 GB of fp32 weights per stage
+FP32_GIANT = ["model=mlp", "model.num_layers=2", "model.hidden_size=40960", "cluster=v100_16gb_x8",
+              "train.global_batch_size=64", "planner.precision=fp32"]
+
+
+@pytest.fixture(scope="module")
+def long_context():
+    inputs = inputs_from_config(compose(LONG_CONTEXT))
+    return inputs, make_plan(inputs, simulate=False)
+
+
+def test_405b_at_128k_splits_sequences_to_relieve_activation_memory(long_context):
+    inputs, outcome = long_context
+    best = outcome.result.best
+    assert best.cp > 1 and best.fits
+    assert best.pp * best.tp * best.cp * best.dp == inputs.cluster.num_devices == outcome.plan.world_size
+    table = plan_table(outcome, inputs.cluster.device.flops("bf16"))
+    line = next(row for row in table.splitlines() if row.strip().startswith("context parallelism"))
+    assert "relieves activation memory" in line
+    act = best.memory_parts["activations"]
+    # the report's counterfactual: cp times the activations would not fit
+    assert best.memory_bytes - act + act * best.cp > inputs.capacity
+    assert f"{act * best.cp / GIB:.2f} GiB at cp=1" in line
+    assert f"cp={best.cp}" in table.splitlines()[2]   # the degrees row
+
+
+def test_the_long_context_plan_carries_cp_and_zero_to_the_file_and_the_run_line(long_context):
+    _, outcome = long_context
+    plan, best = outcome.plan, outcome.result.best
+    again = plan_from_json(plan.to_json())
+    assert (again.context_parallel, again.zero) == (best.cp, best.zero) and again.world_size == plan.world_size
+    settings = plan_settings(plan)
+    assert f"parallel.cp={best.cp}" in settings and f"optim.distributed={again.optim_distributed}".lower() in settings
+
+
+def test_cp_is_searched_only_where_the_model_allows_it():
+    gpt = inputs_from_config(compose(["model=gpt_1.7b"]))   # dropout 0.1: no context-parallel form
+    assert gpt.cp_degrees(8) == [1]
+    llama = inputs_from_config(compose(["model=llama3_8b", "model.seq_len=24"]))
+    assert llama.cp_degrees(16) == [1, 2, 4]   # 2 c must divide the 24 tokens (the zigzag chunks)
+
+
+def test_fp32_weights_beyond_the_device_at_every_t_and_p_choose_zero3():
+    inputs = inputs_from_config(compose(FP32_GIANT))
+    stage_weights = inputs.profile.arrays["parameter_bytes"].max()   # one block per stage at p = 2
+    assert inputs.tp_degrees() == [1] and stage_weights > inputs.capacity - inputs.workspace
+    outcome = make_plan(inputs, simulate=False)
+    best = outcome.result.best
+    assert best.zero == 3 and best.fits and outcome.plan.optim_distributed == "zero3"
+    assert best.memory_parts["weights"] == pytest.approx(stage_weights / (best.dp * best.cp))
+    table = plan_table(outcome, 0.0)
+    assert "ZeRO-3: weights, gradients and optimizer state split over the" in table
+
+
+def test_zero_levels_beyond_one_only_where_memory_needs_them():
+    inputs = inputs_from_config(compose(["model=gpt_1.7b", "cluster=dgx_a100", "cluster.nodes=4",
+                                         "train.global_batch_size=512"]))
+    assert make_plan(inputs, simulate=False).result.best.zero <= 1
