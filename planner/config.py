@@ -132,7 +132,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
         **_pipedream_costs(p),
         device_budget=_budget(p.get("device_budget_bytes")), **_memory_savers(p, spec),
-        **_context_parallel(p, model_cfg, spec), max_zero=_max_zero(p),
+        **_context_parallel(p, model_cfg, spec if analytic else None), max_zero=_max_zero(p),
         **_calibrated(cfg, cluster, profile))
 
 

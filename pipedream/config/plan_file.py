@@ -127,8 +127,9 @@ class Plan:
 
     @property
     def optim_distributed(self) -> bool | str:
-        """optim.distributed as the plan's ZeRO level sets it: false, zero1, zero2 or zero3."""
-        return False if self.zero == 0 else ZERO_NAMES[self.zero]
+        """optim.distributed as the plan's ZeRO level sets it: false, true (zero1's alias, which every
+        runtime reads), zero2 or zero3."""
+        return {0: False, 1: True}.get(self.zero, ZERO_NAMES[self.zero])
 
     def check_world_size(self, world_size: int) -> None:
         if world_size != self.world_size:

@@ -7,6 +7,7 @@ import pytest
 
 from pipedream.config.plan_file import plan_from_json
 from planner.config import compose, inputs_from_config
+from planner.errors import PlannerError
 from planner.report import plan_table
 from planner.run_line import plan_settings
 from planner.search.auto import make_plan
@@ -72,3 +73,14 @@ def test_zero_levels_beyond_one_only_where_memory_needs_them():
     inputs = inputs_from_config(compose(["model=gpt_1.7b", "cluster=dgx_a100", "cluster.nodes=4",
                                          "train.global_batch_size=512"]))
     assert make_plan(inputs, simulate=False).result.best.zero <= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model=gpt_1.7b", "planner.cp=2"], "planner.cp=2 cannot be planned: model.dropout = 0.1"),
+    (["model=llama3_8b", "planner.cp=3"], "model.seq_len = 8192 does not split into 2 x 3 equal chunks"),
+    (["model=llama3_8b", "planner.max_zero=4"], "planner.max_zero = 4 must be 0, 1, 2 or 3"),
+])
+def test_bad_cp_and_zero_settings_are_one_line(args, message):
+    with pytest.raises(PlannerError, match=message) as err:
+        inputs_from_config(compose(args))
+    assert "\n" not in str(err.value)
