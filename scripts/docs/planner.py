@@ -28,16 +28,29 @@ TABLE_4_1 = [("gpt_1.7b", 32, 512, 1, 1, 137), ("gpt_3.6b", 64, 512, 2, 1, 138),
              ("gpt_1t", 3072, 3072, 8, 64, 163)]
 DRY_RUN = ["model=gpt3_175b", "cluster=dgx_a100", "cluster.nodes=12", "train.global_batch_size=1536",
            "planner.out=plan.json"]
+LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=16",
+                "train.global_batch_size=64", "planner.out=plan.json"]
 
 
-def dry_run_section() -> str:
+def dry_run_section(argv: list[str] = DRY_RUN) -> str:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = planner_main([a.replace("planner.out=plan.json", "planner.out=/tmp/planner_docs_plan.json")
-                             for a in DRY_RUN])
+                             for a in argv])
     assert code == 0
     text = buf.getvalue().replace("/tmp/planner_docs_plan.json", "plan.json")
-    return f"```\n$ python -m planner {' '.join(DRY_RUN)}\n{text.rstrip()}\n```"
+    return f"```\n$ python -m planner {' '.join(argv)}\n{text.rstrip()}\n```"
+
+
+def long_context_section() -> str:
+    """The 405B / 128K plan, after the same search without context parallelism (its one-line refusal)."""
+    without = [a for a in LONG_CONTEXT if not a.startswith("planner.out=")] + ["planner.context_parallel=false"]
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = planner_main(without)
+    refusal = f"```\n$ python -m planner {' '.join(without)}\n{err.getvalue().rstrip()}\n```" if code else \
+        "(a plan without context parallelism fits too)"
+    return f"Without context parallelism:\n\n{refusal}\n\nWith it (the default):\n\n{dry_run_section(LONG_CONTEXT)}"
 
 
 def _config(c) -> str:
@@ -91,6 +104,7 @@ def replace_section(text: str, name: str, body: str) -> str:
 def main() -> int:
     text = DOC.read_text()
     text = replace_section(text, "dry-run", dry_run_section())
+    text = replace_section(text, "long-context", long_context_section())
     text = replace_section(text, "table41", table_section())
     text = replace_section(text, "memory-claims", memory_section())
     text = replace_section(text, "trends", trends_section())

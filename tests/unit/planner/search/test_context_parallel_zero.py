@@ -3,6 +3,8 @@ sequences (activation memory), a model whose fp32 weights exceed the device at e
 them (ZeRO-3), and both reach the plan file, the report and the training config."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from pipedream.config.plan_file import plan_from_json
@@ -84,3 +86,14 @@ def test_bad_cp_and_zero_settings_are_one_line(args, message):
     with pytest.raises(PlannerError, match=message) as err:
         inputs_from_config(compose(args))
     assert "\n" not in str(err.value)
+
+
+def test_docs_show_this_plan(long_context):
+    """docs/planner.md's generated 405B / 128K section (python -m scripts.docs.planner) is this plan's."""
+    inputs, outcome = long_context
+    doc = (Path(__file__).parents[4] / "docs" / "planner.md").read_text()
+    section = doc.split("<!-- long-context:start -->")[1].split("<!-- long-context:end -->")[0]
+    table = plan_table(outcome, inputs.cluster.device.flops("bf16")).splitlines()
+    for row in ("degrees", "memory by part", "memory per device", "context parallelism", "ZeRO"):
+        line = next(r for r in table if r.strip().startswith(row))
+        assert line in section, f"{row!r} differs: rerun python -m scripts.docs.planner"
