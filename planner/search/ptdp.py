@@ -1,6 +1,8 @@
-"""PTD-P search (dissertation ch. 4.3): over (p, t, d, b, v, recompute, schedule) with p t d = n;
-recompute is none, full or selective, the optimizer distributed or not (d > 1), and sequence
-parallelism, which costs no time in the model, is taken wherever it applies and is allowed.
+"""PTD-P search (dissertation ch. 4.3): over (p, t, c, d, b, v, recompute, ZeRO level, schedule) with
+p t c d = n; recompute is none, full or selective, the optimizer distributed or not (d c > 1; ZeRO-2
+and 3 only where the level below does not fit), and sequence parallelism, which costs no time in the
+model, is taken wherever it applies and is allowed. The context-parallel degree c (docs/planner.md,
+Context parallelism and ZeRO levels) grows per (t, p) only until a configuration fits.
 
 Iteration time is (m + (p-1)/v) (t_f + t_b + tensor-parallel and pipeline communication) plus the
 data-parallel all-reduce (eq. 4.1 with ch. 4.2.2's interleaving and ch. 4.3's communication
