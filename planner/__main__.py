@@ -46,7 +46,8 @@ def run(argv: Sequence[str]) -> int:
             plan.check_world_size(int(p.world_size))
         print(f"{p.validate}: valid plan for {plan.world_size} processes "
               f"(pp={plan.parallel.pp} tp={plan.parallel.tp} cp={plan.context_parallel} dp={plan.parallel.dp}, "
-              f"{plan.schedule}, optim.distributed={str(plan.optim_distributed).lower()})")
+              f"{plan.schedule}, optim.distributed={str(plan.optim_distributed).lower()}"
+              f"{', optim.reshard_after_forward=true' if plan.reshard_after_forward else ''})")
         return 0
     if p.get("out"):   # before planning: a typo in the path must not cost the search
         from pipedream.observe.run_outputs import output_path_problem

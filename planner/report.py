@@ -141,15 +141,20 @@ def training_time(outcome: Outcome, tokens: float | None, seq_len: int | None) -
     return line
 
 
-ZERO_SHARDS = {1: "optimizer state", 2: "gradients and optimizer state", 3: "weights, gradients and optimizer state"}
+def zero_shards(zero: int, ranks: int) -> str:
+    """What a ZeRO level splits over the d x cp ranks: the optimizer state always, the rest only between steps."""
+    return {1: f"optimizer state split {ranks} ways",
+            2: f"optimizer state split {ranks} ways, no gradients between steps",
+            3: f"optimizer state split {ranks} ways, and between steps the weights too and no gradients"}.get(zero, "")
 
 
 def savers_text(c) -> str:
     """Which of sequence parallelism and the distributed optimizer (its ZeRO level) the plan takes."""
     zero = getattr(c, "zero", 1 if c.distributed_optimizer else 0)
+    reshard = ", reshard_after_forward" if getattr(c, "reshard_after_forward", False) else ""
     taken = [name for name, on in (("sequence parallelism", c.sequence_parallel),
-                                   (f"distributed optimizer (ZeRO-{zero}: {ZERO_SHARDS.get(zero)} split "
-                                    f"{c.dp * getattr(c, 'cp', 1)} ways)", c.distributed_optimizer)) if on]
+                                   (f"distributed optimizer (ZeRO-{zero}{reshard}: "
+                                    f"{zero_shards(zero, c.dp * getattr(c, 'cp', 1))})", c.distributed_optimizer)) if on]
     return ", ".join(taken) or "none"
 
 
@@ -178,16 +183,25 @@ def cp_reason(c: Candidate) -> str:
 
 
 def zero_reason(c: Candidate) -> str:
-    """ZeRO-2 and 3 are priced only where the level below does not fit: what that level would need."""
+    """ZeRO-2 and 3 are priced only where ZeRO-1 does not fit. They gather whole weights and accumulate
+    whole gradients for the step, so they peak where ZeRO-1 does; only ZeRO-3 with
+    reshard_after_forward, one chunk's weights at a time, lowers the peak. The row says what the
+    level holds at the peak and between steps."""
     zero = getattr(c, "zero", 0)
     if zero < 2 or not c.memory_parts:
         return ""
     shards = c.dp * c.cp
-    part = "weights" if zero == 3 else "gradients"
-    below = c.memory_bytes + c.memory_parts[part] * (shards - 1)
-    extra = "; one extra all-gather of the stage's weights per step (in the data-parallel time)" if zero == 3 else ""
-    return (f"ZeRO-{zero}: {ZERO_SHARDS[zero]} split over the {shards} ranks (d x cp) that reduce gradients together; "
-            f"at ZeRO-{zero - 1} a rank would need {below / GIB:.1f} GiB > {c.capacity_bytes / GIB:.1f} GiB{extra}")
+    between = f"; between steps {c.between_steps_bytes / GIB:.2f} GiB of model state" if c.between_steps_bytes else ""
+    if not c.reshard_after_forward:
+        return (f"ZeRO-{zero}: {zero_shards(zero, shards)} (the d x cp ranks that reduce gradients together); during "
+                f"the step the weights and the gradients are whole, so the peak is ZeRO-1's{between}")
+    stage = c.memory_parts["gradients"]   # the stage's whole gradients: its weights' bytes
+    below = c.memory_bytes - c.memory_parts["weights"] + stage
+    return (f"ZeRO-3 with optim.reshard_after_forward: a chunk's weights are gathered over the {shards} ranks (d x cp) "
+            f"before each of its actions and freed after, {c.memory_parts['weights'] / GIB:.2f} GiB at the peak "
+            f"instead of the stage's {stage / GIB:.2f} GiB (at ZeRO-1 a rank would need {below / GIB:.1f} GiB > "
+            f"{c.capacity_bytes / GIB:.1f} GiB); the gradients stay whole for the step; one all-gather of a chunk "
+            f"per action (in the stage time, counted with dp_comm){between}")
 
 
 # the table of a Harmony plan: the configuration (U_F, P_F, U_B, P_B), the estimate and the bytes it moves

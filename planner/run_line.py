@@ -39,7 +39,8 @@ def plan_settings(plan: Any) -> str:
     par = plan.parallel
     zero = plan.optim_distributed
     return (f"parallel.pp={par.pp} parallel.tp={par.tp} parallel.cp={plan.context_parallel} parallel.dp={par.dp} "
-            f"optim.distributed={str(zero).lower()}")
+            f"optim.distributed={str(zero).lower()}"
+            + (" optim.reshard_after_forward=true" if plan.reshard_after_forward else ""))
 
 
 def missing_data_note(cfg: Any, argv: Sequence[str]) -> str | None:

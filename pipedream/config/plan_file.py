@@ -117,6 +117,7 @@ class Plan:
     recompute_layers: int | None = None  # recompute.num_layers (absent: null, every layer)
     context_parallel: int = 1            # parallel.cp (absent in older plans: 1)
     zero: int = 0                        # ZeRO level, optim.distributed (older plans: 1 if distributed_optimizer)
+    reshard_after_forward: bool = False  # optim.reshard_after_forward (zero 3 only; absent in older plans: false)
 
     @property
     def world_size(self) -> int:
@@ -150,6 +151,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "distributed_optimizer": self.distributed_optimizer,
             "context_parallel": self.context_parallel, "zero": self.zero,
+            "reshard_after_forward": self.reshard_after_forward,
             **({"recompute_num_layers": self.recompute_layers} if self.recompute_layers is not None else {}),
             "precision": self.precision,
             "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
@@ -216,6 +218,7 @@ def plan_from_json(data: Any) -> Plan:
     savers["recompute_layers"] = layers
     savers["context_parallel"] = _context_parallel(data)
     savers["zero"] = _zero(data, savers["distributed_optimizer"])
+    savers["reshard_after_forward"] = _reshard(data, savers["zero"])
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
                 data.get("precision"), harmony, **savers)
@@ -247,6 +250,17 @@ def _zero(data: dict, distributed_optimizer: bool) -> int:
         raise PlanError(f"plan zero = {raw!r} but distributed_optimizer = {str(distributed_optimizer).lower()}: "
                         f"distributed_optimizer must be true exactly for ZeRO levels 1 to 3; re-plan or fix one of them")
     return level
+
+
+def _reshard(data: dict, zero: int) -> bool:
+    """optim.reshard_after_forward: a ZeRO-3 choice (one chunk's parameters whole at a time)."""
+    value = data.get("reshard_after_forward", False)
+    if not isinstance(value, bool):
+        raise PlanError(f"plan reshard_after_forward = {value!r} must be true or false, or absent for false")
+    if value and zero != 3:
+        raise PlanError(f"plan reshard_after_forward = true needs zero = 3 (got zero = {zero}): it frees ZeRO-3's "
+                        f"gathered parameters after each action; re-plan or set it false")
+    return value
 
 
 def _packs(raw: Any, name: str) -> tuple[tuple[int, int], ...]:

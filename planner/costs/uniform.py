@@ -71,6 +71,7 @@ class RankStats:
     options: MemoryOptions = field(default_factory=lambda: MemoryOptions())
     c: int = 1  # context-parallel degree: each rank holds 1/c of every sequence
     cp_comm: np.ndarray | None = None  # (nb, p) seconds of the context-parallel ring no attention block hides
+    chunk_param_bytes: np.ndarray | None = None  # (v, p) parameter bytes of each chunk (None: one chunk per rank)
 
     @property
     def compute(self) -> np.ndarray:
@@ -146,7 +147,8 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         activation_bytes=np.outer(share, ranks(kept)), working_bytes=working * share,
         chunk_forward=c_fwd, chunk_backward=c_bwd,
         boundary_bytes=np.multiply.outer(share, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
-        p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options, c=c, cp_comm=ring)
+        p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options, c=c, cp_comm=ring,
+        chunk_param_bytes=chunks(col["parameter_bytes"]))
 
 
 def ring_step_exposed(transfer, compute):
@@ -291,6 +293,7 @@ class Estimates:
     dp_comm: np.ndarray
     cp_comm: np.ndarray | None = None  # the context-parallel ring's exposed seconds per iteration
     parts: dict[str, np.ndarray] | None = None  # the fullest rank's memory by part (MEMORY_PARTS), bytes
+    between_steps: np.ndarray | None = None  # the most model state (weights, gradients, optimizer) a rank holds between steps
 
 
 def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_batch: int,
@@ -316,6 +319,8 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     compute = stats.compute * overheads.layer_time_ratio
     p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)
     per_mb = compute + stats.tp_comm + p2p + stats.ring + runtime_per_mb[None, :]  # (nb, p)
+    gathers = zero3_action_gather_seconds(stats, cluster, d, schedule)   # (p,): ZeRO-3's gathers per action
+    per_mb = per_mb + gathers[None, :]
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
@@ -336,24 +341,30 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
         grad_sync = grad_sync + zero3_gather_seconds(stats, cluster, d)
         iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync + update
         bubble_time = stage_time * m * bubble
-        dp_comm = grad_sync + update  # the optimizer step counted with the gradient sync
+        dp_comm = grad_sync + update + gathers[slow] * m  # the optimizer step counted with the gradient sync
 
     memory, parts = peak_memory(stats, schedule, m, workspace, runtime.process_bytes)
     return Estimates(valid, m, iteration, memory, bubble, (compute[rows, slow] + runtime_per_mb[slow]) * m,
                      stats.tp_comm[rows, slow] * m, p2p[rows, slow] * m, bubble_time, dp_comm,
-                     stats.ring[rows, slow] * m, parts)
+                     stats.ring[rows, slow] * m, parts, np.full(len(bs), between_steps_memory(stats, schedule)))
 
 
 def peak_memory(stats: RankStats, schedule: str, m: np.ndarray, workspace: float,
                 process_bytes: float = 0.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(nb,) bytes of the fullest rank at ``m`` micro-batches per pipeline, and that rank's bytes by part
-    (weights, gradients, optimizer state, activations with the recompute working set)."""
+    (weights, gradients, optimizer state, activations with the recompute working set).
+
+    The ZeRO levels as the runtime holds them at the peak (``MemoryOptions``): every level keeps the
+    stage's whole gradients during the step (the micro-batches accumulate into them) and level 1 and
+    up 1/(d c) of the optimizer state; the parameters are whole at every level, since ZeRO-3 gathers
+    them at the stage's first forward and frees them after its last backward, except that ZeRO-3
+    with ``reshard_after_forward`` holds only the chunk of the action running (the largest chunk's).
+    So ZeRO-2 and ZeRO-3 peak where ZeRO-1 does; they save between steps (``between_steps_memory``)."""
     p, v = stats.p, stats.v
     flight = cost.in_flight(schedule, p, np.arange(p)[None, :], m[:, None], v)
     versions = cost.weight_versions(schedule)
-    opts = stats.options
-    weights = stats.param_bytes / opts.parameter_shards   # ZeRO-3 shards them, ZeRO-2 the gradients
-    grads = stats.param_bytes / opts.gradient_shards
+    weights = peak_weight_bytes(stats)
+    grads = stats.param_bytes
     activations = stats.activation_bytes * flight + stats.working_bytes[:, None]
     per_rank = cost.device_memory(weights[None, :], stats.optimizer_bytes[None, :], versions, activations, 1.0,
                                   0.0, workspace, grads[None, :])
@@ -364,9 +375,47 @@ def peak_memory(stats: RankStats, schedule: str, m: np.ndarray, workspace: float
     return per_rank[rows, full] + process_bytes, parts
 
 
+def resharded(stats: RankStats) -> bool:
+    """ZeRO-3 with ``reshard_after_forward``: one chunk's parameters whole at a time."""
+    return stats.options.zero >= 3 and stats.options.reshard_after_forward
+
+
+def peak_weight_bytes(stats: RankStats) -> np.ndarray:
+    """(p,) parameter bytes each rank holds whole at its peak: the stage's, or under ZeRO-3 with
+    ``reshard_after_forward`` its largest chunk's."""
+    if resharded(stats) and stats.chunk_param_bytes is not None:
+        return stats.chunk_param_bytes.max(axis=0)
+    return stats.param_bytes
+
+
+def between_steps_memory(stats: RankStats, schedule: str) -> float:
+    """Bytes of model state (weights, gradients, optimizer state) the fullest rank holds between
+    steps, when no activation is kept: levels 0 and 1 keep whole weights and gradients, level 2 drops
+    the gradients, level 3 keeps only its 1/(d c) shard of the weights (the optimizer state as in
+    ``stats``, sharded from level 1)."""
+    zero, shards = stats.options.zero, stats.options.optimizer_shards
+    weights = stats.param_bytes * cost.weight_versions(schedule) / (shards if zero >= 3 else 1)
+    grads = stats.param_bytes if zero <= 1 else 0.0
+    return float((weights + grads + stats.optimizer_bytes).max())
+
+
 def zero3_gather_seconds(stats: RankStats, cluster: Cluster, d: int) -> float:
     """ZeRO-3's extra all-gather of the stage's parameters before the first forward of a step (half
-    an all-reduce's time over the d x c ranks), which nothing hides; 0 below level 3."""
-    if stats.options.zero < 3 or d * stats.c <= 1:
+    an all-reduce's time over the d x c ranks), which nothing hides; 0 below level 3, and with
+    ``reshard_after_forward``, whose gathers come with every action (``zero3_action_gather_seconds``)."""
+    if stats.options.zero < 3 or resharded(stats) or d * stats.c <= 1:
         return 0.0
     return float(allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t).max()) / 2
+
+
+def zero3_action_gather_seconds(stats: RankStats, cluster: Cluster, d: int, schedule: str) -> np.ndarray:
+    """(p,) seconds per micro-batch that ZeRO-3 with ``reshard_after_forward`` spends gathering: each
+    chunk's parameters (half an all-reduce of them over the d x c ranks) before each of its actions,
+    a forward and a backward per micro-batch and a weight-gradient action where the schedule splits
+    the backward. Priced as exposed (the forward's prefetch of the next layer hides a part; not
+    credited). Zeros otherwise."""
+    if not resharded(stats) or d * stats.c <= 1:
+        return np.zeros(stats.p)
+    chunks = stats.chunk_param_bytes if stats.chunk_param_bytes is not None else stats.param_bytes[None, :]
+    actions = 3 if schedule_info(schedule).split_backward else 2
+    return actions * (allreduce_time(cluster, chunks, d * stats.c, stats.t) / 2).sum(axis=0)

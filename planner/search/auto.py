@@ -101,7 +101,8 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
     options = inputs.memory_options(best.tp, best.dp * best.cp, best.selective_recompute, profile,
                                     best.distributed_optimizer, not schedule_info(best.schedule).asynchronous)
     stats = rank_stats(profile, inputs.cluster, best.tp, best.pp, best.vpp, best.dp, best.recompute,
-                       np.array([best.micro], dtype=float), options=replace(options, zero=best.zero), c=best.cp)
+                       np.array([best.micro], dtype=float), options=replace(options, zero=best.zero, reshard_after_forward=best.reshard_after_forward),
+                       c=best.cp)
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
     return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency,
@@ -124,6 +125,7 @@ def candidate_json(c: Candidate) -> dict:
             "batch": {"global": c.global_batch, "micro": c.micro, "num_microbatches": c.num_microbatches},
             "recompute": c.recompute_granularity, "sequence_parallel": c.sequence_parallel,
             "distributed_optimizer": c.distributed_optimizer, "context_parallel": c.cp, "zero": c.zero,
+            "reshard_after_forward": c.reshard_after_forward,
             "stages": [{"layers": [s, e], "replicas": len(r) // (c.tp * c.cp)} for s, e, r in c.stages],
             "predicted": vars(_predicted(c)), "breakdown_s": c.breakdown, "why_lost": c.why_lost}
 
@@ -161,6 +163,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         recompute=best.recompute_granularity, stages=tuple(_stages(best)), predicted=_predicted(best),
         sequence_parallel=best.sequence_parallel, distributed_optimizer=best.distributed_optimizer,
         recompute_layers=_recompute_layers(inputs, best), context_parallel=best.cp, zero=best.zero,
+        reshard_after_forward=best.reshard_after_forward,
         precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
@@ -168,7 +171,8 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                  "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
                  "memory_reserve_bytes": inputs.workspace,
                  "model_tflops_per_device": best.model_tflops_per_device,
-                 **({"memory_bytes_by_part": best.memory_parts} if best.memory_parts else {})})
+                 **({"memory_bytes_by_part": best.memory_parts} if best.memory_parts else {}),
+                 **({"memory_bytes_between_steps": best.between_steps_bytes} if best.between_steps_bytes else {})})
     return Outcome(plan, result, reason, sim)
 
 

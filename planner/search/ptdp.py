@@ -1,6 +1,7 @@
 """PTD-P search (dissertation ch. 4.3): over (p, t, c, d, b, v, recompute, ZeRO level, schedule) with
 p t c d = n; recompute is none, full or selective, the optimizer distributed or not (d c > 1; ZeRO-2
-and 3 only where the level below does not fit), and sequence parallelism, which costs no time in the
+and 3 only where ZeRO-1 does not fit, and kept only where their peak is lower, which takes ZeRO-3
+with reshard_after_forward at v > 1), and sequence parallelism, which costs no time in the
 model, is taken wherever it applies and is allowed. The context-parallel degree c (docs/planner.md,
 Context parallelism and ZeRO levels) grows per (t, p) only until a configuration fits.
 
@@ -23,8 +24,7 @@ from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
 from planner.search.pins import check_pins
 from planner.search.ranking import Rows, SearchResult, rank
-from planner.costs.uniform import (Estimates, RankStats, even_boundaries, estimate, peak_memory, rank_stats,
-                                   zero3_gather_seconds)
+from planner.costs.uniform import Estimates, RankStats, even_boundaries, estimate, peak_memory, rank_stats
 from planner.inputs.memory_options import MemoryOptions
 
 
@@ -84,7 +84,7 @@ def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int
                             sequence_parallel=int(stats.options.sequence_parallel),
                             distributed_optimizer=int(stats.options.optimizer_shards > 1))
                 est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
-                rows.add(est, all_b, schedule, zero=stats.options.zero, **keys)
+                rows.add(est, all_b, schedule, zero=stats.options.zero, reshard=0, **keys)
                 fits |= bool((est.valid & (est.memory <= inputs.capacity)).any())
                 if stats.options.zero == 1 and not schedule_info(schedule).asynchronous:
                     fits |= _deeper_zero(inputs, rows, stats, est, schedule, d, all_b, keys)
@@ -93,22 +93,31 @@ def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int
 
 def _deeper_zero(inputs: Inputs, rows: Rows, stats: RankStats, est: Estimates, schedule: str, d: int,
                  all_b: np.ndarray, keys: dict) -> bool:
-    """ZeRO-2, then ZeRO-3, priced only for the micro-batch sizes the level below does not fit: they
-    save memory that is then needed. ZeRO-2 costs ZeRO-1's time (a reduce-scatter and an all-gather
-    either way), ZeRO-3 an extra all-gather per step; only the memory is summed again. Whether a
-    deeper level fits where the one below did not."""
-    below = est
-    for level in range(2, inputs.max_zero + 1):
+    """ZeRO-2, ZeRO-3 and, where a rank holds several chunks (v > 1), ZeRO-3 with
+    ``reshard_after_forward``, each priced only for the micro-batch sizes the one before does not
+    fit, and kept only where its peak is below that one's: ZeRO-2 and ZeRO-3 gather whole
+    parameters and accumulate whole gradients for the step, so they peak where ZeRO-1 does (at
+    ZeRO-1's time, ZeRO-3 plus an all-gather per step) and are never kept; ZeRO-3 with
+    ``reshard_after_forward`` holds one chunk's parameters at a time for a gather per action.
+    Whether one of them fits where ZeRO-1 did not."""
+    variants = [(level, False) for level in range(2, inputs.max_zero + 1)]
+    if inputs.max_zero >= 3 and stats.v > 1:
+        variants.append((3, True))
+    below, fits = est, False
+    for level, reshard in variants:
         need = below.valid & (below.memory > inputs.capacity)
         if not need.any():
-            return level > 2
-        deeper = replace(stats, options=replace(stats.options, zero=level))
-        memory, parts = peak_memory(deeper, schedule, est.microbatches, inputs.workspace, inputs.runtime.process_bytes)
-        gather = zero3_gather_seconds(deeper, inputs.cluster, d)
-        below = replace(est, valid=need, memory=memory, parts=parts, iteration_time=est.iteration_time + gather,
-                        dp_comm=est.dp_comm + gather)
-        rows.add(below, all_b, schedule, zero=level, **keys)
-    return bool((below.valid & (below.memory <= inputs.capacity)).any())
+            break
+        deeper = replace(stats, options=replace(stats.options, zero=level, reshard_after_forward=reshard))
+        memory, _ = peak_memory(deeper, schedule, est.microbatches, inputs.workspace, inputs.runtime.process_bytes)
+        if not (need & (memory < below.memory)).any():
+            continue   # the same peak as the level before: it fits nowhere that one does not
+        priced = estimate(deeper, inputs.cluster, schedule, d, inputs.global_batch, inputs.workspace, inputs.runtime)
+        lower = need & priced.valid & (priced.memory < below.memory)
+        below = replace(priced, valid=need)
+        rows.add(replace(priced, valid=lower), all_b, schedule, zero=level, reshard=int(reshard), **keys)
+        fits |= bool((lower & (priced.memory <= inputs.capacity)).any())
+    return fits
 
 
 def with_optimizer_shards(stats: RankStats | None, options: MemoryOptions) -> RankStats | None:

@@ -46,6 +46,8 @@ class Rows:
             put("t_" + name, []).append((np.zeros_like(est.iteration_time) if value is None else value)[mask])
         for name in MEMORY_PARTS:
             put("m_" + name, []).append(est.parts[name][mask])
+        if est.between_steps is not None:
+            put("m_between_steps", []).append(est.between_steps[mask])
 
     def table(self) -> dict[str, np.ndarray]:
         keys = {name: np.repeat(np.array([block[name] for block in self.keys],
@@ -72,7 +74,7 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
                profiles: dict[int, Profile] | None = None) -> Candidate:
     """Row ``i`` as a Candidate; ``profiles`` keeps the profile per t across one ranking's rows."""
     p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
-    c, zero = (int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0)))
+    c, zero, reshard = (int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0), ("reshard", 0)))
     profiles = {} if profiles is None else profiles
     if t not in profiles:
         profiles[t] = inputs.profile_at(t)
@@ -87,7 +89,8 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
         float(tab["memory"][i]), inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
         model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d * c) / 1e12,
         **{key: bool(tab[key][i]) for key in ("selective_recompute", "sequence_parallel", "distributed_optimizer")
-           if key in tab}, cp=c, zero=zero,
+           if key in tab}, cp=c, zero=zero, reshard_after_forward=bool(reshard),
+        between_steps_bytes=float(tab["m_between_steps"][i]) if "m_between_steps" in tab else 0.0,
         memory_parts={k: float(tab["m_" + k][i]) for k in MEMORY_PARTS})
 
 
@@ -164,7 +167,7 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
         selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
         granularity = "full" if tab["recompute"][i] else "selective" if selective else "none"
         key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i], granularity,
-               int(tab["c"][i]) if "c" in tab else 1, int(tab["zero"][i]) if "zero" in tab else 0)
+               *(int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0), ("reshard", 0))))
         if key in seen or len(alternatives) >= inputs.top_k:
             continue
         seen.add(key)

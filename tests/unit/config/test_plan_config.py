@@ -108,6 +108,15 @@ def test_plan_sets_context_parallelism_and_the_zero_level(tmp_path, zero, distri
                       stages=stages)
     planned = apply_plan(compose_config([f"parallel.plan={path}", "optim.distributed=true"]))
     assert planned.parallel.cp == 2 and planned.optim.distributed == distributed
+    assert planned.optim.reshard_after_forward is False
+
+
+def test_plan_sets_reshard_after_forward(tmp_path):
+    stages = [{"layers": [0, 2], "replicas": 1, "ranks": [0, 1]}, {"layers": [2, 6], "replicas": 1, "ranks": [2, 3]}]
+    path = write_plan(tmp_path / "plan.json", context_parallel=2, zero=3, distributed_optimizer=True,
+                      reshard_after_forward=True, stages=stages)
+    planned = apply_plan(compose_config([f"parallel.plan={path}"]))
+    assert planned.optim.distributed == "zero3" and planned.optim.reshard_after_forward is True
 
 
 def test_an_older_plan_sets_cp_1_and_its_distributed_optimizer(tmp_path):

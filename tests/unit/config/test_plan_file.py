@@ -116,8 +116,17 @@ def test_context_parallel_and_zero_round_trip(tmp_path, zero, level, distributed
         plan.check_world_size(4)
 
 
+def test_reshard_after_forward_round_trips_with_zero3(tmp_path):
+    plan = plan_from_json(cp_plan_dict(zero=3, distributed_optimizer=True, reshard_after_forward=True))
+    assert plan.reshard_after_forward and plan.optim_distributed == "zero3"
+    plan.save(tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json") == plan
+    assert json.loads((tmp_path / "plan.json").read_text())["reshard_after_forward"] is True
+
+
 def test_older_plans_without_cp_or_zero_still_load():
     assert (plan_from_json(plan_dict()).context_parallel, plan_from_json(plan_dict()).zero) == (1, 0)
+    assert plan_from_json(plan_dict()).reshard_after_forward is False
     old = plan_from_json(plan_dict(distributed_optimizer=True))   # ZeRO-1 before the level existed
     assert (old.zero, old.optim_distributed) == (1, True)
 
@@ -127,6 +136,9 @@ def test_older_plans_without_cp_or_zero_still_load():
     ({"zero": "zero9"}, "plan zero = 'zero9'"),
     ({"zero": 2, "distributed_optimizer": False}, "distributed_optimizer must be true exactly for ZeRO levels 1 to 3"),
     ({"context_parallel": 0}, "plan context_parallel = 0 must be an integer >= 1"),
+    ({"zero": 1, "distributed_optimizer": True, "reshard_after_forward": True},
+     "plan reshard_after_forward = true needs zero = 3"),
+    ({"reshard_after_forward": "yes"}, "plan reshard_after_forward = 'yes' must be true or false"),
 ])
 def test_bad_cp_and_zero_are_one_line(change, message):
     with pytest.raises(PlanError, match=message) as err:

@@ -1,6 +1,7 @@
 """The cost of context parallelism and of the ZeRO levels (planner.costs.uniform): a rank keeps 1/c of
 the activations; the K/V ring costs only what the attention block computed meanwhile does not hide;
-ZeRO-2 and 3 shard gradients and weights over the d x c ranks, ZeRO-3 paying an extra all-gather."""
+ZeRO-2 and 3 peak where ZeRO-1 does (whole weights and gradients during the step) and save only between
+steps, ZeRO-3 paying an extra all-gather; with reshard_after_forward ZeRO-3 holds one chunk's weights."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -10,7 +11,8 @@ import pytest
 
 from planner.config import cluster_for, compose
 from planner.costs.collectives import allreduce_time
-from planner.costs.uniform import estimate, rank_stats, ring_step_exposed, zero3_gather_seconds
+from planner.costs.uniform import (estimate, rank_stats, ring_step_exposed, zero3_action_gather_seconds,
+                                   zero3_gather_seconds)
 from planner.inputs.memory_options import MemoryOptions
 from planner.inputs.model_specs import LlamaSpec
 from planner.inputs.profile import analytic_profile
@@ -23,9 +25,10 @@ def llama(seq: int) -> LlamaSpec:
     return LlamaSpec("llama_8b_like", 4, 4096, 32, 8, 14336, seq, 128256)
 
 
-def stats(seq: int, t: int, c: int, d: int = 1, options: MemoryOptions = MemoryOptions(), recompute: bool = False):
+def stats(seq: int, t: int, c: int, d: int = 1, options: MemoryOptions = MemoryOptions(), recompute: bool = False,
+          p: int = 1, v: int = 1):
     profile = analytic_profile(llama(seq), H100.device, t)
-    return rank_stats(profile, H100, t, 1, 1, d, recompute, B, options=options, c=c)
+    return rank_stats(profile, H100, t, p, v, d, recompute, B, options=options, c=c)
 
 
 def test_a_rank_keeps_one_c_th_of_the_activations_and_computes_one_c_th():
@@ -65,17 +68,51 @@ def test_the_backward_ring_carries_twice_the_bytes():
     assert (s.cp_comm[:, 0] <= upper + 1e-12).all() and (s.cp_comm[:, 0] > 0.5 * upper).all()
 
 
-def test_zero_levels_shard_gradients_then_weights_and_zero3_pays_an_all_gather():
+def at_level(base, level: int, reshard: bool = False):
+    return replace(base, options=replace(base.options, zero=level, reshard_after_forward=reshard))
+
+
+def test_zero2_and_zero3_peak_where_zero1_does_and_save_only_between_steps():
+    """The runtime accumulates whole gradients over the micro-batches and (ZeRO-3) gathers the stage's
+    weights at its first forward and frees them after its last backward: at the peak every level
+    holds whole weights and gradients, only the optimizer state is 1/(d c)."""
     d, c = 4, 2
     zero1 = stats(8192, 2, c, d, MemoryOptions(optimizer_shards=d * c, zero=1))
-    est = {level: estimate(replace(zero1, options=replace(zero1.options, zero=level)), H100, "1f1b", d, 64, 0.0)
-           for level in (1, 2, 3)}
-    w = zero1.param_bytes.max()
-    assert est[1].parts["gradients"][0] == pytest.approx(w)
-    assert est[2].parts["gradients"][0] == pytest.approx(w / (d * c)) and est[2].parts["weights"][0] == pytest.approx(w)
-    assert est[3].parts["weights"][0] == pytest.approx(w / (d * c))
-    assert (est[2].memory < est[1].memory).all() and (est[3].memory < est[2].memory).all()
+    est = {level: estimate(at_level(zero1, level), H100, "1f1b", d, 64, 0.0) for level in (1, 2, 3)}
+    w, opt = zero1.param_bytes.max(), zero1.optimizer_bytes.max()
+    for level in (1, 2, 3):
+        assert est[level].parts["weights"][0] == pytest.approx(w)      # whole at the peak
+        assert est[level].parts["gradients"][0] == pytest.approx(w)    # accumulated whole
+        assert est[level].parts["optimizer"][0] == pytest.approx(opt)  # the 1/(d c) shard
+        np.testing.assert_allclose(est[level].memory, est[1].memory)   # so the same peak
+    # between steps: ZeRO-1 keeps weights and gradients, ZeRO-2 drops the gradients, ZeRO-3 keeps a weight shard
+    between = {level: est[level].between_steps[0] for level in (1, 2, 3)}
+    assert between[1] == pytest.approx(2 * w + opt)
+    assert between[2] == pytest.approx(w + opt)
+    assert between[3] == pytest.approx(w / (d * c) + opt)
     np.testing.assert_allclose(est[2].iteration_time, est[1].iteration_time)   # ZeRO-2's traffic is ZeRO-1's
     gather = float(allreduce_time(H100, zero1.param_bytes, d * c, 2).max()) / 2   # over the d x c ranks, t apart
-    assert gather > 0 and zero3_gather_seconds(replace(zero1, options=replace(zero1.options, zero=3)), H100, d) == gather
+    assert gather > 0 and zero3_gather_seconds(at_level(zero1, 3), H100, d) == gather
     np.testing.assert_allclose(est[3].iteration_time - est[1].iteration_time, gather)
+
+
+def test_zero3_with_reshard_after_forward_holds_one_chunk_and_gathers_per_action():
+    d, c, p, v = 4, 1, 2, 2   # 4 blocks: a rank holds 2 chunks of one block each (the embedding or head beside)
+    zero1 = stats(8192, 2, c, d, MemoryOptions(optimizer_shards=d * c, zero=1), p=p, v=v)
+    one = estimate(zero1, H100, "interleaved", d, 64, 0.0)
+    keep = estimate(at_level(zero1, 3), H100, "interleaved", d, 64, 0.0)
+    free = estimate(at_level(zero1, 3, reshard=True), H100, "interleaved", d, 64, 0.0)
+    chunk = zero1.chunk_param_bytes.max(axis=0)
+    assert chunk.shape == (p,) and (chunk < zero1.param_bytes).all()
+    np.testing.assert_allclose(keep.memory, one.memory)            # reshard_after_forward=false: ZeRO-1's peak
+    assert (free.memory < one.memory).all()                         # one chunk's weights at the peak ...
+    assert free.parts["gradients"][0] == pytest.approx(zero1.param_bytes.max())   # ... beside whole gradients
+    assert free.parts["weights"][0] <= chunk.max() + 1e-6
+    # a gather of each chunk before each forward and backward (3 actions with a split backward), none per step
+    per_mb = zero3_action_gather_seconds(at_level(zero1, 3, True), H100, d, "interleaved")
+    chunks = allreduce_time(H100, zero1.chunk_param_bytes, d * c, 2) / 2
+    np.testing.assert_allclose(per_mb, 2 * chunks.sum(axis=0))
+    np.testing.assert_allclose(zero3_action_gather_seconds(at_level(zero1, 3, True), H100, d, "zb_h2"), 1.5 * per_mb)
+    assert zero3_gather_seconds(at_level(zero1, 3, True), H100, d) == 0.0
+    assert (free.iteration_time > keep.iteration_time).all()
+    np.testing.assert_allclose(zero3_action_gather_seconds(at_level(zero1, 3), H100, d, "interleaved"), 0.0)
