@@ -187,7 +187,7 @@ def _max_zero(p: Any) -> int:
     level = p.get("max_zero", 3)
     if isinstance(level, bool) or level not in (0, 1, 2, 3):
         raise PlannerError(f"planner.max_zero = {level!r} must be 0, 1, 2 or 3 (the deepest ZeRO level searched; "
-                           f"levels 2 and 3 are priced only where the level below does not fit)")
+                           f"levels 2 and 3 are priced only where ZeRO-1 does not fit)")
     return int(level)
 
 
