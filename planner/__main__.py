@@ -45,7 +45,9 @@ def run(argv: Sequence[str]) -> int:
         if p.get("world_size") is not None:
             plan.check_world_size(int(p.world_size))
         print(f"{p.validate}: valid plan for {plan.world_size} processes "
-              f"(pp={plan.parallel.pp} tp={plan.parallel.tp} dp={plan.parallel.dp}, {plan.schedule})")
+              f"(pp={plan.parallel.pp} tp={plan.parallel.tp} cp={plan.context_parallel} dp={plan.parallel.dp}, "
+              f"{plan.schedule}, optim.distributed={str(plan.optim_distributed).lower()}"
+              f"{', optim.reshard_after_forward=true' if plan.reshard_after_forward else ''})")
         return 0
     if p.get("out"):   # before planning: a typo in the path must not cost the search
         from pipedream.observe.run_outputs import output_path_problem
@@ -69,8 +71,9 @@ def run(argv: Sequence[str]) -> int:
     print(training_time(outcome, None if tokens is None else float(tokens), seq))
     if p.get("out"):
         outcome.plan.save(str(p.out))
-        from planner.run_line import missing_data_note, run_command
-        print(f"wrote {p.out}; run it with: {run_command(argv, cfg, str(p.out), outcome.harmony is not None)}")
+        from planner.run_line import missing_data_note, plan_settings, run_command
+        print(f"wrote {p.out} (it sets {plan_settings(outcome.plan)}); run it with: "
+              f"{run_command(argv, cfg, str(p.out), outcome.harmony is not None)}")
         note = missing_data_note(cfg, argv)
         if note:
             print(f"note: {note}")

@@ -29,7 +29,12 @@ class Candidate:
     model_tflops_per_device: float = 0.0  # forward + backward only (3 passes), whatever is recomputed
     selective_recompute: bool = False    # recompute.granularity=selective (recompute is then False)
     sequence_parallel: bool = False      # parallel.sequence_parallel
-    distributed_optimizer: bool = False  # optim.distributed
+    distributed_optimizer: bool = False  # optim.distributed (ZeRO level 1 or more)
+    cp: int = 1                          # parallel.cp: each sequence split over cp ranks
+    zero: int = 0                        # ZeRO level (optim.distributed: false, zero1, zero2, zero3)
+    memory_parts: dict[str, float] = field(default_factory=dict)   # the fullest rank's bytes by part
+    reshard_after_forward: bool = False  # optim.reshard_after_forward (ZeRO-3: one chunk's parameters at a time)
+    between_steps_bytes: float = 0.0     # the most model state a rank holds between steps (weights, gradients, optimizer)
 
     @property
     def recompute_granularity(self) -> str:
@@ -41,12 +46,15 @@ class Candidate:
 
     @property
     def key(self) -> tuple:
-        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute_granularity)
+        return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute_granularity, self.cp, self.zero,
+                self.reshard_after_forward)
 
     def describe(self) -> str:
         v = f" v={self.vpp}" if self.vpp > 1 else ""
+        c = f" c={self.cp}" if self.cp > 1 else ""
+        z = f" zero{self.zero}" + (" reshard" if self.reshard_after_forward else "") if self.zero > 1 else ""
         rec = {"full": " recompute", "selective": " selective-recompute", "none": ""}[self.recompute_granularity]
-        return f"(p={self.pp} t={self.tp} d={self.dp}{v} b={self.micro} {self.schedule}{rec})"
+        return f"(p={self.pp} t={self.tp}{c} d={self.dp}{v} b={self.micro} {self.schedule}{rec}{z})"
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,7 @@ def inputs_from_config(cfg: Any) -> Inputs:
         top_k=int(p.top_k), pin_tp=p.get("tp"), pin_pp=p.get("pp"), pin_dp=p.get("dp"),
         **_pipedream_costs(p),
         device_budget=_budget(p.get("device_budget_bytes")), **_memory_savers(p, spec),
+        **_context_parallel(p, model_cfg, spec if analytic else None), max_zero=_max_zero(p),
         **_calibrated(cfg, cluster, profile))
 
 
@@ -156,6 +157,38 @@ def _memory_savers(p: Any, spec: Any) -> dict[str, Any]:
             "sequence_parallel": flags["sequence_parallel"] and family is not None and family.sequence_parallel,
             "distributed_optimizer": flags["distributed_optimizer"],
             "grad_bucket_bytes": float(bucket_mb) * 2**20 if flags["overlap_grad_reduce"] else None}
+
+
+def _context_parallel(p: Any, model_cfg: Any, spec: Any) -> dict[str, Any]:
+    """planner.context_parallel (search parallel.cp) and planner.cp (pin it): context parallelism runs
+    for the families that have it, without dropout, on a sequence that splits into 2 c chunks."""
+    allowed = p.get("context_parallel", False)
+    if not isinstance(allowed, bool):
+        raise PlannerError(f"planner.context_parallel = {allowed!r} must be true or false")
+    pin = p.get("cp")
+    if pin is not None and (isinstance(pin, bool) or not isinstance(pin, int) or pin < 1):
+        raise PlannerError(f"planner.cp = {pin!r} must be a positive integer (or null to search)")
+    family = known_family(spec.model_cfg.get("name")) if hasattr(spec, "model_cfg") else None
+    dropout = float(model_cfg.get("dropout") or 0.0)
+    seq = getattr(spec, "seq_len", None)
+    why_not = ("the profile is not analytic" if spec is None else
+               f"model {model_cfg.get('name')} has no context-parallel form" if family is None or not family.context_parallel
+               else f"model.dropout = {dropout} (context parallelism needs 0)" if dropout else None)
+    if pin is not None and pin > 1:
+        if why_not:
+            raise PlannerError(f"planner.cp={pin} cannot be planned: {why_not}; use planner.cp=null")
+        if seq % (2 * pin):
+            raise PlannerError(f"planner.cp={pin}: model.seq_len = {seq} does not split into 2 x {pin} equal chunks "
+                               f"(the zigzag layout); choose a cp with seq_len divisible by 2 cp")
+    return {"context_parallel": allowed and why_not is None, "pin_cp": pin}
+
+
+def _max_zero(p: Any) -> int:
+    level = p.get("max_zero", 3)
+    if isinstance(level, bool) or level not in (0, 1, 2, 3):
+        raise PlannerError(f"planner.max_zero = {level!r} must be 0, 1, 2 or 3 (the deepest ZeRO level searched; "
+                           f"levels 2 and 3 are priced only where ZeRO-1 does not fit)")
+    return int(level)
 
 
 GPU_RESERVE = {"reserve_gib": 3.0, "reserve_fraction": 0.2}   # docs/planner.md, Memory reserve

@@ -10,7 +10,7 @@ from planner.search.ranking import GIB, Candidate
 
 
 def _split(c: Candidate, limit: int = 6) -> str:
-    stages = [f"[{s},{e})x{len(r) // c.tp}" for s, e, r in c.stages]
+    stages = [f"[{s},{e})x{len(r) // (c.tp * c.cp)}" for s, e, r in c.stages]
     if len(stages) > limit:
         stages = stages[: limit - 2] + [f"... ({len(stages) - limit + 2} more)"] + stages[-1:]
     return " ".join(stages)
@@ -83,7 +83,7 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
         f"Plan for {plan.model.name} ({count(plan.model.num_parameters)} parameters, {plan.model.num_layers} "
         f"layers) on {plan.cluster.name}: {n} x {plan.planner['device']}, global batch {c.global_batch}",
         f"  algorithm: {outcome.result.algorithm} ({outcome.result.considered} configurations) - {outcome.reason}",
-        _row("degrees", f"pp={c.pp} tp={c.tp} dp={c.dp} vpp={c.vpp}  ({plan.world_size} devices)"),
+        _row("degrees", f"pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} vpp={c.vpp}  ({plan.world_size} devices)"),
         _row("layer split x replicas", _split(c)),
         _row("micro-batch", f"b={c.micro}, m={c.num_microbatches} micro-batches per pipeline"),
         _row("schedule", c.schedule + (f" (v={c.vpp})" if c.vpp > 1 else "")),
@@ -93,9 +93,12 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
         _row("throughput", f"{c.samples_per_s:.4g} samples/s"),
         _row("TFLOP/s per device", _tflops(c, peak_flops)),
         _row("memory per device", _memory(c, plan.planner.get("memory_reserve_bytes", 0.0))),
+        *([_row("memory by part", memory_parts_text(c))] if c.memory_parts else []),
         _row("bubble", f"{c.bubble_fraction:.2%} of ideal time ({_bubble_rule(c.schedule)})"),
         _row("time per iteration", ", ".join(f"{k} {v:.3g} s" for k, v in c.breakdown.items() if v > 0)),
     ]
+    lines += [_row(name, text) for name, text in (("context parallelism", cp_reason(c)), ("ZeRO", zero_reason(c)))
+              if text]
     lines.append(_row("simulator check", _sim_line(sim, c.global_batch // c.micro
                                                if schedule_info(c.schedule).updates_per_microbatch else c.num_microbatches)))
     for note in plan.planner.get("notes", []):
@@ -138,11 +141,67 @@ def training_time(outcome: Outcome, tokens: float | None, seq_len: int | None) -
     return line
 
 
+def zero_shards(zero: int, ranks: int) -> str:
+    """What a ZeRO level splits over the d x cp ranks: the optimizer state always, the rest only between steps."""
+    return {1: f"optimizer state split {ranks} ways",
+            2: f"optimizer state split {ranks} ways, no gradients between steps",
+            3: f"optimizer state split {ranks} ways, and between steps the weights too and no gradients"}.get(zero, "")
+
+
 def savers_text(c) -> str:
-    """Which of sequence parallelism and the distributed optimizer the plan takes."""
+    """Which of sequence parallelism and the distributed optimizer (its ZeRO level) the plan takes."""
+    zero = getattr(c, "zero", 1 if c.distributed_optimizer else 0)
+    reshard = ", reshard_after_forward" if getattr(c, "reshard_after_forward", False) else ""
     taken = [name for name, on in (("sequence parallelism", c.sequence_parallel),
-                                   ("distributed optimizer", c.distributed_optimizer)) if on]
+                                   (f"distributed optimizer (ZeRO-{zero}{reshard}: "
+                                    f"{zero_shards(zero, c.dp * getattr(c, 'cp', 1))})", c.distributed_optimizer)) if on]
     return ", ".join(taken) or "none"
+
+
+def memory_parts_text(c: Candidate) -> str:
+    parts = c.memory_parts
+    names = {"weights": "weights", "gradients": "gradients", "optimizer": "optimizer state", "activations": "activations"}
+    return ", ".join(f"{names[k]} {v / GIB:.2f}" for k, v in parts.items()) + " GiB (the fullest rank)"
+
+
+def cp_reason(c: Candidate) -> str:
+    """Why the plan splits sequences: the activation memory it relieves (at cp = 1 with the same t, p
+    and d each rank keeps c times the activations, and its ZeRO shards grow), or time where that fits too."""
+    if c.cp <= 1 or "activations" not in c.memory_parts:
+        return ""
+    act = c.memory_parts["activations"]
+    without = c.memory_bytes - act + act * c.cp
+    head = (f"cp={c.cp}: each rank holds 1/{c.cp} of every sequence (zigzag chunks), activations {act / GIB:.2f} GiB "
+            f"per rank instead of {act * c.cp / GIB:.2f} GiB at cp=1")
+    ring = c.breakdown.get("cp_comm", 0.0)
+    ring_text = (f"; the K/V ring costs {ring:.3g} s per iteration beyond the attention it overlaps" if ring > 0
+                 else "; the attention blocks hide the K/V ring entirely")
+    if without > c.capacity_bytes:
+        return (f"{head}: relieves activation memory (at cp=1 a rank would need at least {without / GIB:.1f} GiB > "
+                f"{c.capacity_bytes / GIB:.1f} GiB){ring_text}")
+    return f"{head}: taken for time (cp=1 would fit too){ring_text}"
+
+
+def zero_reason(c: Candidate) -> str:
+    """ZeRO-2 and 3 are priced only where ZeRO-1 does not fit. They gather whole weights and accumulate
+    whole gradients for the step, so they peak where ZeRO-1 does; only ZeRO-3 with
+    reshard_after_forward, one chunk's weights at a time, lowers the peak. The row says what the
+    level holds at the peak and between steps."""
+    zero = getattr(c, "zero", 0)
+    if zero < 2 or not c.memory_parts:
+        return ""
+    shards = c.dp * c.cp
+    between = f"; between steps {c.between_steps_bytes / GIB:.2f} GiB of model state" if c.between_steps_bytes else ""
+    if not c.reshard_after_forward:
+        return (f"ZeRO-{zero}: {zero_shards(zero, shards)} (the d x cp ranks that reduce gradients together); during "
+                f"the step the weights and the gradients are whole, so the peak is ZeRO-1's{between}")
+    stage = c.memory_parts["gradients"]   # the stage's whole gradients: its weights' bytes
+    below = c.memory_bytes - c.memory_parts["weights"] + stage
+    return (f"ZeRO-3 with optim.reshard_after_forward: a chunk's weights are gathered over the {shards} ranks (d x cp) "
+            f"before each of its actions and freed after, {c.memory_parts['weights'] / GIB:.2f} GiB at the peak "
+            f"instead of the stage's {stage / GIB:.2f} GiB (at ZeRO-1 a rank would need {below / GIB:.1f} GiB > "
+            f"{c.capacity_bytes / GIB:.1f} GiB); the gradients stay whole for the step; one all-gather of a chunk "
+            f"per action (in the stage time, counted with dp_comm){between}")
 
 
 # the table of a Harmony plan: the configuration (U_F, P_F, U_B, P_B), the estimate and the bytes it moves

@@ -33,6 +33,16 @@ def run_command(argv: Sequence[str], cfg: Any, plan_path: str, harmony: bool) ->
     return shlex.join(words)
 
 
+def plan_settings(plan: Any) -> str:
+    """What ``parallel.plan=`` sets beyond the layer split, as the keys it sets: the degrees (context
+    parallelism's among them) and the ZeRO level (``optim.distributed``)."""
+    par = plan.parallel
+    zero = plan.optim_distributed
+    return (f"parallel.pp={par.pp} parallel.tp={par.tp} parallel.cp={plan.context_parallel} parallel.dp={par.dp} "
+            f"optim.distributed={str(zero).lower()}"
+            + (" optim.reshard_after_forward=true" if plan.reshard_after_forward else ""))
+
+
 def missing_data_note(cfg: Any, argv: Sequence[str]) -> str | None:
     """A plugin model trains on its own data, which planning from a profile did not need."""
     if cfg.model.get("_target_") and not any(o.startswith(("data=", "data._target_=")) for o in argv):

@@ -52,8 +52,9 @@ def apply_plan(cfg: Any, plugin: Any = None, model_label: str | None = None) -> 
         planned.recompute.granularity = plan.recompute
         planned.recompute.num_layers = plan.recompute_layers
         planned.parallel.sequence_parallel = plan.sequence_parallel
-        if plan.distributed_optimizer:
-            planned.optim.distributed = True
+        planned.parallel.cp = plan.context_parallel
+        planned.optim.distributed = plan.optim_distributed   # the ZeRO level the memory was priced with
+        planned.optim.reshard_after_forward = plan.reshard_after_forward
         if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):
             planned.precision = _precision_group(plan.precision, str(path))
     return planned

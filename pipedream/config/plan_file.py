@@ -21,6 +21,7 @@ from pipedream.schedules.registry import SCHEDULE_INFOS
 PLAN_VERSION = 1
 SCHEDULES = tuple(SCHEDULE_INFOS)
 RECOMPUTE = ("none", "full", "selective")
+ZERO_NAMES = ("false", "zero1", "zero2", "zero3")   # optim.distributed for ZeRO level 0..3
 
 
 class PlanError(ValueError):
@@ -114,18 +115,27 @@ class Plan:
     sequence_parallel: bool = False      # parallel.sequence_parallel (absent in older plans: false)
     distributed_optimizer: bool = False  # optim.distributed (absent in older plans: false)
     recompute_layers: int | None = None  # recompute.num_layers (absent: null, every layer)
+    context_parallel: int = 1            # parallel.cp (absent in older plans: 1)
+    zero: int = 0                        # ZeRO level, optim.distributed (older plans: 1 if distributed_optimizer)
+    reshard_after_forward: bool = False  # optim.reshard_after_forward (zero 3 only; absent in older plans: false)
 
     @property
     def world_size(self) -> int:
-        """Processes the plan needs: tp x the replicas of every pipeline stage (pp * tp * dp when uniform)."""
+        """Processes the plan needs: tp x cp x the replicas of every pipeline stage (pp * tp * dp * cp when uniform)."""
         if self.harmony is not None:
             return self.harmony.devices
-        return self.parallel.tp * sum(st.replicas for st in self.stages[: self.parallel.pp])
+        return self.parallel.tp * self.context_parallel * sum(st.replicas for st in self.stages[: self.parallel.pp])
+
+    @property
+    def optim_distributed(self) -> bool | str:
+        """optim.distributed as the plan's ZeRO level sets it: false, true (zero1's alias, which every
+        runtime reads), zero2 or zero3."""
+        return {0: False, 1: True}.get(self.zero, ZERO_NAMES[self.zero])
 
     def check_world_size(self, world_size: int) -> None:
         if world_size != self.world_size:
-            raise PlanError(f"the plan needs {self.world_size} processes (pp*tp*dp = {self.parallel.pp}*"
-                            f"{self.parallel.tp}*{self.parallel.dp}) but WORLD_SIZE = {world_size}: launch "
+            raise PlanError(f"the plan needs {self.world_size} processes (pp*tp*dp*cp = {self.parallel.pp}*"
+                            f"{self.parallel.tp}*{self.parallel.dp}*{self.context_parallel}) but WORLD_SIZE = {world_size}: launch "
                             f"{self.world_size} processes (python -m launcher parallel.plan=... does) or re-plan "
                             f"for {world_size} devices")
 
@@ -140,6 +150,8 @@ class Plan:
             "recompute": self.recompute,
             "sequence_parallel": self.sequence_parallel,
             "distributed_optimizer": self.distributed_optimizer,
+            "context_parallel": self.context_parallel, "zero": self.zero,
+            "reshard_after_forward": self.reshard_after_forward,
             **({"recompute_num_layers": self.recompute_layers} if self.recompute_layers is not None else {}),
             "precision": self.precision,
             "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
@@ -204,6 +216,9 @@ def plan_from_json(data: Any) -> Plan:
         raise PlanError(f"plan recompute_num_layers = {layers!r} must be an integer >= 0 with recompute full or "
                         f"selective (got recompute = {recompute!r}), or absent")
     savers["recompute_layers"] = layers
+    savers["context_parallel"] = _context_parallel(data)
+    savers["zero"] = _zero(data, savers["distributed_optimizer"])
+    savers["reshard_after_forward"] = _reshard(data, savers["zero"])
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
                 data.get("precision"), harmony, **savers)
@@ -212,6 +227,40 @@ def plan_from_json(data: Any) -> Plan:
     else:
         _validate(plan)
     return plan
+
+
+def _context_parallel(data: dict) -> int:
+    cp = data.get("context_parallel", 1)
+    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
+        raise PlanError(f"plan context_parallel = {cp!r} must be an integer >= 1 (parallel.cp), or absent for 1")
+    return cp
+
+
+def _zero(data: dict, distributed_optimizer: bool) -> int:
+    """The ZeRO level: ``zero`` as 0..3 or its optim.distributed name; a plan without it (older
+    plans) has level 1 where ``distributed_optimizer`` is true. The two must agree where both are given."""
+    raw = data.get("zero")
+    if raw is None:
+        return 1 if distributed_optimizer else 0
+    names = {name: level for level, name in enumerate(ZERO_NAMES)}
+    level = raw if isinstance(raw, int) and not isinstance(raw, bool) else names.get(raw) if isinstance(raw, str) else None
+    if level not in (0, 1, 2, 3):
+        raise PlanError(f"plan zero = {raw!r} must be 0, 1, 2 or 3 (or false, zero1, zero2, zero3)")
+    if "distributed_optimizer" in data and distributed_optimizer != (level >= 1):
+        raise PlanError(f"plan zero = {raw!r} but distributed_optimizer = {str(distributed_optimizer).lower()}: "
+                        f"distributed_optimizer must be true exactly for ZeRO levels 1 to 3; re-plan or fix one of them")
+    return level
+
+
+def _reshard(data: dict, zero: int) -> bool:
+    """optim.reshard_after_forward: a ZeRO-3 choice (one chunk's parameters whole at a time)."""
+    value = data.get("reshard_after_forward", False)
+    if not isinstance(value, bool):
+        raise PlanError(f"plan reshard_after_forward = {value!r} must be true or false, or absent for false")
+    if value and zero != 3:
+        raise PlanError(f"plan reshard_after_forward = true needs zero = 3 (got zero = {zero}): it frees ZeRO-3's "
+                        f"gathered parameters after each action; re-plan or set it false")
+    return value
 
 
 def _packs(raw: Any, name: str) -> tuple[tuple[int, int], ...]:
@@ -288,8 +337,9 @@ def _validate(plan: Plan) -> None:
     for j, st in enumerate(stages):
         if not st.ranks:
             continue
-        if len(st.ranks) != st.replicas * par.tp:
-            raise PlanError(f"plan stages[{j}] lists {len(st.ranks)} ranks for {st.replicas} replicas x tp {par.tp}")
+        if len(st.ranks) != st.replicas * par.tp * plan.context_parallel:
+            raise PlanError(f"plan stages[{j}] lists {len(st.ranks)} ranks for {st.replicas} replicas x tp {par.tp} "
+                            f"x cp {plan.context_parallel}")
         if j >= par.pp:
             if st.ranks != stages[j % par.pp].ranks:
                 raise PlanError(f"plan stages[{j}] (chunk {j // par.pp} of pipeline rank {j % par.pp}) must list "

@@ -69,25 +69,36 @@ class RankStats:
     messages: np.ndarray | None = None  # (p,) sends and receives each rank posts per micro-batch
     p2p_latency: float = 0.0  # the part of p2p_comm that is the messages' latency (2 v per micro-batch)
     options: MemoryOptions = field(default_factory=lambda: MemoryOptions())
+    c: int = 1  # context-parallel degree: each rank holds 1/c of every sequence
+    cp_comm: np.ndarray | None = None  # (nb, p) seconds of the context-parallel ring no attention block hides
+    chunk_param_bytes: np.ndarray | None = None  # (v, p) parameter bytes of each chunk (None: one chunk per rank)
 
     @property
     def compute(self) -> np.ndarray:
         return self.forward + self.backward
 
     @property
+    def ring(self) -> np.ndarray:
+        return self.cp_comm if self.cp_comm is not None else np.zeros_like(self.forward)
+
+    @property
     def per_microbatch(self) -> np.ndarray:
-        return self.compute + self.tp_comm + self.p2p_comm
+        return self.compute + self.tp_comm + self.p2p_comm + self.ring
 
 
 def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: int, recompute: bool,
                micro_batches: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None,
-               options: MemoryOptions = MemoryOptions()) -> RankStats | None:
-    """Sum the profile's layers per rank for the even split; None if the blocks do not divide."""
+               options: MemoryOptions = MemoryOptions(), c: int = 1) -> RankStats | None:
+    """Sum the profile's layers per rank for the even split; None if the blocks do not divide. Under
+    context parallelism (``c`` > 1) a rank computes, keeps and sends a 1/c share of each sample's
+    tokens, so its per-sample costs are those of b / c samples (``times``, where given, must be
+    ``profile.times_many(micro_batches / c)``), plus the ring's exposed time."""
     bounds = even_boundaries(profile, p * v)
     if bounds is None:
         return None
     bs = np.asarray(micro_batches, dtype=float)
-    fwd, bwd = times if times is not None else profile.times_many(bs)
+    share = bs / c   # samples' worth of tokens each rank handles per micro-batch
+    fwd, bwd = times if times is not None else profile.times_many(share)
     col = profile.arrays
     first = _first_layers(bounds, options.recompute_layers)   # the layers recomputation applies to
     rec = col["recomputable"] & first
@@ -109,32 +120,57 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         c_bwd = c_bwd + chunks(fwd * core_share * first)
     tp_bytes = col["tp_forward_bytes"] + col["tp_backward_bytes"] + (col["tp_forward_bytes"] * rec if recompute else 0)
     tp_bw = cluster.bandwidth_for_span(t)
-    tp_comm = np.outer(bs, ranks(tp_bytes)) / tp_bw if t > 1 else np.zeros((len(bs), p))
+    tp_comm = np.outer(share, ranks(tp_bytes)) / tp_bw if t > 1 else np.zeros((len(bs), p))
 
     # Each chunk sends its output forward and its input gradient backward (ch. 4.2.2, 4.3.2).
     out_bytes = col["output_bytes"][bounds[1:] - 1].reshape(v, p).copy()
     out_bytes[-1, -1] = 0.0  # the last virtual stage sends nothing on
     in_bytes = np.concatenate([[0.0], col["output_bytes"][bounds[1:-1] - 1]]).reshape(v, p)
     sent = (out_bytes + in_bytes).sum(axis=0)  # per sample, per rank
-    level = cluster.level_for_span(p * t * d)
+    level = cluster.level_for_span(p * t * d * c)
     if p > 1:
         per_device = sent / t  # scatter/gather: b s h / t per device across nodes (ch. 4.4.1)
         gather = sent * (t - 1) / t / tp_bw if t > 1 else 0.0  # all-gather over the tensor-parallel group
         messages = 2 * v
-        p2p = np.outer(bs, per_device / level.bandwidth + gather) + messages * level.latency
+        p2p = np.outer(share, per_device / level.bandwidth + gather) + messages * level.latency
     else:
         p2p = np.zeros((len(bs), p))
 
     kept, working = _kept_activations(col, rec, recompute, options, t, first)
+    again = rec if recompute else (first & (col["attention_core_flops"] > 0)) if options.selective else None
+    ring = ranks(ring_exposed(col, fwd, bwd, cluster, t, c, share, again)) if c > 1 else None
     return RankStats(
         micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
         forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
         param_bytes=ranks(col["parameter_bytes"]),
         optimizer_bytes=ranks(col["optimizer_bytes"]) / options.optimizer_shards,
-        activation_bytes=np.outer(bs, ranks(kept)), working_bytes=working * bs,
+        activation_bytes=np.outer(share, ranks(kept)), working_bytes=working * share,
         chunk_forward=c_fwd, chunk_backward=c_bwd,
-        boundary_bytes=np.multiply.outer(bs, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
-        p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options)
+        boundary_bytes=np.multiply.outer(share, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
+        p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options, c=c, cp_comm=ring,
+        chunk_param_bytes=chunks(col["parameter_bytes"]))
+
+
+def ring_step_exposed(transfer, compute):
+    """Seconds of one ring step that the attention block computed meanwhile does not hide."""
+    return np.maximum(0.0, np.asarray(transfer) - np.asarray(compute))
+
+
+def ring_exposed(col: dict[str, np.ndarray], fwd: np.ndarray, bwd: np.ndarray, cluster: Cluster, t: int, c: int,
+                 share: np.ndarray, again: np.ndarray | None) -> np.ndarray:
+    """(nb, N) exposed seconds of context parallelism's ring per micro-batch and layer. Each attention
+    layer passes its K and V blocks (1/c of ``ring_bytes`` per sample) c - 1 times around the c ranks,
+    each step overlapped with the attention block computed on the block already there (1/c of the
+    rank's attention core); the backward carries dK and dV too (twice the bytes) beside the
+    backward's blocks; a recomputed forward (``again``: the layers it covers) runs the ring again.
+    The c ranks sit t apart, so the ring crosses the link of a t x c span."""
+    level = cluster.level_for_span(t * c)
+    step_bytes = np.outer(share, col["ring_bytes"]) / c
+    core = np.divide(col["attention_core_flops"], col["flops"], out=np.zeros_like(col["flops"]), where=col["flops"] > 0)
+    steps = (c - 1) * (col["ring_bytes"] > 0)
+    forward = steps * ring_step_exposed(step_bytes / level.bandwidth + level.latency, fwd * core / c)
+    backward = steps * ring_step_exposed(2 * step_bytes / level.bandwidth + level.latency, bwd * core / c)
+    return forward + backward + (forward * again if again is not None else 0.0)
 
 
 def _first_layers(bounds: np.ndarray, k: int | None) -> np.ndarray:
@@ -189,7 +225,7 @@ def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.nd
     max(R/n, R - B (1 - 1/n)) of its reduction R: the last bucket's, or what the chain started
     after the first 1/n of B leaves over (the simulator's ``Costs.grad_reduce`` model; the backward
     being its share of the forward-plus-backward ``compute``)."""
-    per_rank = allreduce_time(cluster, stats.param_bytes, d, stats.t)   # (p,)
+    per_rank = allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t)   # (p,): over the d x c ranks
     bucket = stats.options.grad_bucket_bytes
     if bucket is None:
         return np.full(len(stats.micro_batches), float(per_rank.max()))
@@ -232,9 +268,9 @@ class OverlappedReduction:
 def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 0) -> OverlappedReduction | None:
     """None where the reduction blocks (no ``grad_bucket_bytes``) or there is none (d = 1)."""
     bucket = stats.options.grad_bucket_bytes
-    if bucket is None or d <= 1:
+    if bucket is None or d * stats.c <= 1:
         return None
-    per_rank, gather = _reduce_and_gather(stats, allreduce_time(cluster, stats.param_bytes, d, stats.t))
+    per_rank, gather = _reduce_and_gather(stats, allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t))
     buckets = _buckets(stats.param_bytes / stats.v, bucket)
     after = float(_exposed(gather, 1.0 / _buckets(stats.param_bytes, bucket), stats.forward)[row].max())
     return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]),
@@ -255,6 +291,9 @@ class Estimates:
     p2p_comm: np.ndarray
     bubble_time: np.ndarray
     dp_comm: np.ndarray
+    cp_comm: np.ndarray | None = None  # the context-parallel ring's exposed seconds per iteration
+    parts: dict[str, np.ndarray] | None = None  # the fullest rank's memory by part (MEMORY_PARTS), bytes
+    between_steps: np.ndarray | None = None  # the most model state (weights, gradients, optimizer) a rank holds between steps
 
 
 def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_batch: int,
@@ -279,11 +318,14 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     # costs its traced send or receive, which holds its transfer (no fitted latency on top)
     compute = stats.compute * overheads.layer_time_ratio
     p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)
-    per_mb = compute + stats.tp_comm + p2p + runtime_per_mb[None, :]  # (nb, p)
+    per_mb = compute + stats.tp_comm + p2p + stats.ring + runtime_per_mb[None, :]  # (nb, p)
+    gathers = zero3_action_gather_seconds(stats, cluster, d, schedule)   # (p,): ZeRO-3's gathers per action
+    per_mb = per_mb + gathers[None, :]
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
-    grad_sync = float(allreduce_time(cluster, stats.param_bytes, d, stats.t).max()) if d > 1 else 0.0
+    group = d * stats.c   # gradients reduce over the data- and context-parallel ranks together
+    grad_sync = float(allreduce_time(cluster, stats.param_bytes, group, stats.t).max()) if group > 1 else 0.0
     shards = stats.options.optimizer_shards   # the distributed optimizer updates 1/d of the parameters
     update = float(optimizer_seconds(cluster, stats.param_bytes / shards).max()) + overheads.step_s  # 0 unless measured
     if two_bw:
@@ -295,16 +337,85 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
         bubble_time = np.zeros_like(bs)
     else:
         bubble = cost.bubble_fraction(schedule, p, m, v)
-        grad_sync = exposed_grad_sync(stats, cluster, d, compute) if d > 1 else np.zeros_like(bs)
+        grad_sync = exposed_grad_sync(stats, cluster, d, compute) if group > 1 else np.zeros_like(bs)
+        grad_sync = grad_sync + zero3_gather_seconds(stats, cluster, d)
         iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync + update
         bubble_time = stage_time * m * bubble
-        dp_comm = grad_sync + update  # the optimizer step counted with the gradient sync
+        dp_comm = grad_sync + update + gathers[slow] * m  # the optimizer step counted with the gradient sync
 
-    stage_idx = np.arange(p)[None, :]
-    flight = cost.in_flight(schedule, p, stage_idx, m[:, None], v)
-    versions = cost.weight_versions(schedule)
-    memory = cost.device_memory(stats.param_bytes[None, :], stats.optimizer_bytes[None, :], versions,
-                                stats.activation_bytes, flight, stats.working_bytes[:, None], workspace).max(axis=1)
-    memory = memory + runtime.process_bytes
+    memory, parts = peak_memory(stats, schedule, m, workspace, runtime.process_bytes)
     return Estimates(valid, m, iteration, memory, bubble, (compute[rows, slow] + runtime_per_mb[slow]) * m,
-                     stats.tp_comm[rows, slow] * m, p2p[rows, slow] * m, bubble_time, dp_comm)
+                     stats.tp_comm[rows, slow] * m, p2p[rows, slow] * m, bubble_time, dp_comm,
+                     stats.ring[rows, slow] * m, parts, np.full(len(bs), between_steps_memory(stats, schedule)))
+
+
+def peak_memory(stats: RankStats, schedule: str, m: np.ndarray, workspace: float,
+                process_bytes: float = 0.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """(nb,) bytes of the fullest rank at ``m`` micro-batches per pipeline, and that rank's bytes by part
+    (weights, gradients, optimizer state, activations with the recompute working set).
+
+    The ZeRO levels as the runtime holds them at the peak (``MemoryOptions``): every level keeps the
+    stage's whole gradients during the step (the micro-batches accumulate into them) and level 1 and
+    up 1/(d c) of the optimizer state; the parameters are whole at every level, since ZeRO-3 gathers
+    them at the stage's first forward and frees them after its last backward, except that ZeRO-3
+    with ``reshard_after_forward`` holds only the chunk of the action running (the largest chunk's).
+    So ZeRO-2 and ZeRO-3 peak where ZeRO-1 does; they save between steps (``between_steps_memory``)."""
+    p, v = stats.p, stats.v
+    flight = cost.in_flight(schedule, p, np.arange(p)[None, :], m[:, None], v)
+    versions = cost.weight_versions(schedule)
+    weights = peak_weight_bytes(stats)
+    grads = stats.param_bytes
+    activations = stats.activation_bytes * flight + stats.working_bytes[:, None]
+    per_rank = cost.device_memory(weights[None, :], stats.optimizer_bytes[None, :], versions, activations, 1.0,
+                                  0.0, workspace, grads[None, :])
+    full = per_rank.argmax(axis=1)
+    rows = np.arange(len(m))
+    parts = {"weights": weights[full] * versions, "gradients": grads[full], "optimizer": stats.optimizer_bytes[full],
+             "activations": activations[rows, full]}
+    return per_rank[rows, full] + process_bytes, parts
+
+
+def resharded(stats: RankStats) -> bool:
+    """ZeRO-3 with ``reshard_after_forward``: one chunk's parameters whole at a time."""
+    return stats.options.zero >= 3 and stats.options.reshard_after_forward
+
+
+def peak_weight_bytes(stats: RankStats) -> np.ndarray:
+    """(p,) parameter bytes each rank holds whole at its peak: the stage's, or under ZeRO-3 with
+    ``reshard_after_forward`` its largest chunk's."""
+    if resharded(stats) and stats.chunk_param_bytes is not None:
+        return stats.chunk_param_bytes.max(axis=0)
+    return stats.param_bytes
+
+
+def between_steps_memory(stats: RankStats, schedule: str) -> float:
+    """Bytes of model state (weights, gradients, optimizer state) the fullest rank holds between
+    steps, when no activation is kept: levels 0 and 1 keep whole weights and gradients, level 2 drops
+    the gradients, level 3 keeps only its 1/(d c) shard of the weights (the optimizer state as in
+    ``stats``, sharded from level 1)."""
+    zero, shards = stats.options.zero, stats.options.optimizer_shards
+    weights = stats.param_bytes * cost.weight_versions(schedule) / (shards if zero >= 3 else 1)
+    grads = stats.param_bytes if zero <= 1 else 0.0
+    return float((weights + grads + stats.optimizer_bytes).max())
+
+
+def zero3_gather_seconds(stats: RankStats, cluster: Cluster, d: int) -> float:
+    """ZeRO-3's extra all-gather of the stage's parameters before the first forward of a step (half
+    an all-reduce's time over the d x c ranks), which nothing hides; 0 below level 3, and with
+    ``reshard_after_forward``, whose gathers come with every action (``zero3_action_gather_seconds``)."""
+    if stats.options.zero < 3 or resharded(stats) or d * stats.c <= 1:
+        return 0.0
+    return float(allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t).max()) / 2
+
+
+def zero3_action_gather_seconds(stats: RankStats, cluster: Cluster, d: int, schedule: str) -> np.ndarray:
+    """(p,) seconds per micro-batch that ZeRO-3 with ``reshard_after_forward`` spends gathering: each
+    chunk's parameters (half an all-reduce of them over the d x c ranks) before each of its actions,
+    a forward and a backward per micro-batch and a weight-gradient action where the schedule splits
+    the backward. Priced as exposed (the forward's prefetch of the next layer hides a part; not
+    credited). Zeros otherwise."""
+    if not resharded(stats) or d * stats.c <= 1:
+        return np.zeros(stats.p)
+    chunks = stats.chunk_param_bytes if stats.chunk_param_bytes is not None else stats.param_bytes[None, :]
+    actions = 3 if schedule_info(schedule).split_backward else 2
+    return actions * (allreduce_time(cluster, chunks, d * stats.c, stats.t) / 2).sum(axis=0)

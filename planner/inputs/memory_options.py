@@ -17,10 +17,20 @@ class MemoryOptions:
     ``grad_bucket_bytes`` (not None) overlaps the data-parallel reduction with the last
     micro-batch's backward in buckets of that size; ``recompute_layers`` = k (recompute.num_layers)
     limits full or selective recomputation to the first k layers of each chunk, the rest keeping
-    their activations and skipping the extra forward."""
+    their activations and skipping the extra forward. ``zero`` is the ZeRO level (optim.distributed),
+    split ``optimizer_shards`` ways (the d x c ranks that reduce gradients together), as the runtime
+    holds it: 1 shards the optimizer state; 2 also the gradients, but only between steps (the
+    micro-batches accumulate whole gradients until the step's one reduce-scatter); 3 also the
+    parameters between steps, gathered whole from the stage's first forward to its last backward
+    of the step, or, with ``reshard_after_forward`` (optim.reshard_after_forward), one chunk's
+    around each action (forward, backward, weight gradient) and freed after it. So at the peak
+    levels 2 and 3 hold what level 1 holds, except that level 3 with ``reshard_after_forward``
+    holds one chunk's parameters rather than the stage's (``planner.costs.uniform.peak_memory``)."""
 
     selective: bool = False
     sequence_parallel: bool = False
     optimizer_shards: int = 1
     grad_bucket_bytes: float | None = None
     recompute_layers: int | None = None
+    zero: int = 0
+    reshard_after_forward: bool = False   # zero 3 only

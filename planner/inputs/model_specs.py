@@ -71,6 +71,9 @@ class LayerSpec:
     sequence_shardable_bytes: float = 0.0
     attention_core_bytes: float = 0.0
     attention_core_flops: float = 0.0
+    # K and V of this rank's key/value heads over the whole sequence: what context parallelism's ring
+    # passes on, a 1/c share per ring step (0: the layer has no attention to split by sequence)
+    ring_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,7 @@ class TransformerSpec:
             tp_backward_bytes=2 * ar * s * h * e,  # ... and 2 backward: 8bsh(t-1)/t per layer
             sequence_shardable_bytes=replicated_act, attention_core_bytes=core_act,
             attention_core_flops=4 * s * s * h / t,  # QK^T and softmax . V: the 4Bs^2h of ch. 4.5.1
+            ring_bytes=2 * s * (h // t) * e,
         )
         embedding = LayerSpec(
             name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,
@@ -228,6 +232,7 @@ class LlamaSpec:
             sequence_shardable_bytes=s * 8 * h * e / 2,   # the replicated RMSNorm and GEMM inputs
             attention_core_bytes=4 * a * s / t * e / 2,   # the log-sum-exp (the kernel's own saved state)
             attention_core_flops=4 * s * s * h / t,
+            ring_bytes=2 * s * kv_width * e,   # only the key/value heads travel (GQA)
         )
         embedding = LayerSpec(
             name="embedding", kind="embedding", forward_flops=0.0, gemm_flops=0.0,

@@ -19,7 +19,8 @@ sequence or image; times are for a whole micro-batch of each size in ``micro_bat
                  # optional (0 when absent), per sample, parts of activation_bytes:
                  "sequence_shardable_bytes": float,  # sharded t ways by sequence parallelism
                  "attention_core_bytes": float,      # dropped by selective recomputation ...
-                 "attention_core_flops": float}, ...]}   # ... whose forward FLOPs it repeats
+                 "attention_core_flops": float,      # ... whose forward FLOPs it repeats
+                 "ring_bytes": float}, ...]}         # K and V over the sequence: context parallelism's ring
 
 Times between measured micro-batch sizes are interpolated linearly; above the largest the last
 segment is extended (a linear fit), below the smallest they scale in proportion to the size.
@@ -64,6 +65,7 @@ class LayerProfile:
     sequence_shardable_bytes: float = 0.0  # per sample: of activation_bytes, what sequence parallelism shards
     attention_core_bytes: float = 0.0      # per sample: of activation_bytes, what selective recomputation drops
     attention_core_flops: float = 0.0      # per sample: the forward FLOPs selective recomputation repeats
+    ring_bytes: float = 0.0                # per sample: K and V over the sequence (context parallelism's ring)
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ class Profile:
         """Per-layer columns as float arrays (N,), for vectorised searches."""
         names = ("output_bytes", "parameter_bytes", "optimizer_bytes", "activation_bytes",
                  "activation_bytes_recompute", "flops", "tp_forward_bytes", "tp_backward_bytes",
-                 "sequence_shardable_bytes", "attention_core_bytes", "attention_core_flops")
+                 "sequence_shardable_bytes", "attention_core_bytes", "attention_core_flops", "ring_bytes")
         cols = {n: np.array([getattr(layer, n) for layer in self.layers], dtype=float) for n in names}
         cols["recomputable"] = np.array([layer.recomputable for layer in self.layers], dtype=bool)
         return cols
@@ -211,7 +213,7 @@ def analytic_profile(spec: ModelSpec, device: DeviceSheet, tp: int = 1,
             layer.parameters * weight_bytes, layer.parameters * opt, layer.activation_bytes,
             layer.activation_bytes_recompute, layer.forward_flops, layer.tp_forward_bytes,
             layer.tp_backward_bytes, layer.recomputable, layer.sequence_shardable_bytes,
-            layer.attention_core_bytes, layer.attention_core_flops))
+            layer.attention_core_bytes, layer.attention_core_flops, layer.ring_bytes))
     return Profile(spec.name, device.name, "analytic", spec.precision, tp, tuple(micro_batch_sizes), tuple(out),
                    spec.num_parameters(), spec.flops_per_sample(False), spec.flops_per_sample(True))
 

@@ -33,6 +33,9 @@ class Inputs:
     distributed_optimizer: bool = False  # take optim.distributed at d > 1 (flush schedules)
     grad_bucket_bytes: float | None = None  # train.overlap_grad_reduce's bucket size; None: blocking reduction
     recompute_layers: int | None = None  # recompute.num_layers: full/selective only the first k layers of a chunk
+    max_zero: int = 3  # the deepest ZeRO level the search may take (with distributed_optimizer; docs/planner.md)
+    context_parallel: bool = False  # search parallel.cp where the model allows it (family, dropout 0, seq_len)
+    pin_cp: int | None = None  # fix the context-parallel degree (planner.cp)
     max_tp: int | None = None
     replication: bool = True
     memory_constraint: bool = True
@@ -72,13 +75,23 @@ class Inputs:
         return [t for t in divisors(self.cluster.num_devices) if t <= limit and self.spec.allows_tp(t)
                 and (per_node % t == 0 or t % per_node == 0)]
 
+    def cp_degrees(self, ranks: int) -> list[int]:
+        """Context-parallel degrees c for ``ranks`` = n / (t p) devices: divisors of it that cut the
+        sequence into 2 c equal chunks (the zigzag layout), for a model that allows it; 1 otherwise."""
+        seq = getattr(self.spec, "seq_len", None)
+        if self.pin_cp is not None:
+            return [self.pin_cp] if ranks % self.pin_cp == 0 else []
+        if not self.context_parallel or not seq:
+            return [1]
+        return [c for c in divisors(ranks) if seq % (2 * c) == 0]
+
     def as_in_the_dissertation(self) -> "Inputs":
         """Without the memory savers the dissertation's PTD-P did not have (selective recomputation,
         sequence parallelism, the distributed optimizer, overlapped reduction) and with its attention
         memory (the scores, softmax and dropout mask stored, as before fused attention kernels): its
         tables are reproduced so."""
         inputs = replace(self, selective_recompute=False, sequence_parallel=False, distributed_optimizer=False,
-                         grad_bucket_bytes=None, recompute_layers=None)
+                         grad_bucket_bytes=None, recompute_layers=None, context_parallel=False)
         if getattr(self.spec, "fused_attention", False):
             spec = replace(self.spec, fused_attention=False)
             inputs = replace(inputs, spec=spec, profile=analytic_profile(spec, self.cluster.device, 1))
@@ -89,11 +102,12 @@ class Inputs:
         """The memory savers a (t, d) configuration takes (PTD-P's flush schedules); without
         ``partial_recompute`` (the asynchronous schedules) recomputation covers every layer."""
         sequence_parallel = self.sequence_parallel and t > 1 and bool(profile.arrays["sequence_shardable_bytes"].any())
-        shards = d if distributed_optimizer and self.distributed_optimizer and d > 1 else 1
+        shards = d if distributed_optimizer and self.distributed_optimizer and self.max_zero >= 1 and d > 1 else 1
         # the distributed optimizer's reduce-scatter overlaps the backward bucket by bucket, as the all-reduce does
         return MemoryOptions(selective=selective, sequence_parallel=sequence_parallel, optimizer_shards=shards,
                              grad_bucket_bytes=self.grad_bucket_bytes,
-                             recompute_layers=self.recompute_layers if partial_recompute else None)
+                             recompute_layers=self.recompute_layers if partial_recompute else None,
+                             zero=1 if shards > 1 else 0)
 
     def profile_at(self, tp: int) -> Profile:
         if tp in self.tp_profiles:

@@ -2,7 +2,7 @@
 the schedule simulator, and assemble the Plan."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -83,7 +83,7 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
                                f"pipedream.schedules yet (available: {', '.join(available_schedules()) or 'none'})")
     replicated = schedule_info(best.schedule).replicated_stages   # stages with their own replica counts
     level = inputs.cluster.level_for_span(sum(len(r) for _, _, r in best.stages) if replicated
-                                          else best.pp * best.tp * best.dp)
+                                          else best.pp * best.tp * best.dp * best.cp)
     if replicated:
         from planner.check.simcheck_async import check_replicated
 
@@ -98,11 +98,11 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
                                 / best.global_batch, level.bandwidth,
                                 level.latency)
     profile = inputs.profile_at(best.tp)
+    options = inputs.memory_options(best.tp, best.dp * best.cp, best.selective_recompute, profile,
+                                    best.distributed_optimizer, not schedule_info(best.schedule).asynchronous)
     stats = rank_stats(profile, inputs.cluster, best.tp, best.pp, best.vpp, best.dp, best.recompute,
-                       np.array([best.micro], dtype=float),
-                       options=inputs.memory_options(best.tp, best.dp, best.selective_recompute, profile,
-                                                     best.distributed_optimizer,
-                                                     not schedule_info(best.schedule).asynchronous))
+                       np.array([best.micro], dtype=float), options=replace(options, zero=best.zero, reshard_after_forward=best.reshard_after_forward),
+                       c=best.cp)
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
     return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency,
@@ -110,7 +110,7 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
 
 
 def _stages(c: Candidate, with_ranks: bool = True) -> list[Stage]:
-    return [Stage((s, e), len(r) // c.tp, tuple(r) if with_ranks else ()) for s, e, r in c.stages]
+    return [Stage((s, e), len(r) // (c.tp * c.cp), tuple(r) if with_ranks else ()) for s, e, r in c.stages]
 
 
 def _predicted(c: Candidate) -> Predicted:
@@ -124,8 +124,9 @@ def candidate_json(c: Candidate) -> dict:
             "schedule": c.schedule,
             "batch": {"global": c.global_batch, "micro": c.micro, "num_microbatches": c.num_microbatches},
             "recompute": c.recompute_granularity, "sequence_parallel": c.sequence_parallel,
-            "distributed_optimizer": c.distributed_optimizer,
-            "stages": [{"layers": [s, e], "replicas": len(r) // c.tp} for s, e, r in c.stages],
+            "distributed_optimizer": c.distributed_optimizer, "context_parallel": c.cp, "zero": c.zero,
+            "reshard_after_forward": c.reshard_after_forward,
+            "stages": [{"layers": [s, e], "replicas": len(r) // (c.tp * c.cp)} for s, e, r in c.stages],
             "predicted": vars(_predicted(c)), "breakdown_s": c.breakdown, "why_lost": c.why_lost}
 
 
@@ -161,14 +162,17 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         batch=Batch(best.global_batch, best.micro, best.num_microbatches),
         recompute=best.recompute_granularity, stages=tuple(_stages(best)), predicted=_predicted(best),
         sequence_parallel=best.sequence_parallel, distributed_optimizer=best.distributed_optimizer,
-        recompute_layers=_recompute_layers(inputs, best),
+        recompute_layers=_recompute_layers(inputs, best), context_parallel=best.cp, zero=best.zero,
+        reshard_after_forward=best.reshard_after_forward,
         precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
                  "breakdown_s": best.breakdown, "simulator": sim.to_json(), "notes": notes,
                  "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
                  "memory_reserve_bytes": inputs.workspace,
-                 "model_tflops_per_device": best.model_tflops_per_device})
+                 "model_tflops_per_device": best.model_tflops_per_device,
+                 **({"memory_bytes_by_part": best.memory_parts} if best.memory_parts else {}),
+                 **({"memory_bytes_between_steps": best.between_steps_bytes} if best.between_steps_bytes else {})})
     return Outcome(plan, result, reason, sim)
 
 

@@ -1,6 +1,9 @@
-"""PTD-P search (dissertation ch. 4.3): over (p, t, d, b, v, recompute, schedule) with p t d = n;
-recompute is none, full or selective, the optimizer distributed or not (d > 1), and sequence
-parallelism, which costs no time in the model, is taken wherever it applies and is allowed.
+"""PTD-P search (dissertation ch. 4.3): over (p, t, c, d, b, v, recompute, ZeRO level, schedule) with
+p t c d = n; recompute is none, full or selective, the optimizer distributed or not (d c > 1; ZeRO-2
+and 3 only where ZeRO-1 does not fit, and kept only where their peak is lower, which takes ZeRO-3
+with reshard_after_forward at v > 1), and sequence parallelism, which costs no time in the
+model, is taken wherever it applies and is allowed. The context-parallel degree c (docs/planner.md,
+Context parallelism and ZeRO levels) grows per (t, p) only until a configuration fits.
 
 Iteration time is (m + (p-1)/v) (t_f + t_b + tensor-parallel and pipeline communication) plus the
 data-parallel all-reduce (eq. 4.1 with ch. 4.2.2's interleaving and ch. 4.3's communication
@@ -21,7 +24,7 @@ from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
 from planner.search.pins import check_pins
 from planner.search.ranking import Rows, SearchResult, rank
-from planner.costs.uniform import RankStats, even_boundaries, estimate, rank_stats
+from planner.costs.uniform import Estimates, RankStats, even_boundaries, estimate, peak_memory, rank_stats
 from planner.inputs.memory_options import MemoryOptions
 
 
@@ -33,40 +36,88 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
     for t in inputs.tp_degrees():
         profile = inputs.profile_at(t)
         all_b = np.array(inputs.micro_batches(batch) or [1], dtype=float)
-        times = profile.times_many(all_b)
+        times_at = {}   # per context-parallel degree c: the layers' times for b / c samples
         for p in divisors(n // t):
             if inputs.pin_pp is not None and p != inputs.pin_pp:
                 continue
-            d = n // (t * p)
-            if inputs.pin_dp is not None and d != inputs.pin_dp:
+            if even_boundaries(profile, p) is None:
                 continue
-            if batch % d or even_boundaries(profile, p) is None:
-                continue
-            chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
-            for v in chunk_counts:
-                schedules = [s for s in inputs.schedules if schedule_info(s).interleaves == (v > 1)
-                             and zero_bubble.fits(s, p, len(_blocks(profile)))]
-                if not schedules:
+            # c grows only until a configuration of this (t, p) fits: a larger c moves more of each
+            # sequence around the ring to relieve memory that is no longer short
+            for c in inputs.cp_degrees(n // (t * p)):
+                d = n // (t * p * c)
+                if (inputs.pin_dp is not None and d != inputs.pin_dp) or batch % d:
                     continue
-                unsharded = {}   # per (recompute, options without optimizer shards): the layers summed once
-                for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
-                                                                   optimizer_modes(inputs, d)):
-                    per_kind = {}   # recompute.num_layers applies to the flush schedules only
-                    for partial in {not schedule_info(s).asynchronous for s in schedules}:
-                        options = inputs.memory_options(t, d, selective, profile, sharded, partial)
-                        key = (rec, replace(options, optimizer_shards=1))
-                        if key not in unsharded:
-                            unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1])
-                        per_kind[partial] = with_optimizer_shards(unsharded[key], options)
-                    for schedule in schedules:
-                        stats = per_kind[not schedule_info(schedule).asynchronous]
-                        if stats is None:
-                            continue
-                        est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
-                        rows.add(est, all_b, schedule, t=t, p=p, d=d, v=v, recompute=int(rec),
-                                 selective_recompute=int(selective), sequence_parallel=int(options.sequence_parallel),
-                                 distributed_optimizer=int(options.optimizer_shards > 1))
+                if c not in times_at:
+                    times_at[c] = profile.times_many(all_b / c)
+                if _price(inputs, rows, profile, all_b, times_at[c], t, p, c, d):
+                    break
     return rank(inputs, "ptdp", rows)
+
+
+def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int, p: int, c: int, d: int) -> bool:
+    """Every (v, recompute, ZeRO level, schedule) of one (t, p, c, d), vectorised over micro-batch sizes;
+    whether any of them fits."""
+    batch = inputs.global_batch
+    fits = False
+    chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
+    for v in chunk_counts:
+        schedules = [s for s in inputs.schedules if schedule_info(s).interleaves == (v > 1)
+                     and zero_bubble.fits(s, p, len(_blocks(profile)))]
+        if not schedules:
+            continue
+        unsharded = {}   # per (recompute, options without optimizer shards): the layers summed once
+        for (rec, selective), sharded in itertools.product(recompute_modes(inputs, profile),
+                                                           optimizer_modes(inputs, d * c)):
+            per_kind = {}   # recompute.num_layers applies to the flush schedules only
+            for partial in {not schedule_info(s).asynchronous for s in schedules}:
+                options = inputs.memory_options(t, d * c, selective, profile, sharded, partial)
+                key = (rec, replace(options, optimizer_shards=1, zero=0))
+                if key not in unsharded:
+                    unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1], c)
+                per_kind[partial] = with_optimizer_shards(unsharded[key], options)
+            for schedule in schedules:
+                stats = per_kind[not schedule_info(schedule).asynchronous]
+                if stats is None:
+                    continue
+                keys = dict(t=t, p=p, d=d, v=v, c=c, recompute=int(rec), selective_recompute=int(selective),
+                            sequence_parallel=int(stats.options.sequence_parallel),
+                            distributed_optimizer=int(stats.options.optimizer_shards > 1))
+                est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
+                rows.add(est, all_b, schedule, zero=stats.options.zero, reshard=0, **keys)
+                fits |= bool((est.valid & (est.memory <= inputs.capacity)).any())
+                if stats.options.zero == 1 and not schedule_info(schedule).asynchronous:
+                    fits |= _deeper_zero(inputs, rows, stats, est, schedule, d, all_b, keys)
+    return fits
+
+
+def _deeper_zero(inputs: Inputs, rows: Rows, stats: RankStats, est: Estimates, schedule: str, d: int,
+                 all_b: np.ndarray, keys: dict) -> bool:
+    """ZeRO-2, ZeRO-3 and, where a rank holds several chunks (v > 1), ZeRO-3 with
+    ``reshard_after_forward``, each priced only for the micro-batch sizes the one before does not
+    fit, and kept only where its peak is below that one's: ZeRO-2 and ZeRO-3 gather whole
+    parameters and accumulate whole gradients for the step, so they peak where ZeRO-1 does (at
+    ZeRO-1's time, ZeRO-3 plus an all-gather per step) and are never kept; ZeRO-3 with
+    ``reshard_after_forward`` holds one chunk's parameters at a time for a gather per action.
+    Whether one of them fits where ZeRO-1 did not."""
+    variants = [(level, False) for level in range(2, inputs.max_zero + 1)]
+    if inputs.max_zero >= 3 and stats.v > 1:
+        variants.append((3, True))
+    below, fits = est, False
+    for level, reshard in variants:
+        need = below.valid & (below.memory > inputs.capacity)
+        if not need.any():
+            break
+        deeper = replace(stats, options=replace(stats.options, zero=level, reshard_after_forward=reshard))
+        memory, _ = peak_memory(deeper, schedule, est.microbatches, inputs.workspace, inputs.runtime.process_bytes)
+        if not (need & (memory < below.memory)).any():
+            continue   # the same peak as the level before: it fits nowhere that one does not
+        priced = estimate(deeper, inputs.cluster, schedule, d, inputs.global_batch, inputs.workspace, inputs.runtime)
+        lower = need & priced.valid & (priced.memory < below.memory)
+        below = replace(priced, valid=need)
+        rows.add(replace(priced, valid=lower), all_b, schedule, zero=level, reshard=int(reshard), **keys)
+        fits |= bool((lower & (priced.memory <= inputs.capacity)).any())
+    return fits
 
 
 def with_optimizer_shards(stats: RankStats | None, options: MemoryOptions) -> RankStats | None:

@@ -14,9 +14,11 @@ from planner.inputs.search_inputs import Inputs
 from planner.costs.uniform import Estimates, even_boundaries
 
 GIB = 1024**3
-PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "dp_comm")
+PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "cp_comm", "dp_comm")
 PART_NAMES = {"compute": "compute", "bubble": "pipeline bubble", "tp_comm": "tensor-parallel all-reduces",
-              "p2p_comm": "pipeline sends", "dp_comm": "data-parallel all-reduce"}
+              "p2p_comm": "pipeline sends", "cp_comm": "context-parallel ring (exposed)",
+              "dp_comm": "data-parallel all-reduce"}
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
 
 
 class Rows:
@@ -40,7 +42,12 @@ class Rows:
         for name in ("microbatches", "iteration_time", "memory", "bubble"):
             put(name, []).append(getattr(est, name)[mask])
         for name in PARTS:
-            put("t_" + name, []).append((est.bubble_time if name == "bubble" else getattr(est, name))[mask])
+            value = est.bubble_time if name == "bubble" else getattr(est, name)
+            put("t_" + name, []).append((np.zeros_like(est.iteration_time) if value is None else value)[mask])
+        for name in MEMORY_PARTS:
+            put("m_" + name, []).append(est.parts[name][mask])
+        if est.between_steps is not None:
+            put("m_between_steps", []).append(est.between_steps[mask])
 
     def table(self) -> dict[str, np.ndarray]:
         keys = {name: np.repeat(np.array([block[name] for block in self.keys],
@@ -49,16 +56,17 @@ class Rows:
         return {**keys, **{k: np.concatenate(v) for k, v in self.cols.items()}}
 
 
-def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int,
-                   profile: Profile | None = None) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
-    """Virtual stage j = chunk * p + rank; rank r owns global ranks [r d t, (r+1) d t) (pp slowest);
+def uniform_stages(inputs: Inputs, p: int, v: int, t: int, d: int, profile: Profile | None = None,
+                   c: int = 1) -> tuple[tuple[int, int, tuple[int, ...]], ...]:
+    """Virtual stage j = chunk * p + rank; rank r owns global ranks [r d c t, (r+1) d c t) (pp slowest);
     ``profile`` is ``inputs.profile_at(t)`` where the caller has it already."""
     bounds = even_boundaries(inputs.profile_at(t) if profile is None else profile, p * v)
     assert bounds is not None
     out = []
     for j in range(p * v):
         rank = j % p
-        out.append((int(bounds[j]), int(bounds[j + 1]), tuple(range(rank * d * t, (rank + 1) * d * t))))
+        width = d * c * t
+        out.append((int(bounds[j]), int(bounds[j + 1]), tuple(range(rank * width, (rank + 1) * width))))
     return tuple(out)
 
 
@@ -66,6 +74,7 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
                profiles: dict[int, Profile] | None = None) -> Candidate:
     """Row ``i`` as a Candidate; ``profiles`` keeps the profile per t across one ranking's rows."""
     p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
+    c, zero, reshard = (int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0), ("reshard", 0)))
     profiles = {} if profiles is None else profiles
     if t not in profiles:
         profiles[t] = inputs.profile_at(t)
@@ -75,12 +84,14 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
     batch = inputs.global_batch
     return Candidate(
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
-        batch, rec, uniform_stages(inputs, p, v, t, d, profiles[t]), time, batch / time,
-        inputs.hardware_flops(batch, rec, selective) / (time * p * t * d) / 1e12, float(tab["bubble"][i]), float(tab["memory"][i]),
-        inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
-        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d) / 1e12,
+        batch, rec, uniform_stages(inputs, p, v, t, d, profiles[t], c), time, batch / time,
+        inputs.hardware_flops(batch, rec, selective) / (time * p * t * d * c) / 1e12, float(tab["bubble"][i]),
+        float(tab["memory"][i]), inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
+        model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d * c) / 1e12,
         **{key: bool(tab[key][i]) for key in ("selective_recompute", "sequence_parallel", "distributed_optimizer")
-           if key in tab})
+           if key in tab}, cp=c, zero=zero, reshard_after_forward=bool(reshard),
+        between_steps_bytes=float(tab["m_between_steps"][i]) if "m_between_steps" in tab else 0.0,
+        memory_parts={k: float(tab["m_" + k][i]) for k in MEMORY_PARTS})
 
 
 def _block_count(inputs: Inputs) -> int:
@@ -155,7 +166,8 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
             continue
         selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
         granularity = "full" if tab["recompute"][i] else "selective" if selective else "none"
-        key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i], granularity)
+        key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i], granularity,
+               *(int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0), ("reshard", 0))))
         if key in seen or len(alternatives) >= inputs.top_k:
             continue
         seen.add(key)

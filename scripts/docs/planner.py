@@ -13,6 +13,7 @@ from dataclasses import replace
 from planner.__main__ import main as planner_main
 from planner.config import compose, inputs_from_config
 from planner.errors import PlannerError
+from planner.search.auto import make_plan
 from planner.search.ptdp import ptdp_search
 from planner.search.ranking import GIB, why_lost
 from scripts import ROOT
@@ -28,16 +29,48 @@ TABLE_4_1 = [("gpt_1.7b", 32, 512, 1, 1, 137), ("gpt_3.6b", 64, 512, 2, 1, 138),
              ("gpt_1t", 3072, 3072, 8, 64, 163)]
 DRY_RUN = ["model=gpt3_175b", "cluster=dgx_a100", "cluster.nodes=12", "train.global_batch_size=1536",
            "planner.out=plan.json"]
+LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=48",
+                "train.global_batch_size=64", "planner.out=plan.json"]
+LONG_CONTEXT_SMALL = "cluster.nodes=16"   # 128 H100s: 126 blocks leave p = 1 or 2, and nothing fits
 
 
-def dry_run_section() -> str:
+def dry_run_section(argv: list[str] = DRY_RUN) -> str:
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         code = planner_main([a.replace("planner.out=plan.json", "planner.out=/tmp/planner_docs_plan.json")
-                             for a in DRY_RUN])
+                             for a in argv])
     assert code == 0
     text = buf.getvalue().replace("/tmp/planner_docs_plan.json", "plan.json")
-    return f"```\n$ python -m planner {' '.join(DRY_RUN)}\n{text.rstrip()}\n```"
+    return f"```\n$ python -m planner {' '.join(argv)}\n{text.rstrip()}\n```"
+
+
+def _refusal(argv: list[str]) -> str | None:
+    """The planner's one-line refusal for ``argv`` as a shell block, or None where a plan fits."""
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        code = planner_main(argv)
+    return f"```\n$ python -m planner {' '.join(argv)}\n{err.getvalue().rstrip()}\n```" if code else None
+
+
+def long_context_section() -> str:
+    """The 405B / 128K plan: on 16 nodes (its refusal), on 48 without context parallelism (its best, in
+    a line) and with it (the plan)."""
+    base = [a for a in LONG_CONTEXT if not a.startswith("planner.out=")]
+    small = [LONG_CONTEXT_SMALL if a.startswith("cluster.nodes=") else a for a in base]
+    refusal = _refusal(small) or "(a plan fits on 16 nodes too)"
+    without = base + ["planner.context_parallel=false"]
+    try:
+        best = make_plan(inputs_from_config(compose(without)), simulate=False).result.best
+        with_cp = make_plan(inputs_from_config(compose(base)), simulate=False).result.best
+        alone = (f"Without context parallelism (`planner.context_parallel=false`) the best on 48 nodes is pp={best.pp} "
+                 f"tp={best.tp} dp={best.dp} at {best.iteration_time:.4g} s per iteration, "
+                 f"{best.iteration_time / with_cp.iteration_time:.2g} x the plan below"
+                 + (f": its activations fit only with tensor parallelism across {best.tp // 8} nodes "
+                    f"(tensor-parallel all-reduces {best.breakdown['tp_comm']:.3g} s)." if best.tp > 8 else "."))
+    except PlannerError as err:
+        alone = f"Without context parallelism on 48 nodes: {err}"
+    return (f"On 16 nodes (128 H100s) no configuration fits:\n\n{refusal}\n\n{alone}\n\n"
+            f"With it (the default), on 48 nodes:\n\n{dry_run_section(LONG_CONTEXT)}")
 
 
 def _config(c) -> str:
@@ -91,6 +124,7 @@ def replace_section(text: str, name: str, body: str) -> str:
 def main() -> int:
     text = DOC.read_text()
     text = replace_section(text, "dry-run", dry_run_section())
+    text = replace_section(text, "long-context", long_context_section())
     text = replace_section(text, "table41", table_section())
     text = replace_section(text, "memory-claims", memory_section())
     text = replace_section(text, "trends", trends_section())

@@ -99,3 +99,27 @@ def test_a_plan_for_another_model_or_global_batch_is_refused_in_one_line(tmp_pat
         with pytest.raises(ConfigError, match=re.escape(message)) as error:
             apply_plan(cfg, model_label=label)
         assert "\n" not in str(error.value), what
+
+
+@pytest.mark.parametrize("zero, distributed", [(3, "zero3"), (2, "zero2"), (1, True), (0, False)])
+def test_plan_sets_context_parallelism_and_the_zero_level(tmp_path, zero, distributed):
+    stages = [{"layers": [0, 2], "replicas": 1, "ranks": [0, 1]}, {"layers": [2, 6], "replicas": 1, "ranks": [2, 3]}]
+    path = write_plan(tmp_path / "plan.json", context_parallel=2, zero=zero, distributed_optimizer=zero >= 1,
+                      stages=stages)
+    planned = apply_plan(compose_config([f"parallel.plan={path}", "optim.distributed=true"]))
+    assert planned.parallel.cp == 2 and planned.optim.distributed == distributed
+    assert planned.optim.reshard_after_forward is False
+
+
+def test_plan_sets_reshard_after_forward(tmp_path):
+    stages = [{"layers": [0, 2], "replicas": 1, "ranks": [0, 1]}, {"layers": [2, 6], "replicas": 1, "ranks": [2, 3]}]
+    path = write_plan(tmp_path / "plan.json", context_parallel=2, zero=3, distributed_optimizer=True,
+                      reshard_after_forward=True, stages=stages)
+    planned = apply_plan(compose_config([f"parallel.plan={path}"]))
+    assert planned.optim.distributed == "zero3" and planned.optim.reshard_after_forward is True
+
+
+def test_an_older_plan_sets_cp_1_and_its_distributed_optimizer(tmp_path):
+    planned = apply_plan(compose_config([f"parallel.plan={write_plan(tmp_path / 'p.json', distributed_optimizer=True)}",
+                                         "parallel.cp=4"]))
+    assert planned.parallel.cp == 1 and planned.optim.distributed is True

@@ -91,3 +91,63 @@ def test_unreadable_files(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(PlanError, match="not JSON"):
         load_plan(bad)
+
+
+def cp_plan_dict(**over):
+    """pp 2 x dp 2 x cp 2: each stage's replicas span cp ranks each (tp, cp, dp, pp fastest first)."""
+    stages = [{"layers": [0, 3], "replicas": 2, "ranks": [0, 1, 2, 3]},
+              {"layers": [3, 6], "replicas": 2, "ranks": [4, 5, 6, 7]}]
+    return plan_dict(**{"stages": stages, "cluster": {"name": "local_cpu", "num_devices": 8, "devices_per_node": 8},
+                        "context_parallel": 2, **over})
+
+
+@pytest.mark.parametrize("zero, level, distributed", [(3, 3, "zero3"), ("zero2", 2, "zero2"), (0, 0, False),
+                                                      ("zero1", 1, True), ("false", 0, False)])
+def test_context_parallel_and_zero_round_trip(tmp_path, zero, level, distributed):
+    plan = plan_from_json(cp_plan_dict(zero=zero, distributed_optimizer=level >= 1))
+    assert (plan.context_parallel, plan.zero, plan.optim_distributed) == (2, level, distributed)
+    assert plan.world_size == 8 and plan.distributed_optimizer == (level >= 1)
+    plan.save(tmp_path / "plan.json")
+    again = load_plan(tmp_path / "plan.json")
+    assert again == plan
+    written = json.loads((tmp_path / "plan.json").read_text())
+    assert (written["context_parallel"], written["zero"]) == (2, level)
+    with pytest.raises(PlanError, match=r"pp\*tp\*dp\*cp = 2\*1\*2\*2"):
+        plan.check_world_size(4)
+
+
+def test_reshard_after_forward_round_trips_with_zero3(tmp_path):
+    plan = plan_from_json(cp_plan_dict(zero=3, distributed_optimizer=True, reshard_after_forward=True))
+    assert plan.reshard_after_forward and plan.optim_distributed == "zero3"
+    plan.save(tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json") == plan
+    assert json.loads((tmp_path / "plan.json").read_text())["reshard_after_forward"] is True
+
+
+def test_older_plans_without_cp_or_zero_still_load():
+    assert (plan_from_json(plan_dict()).context_parallel, plan_from_json(plan_dict()).zero) == (1, 0)
+    assert plan_from_json(plan_dict()).reshard_after_forward is False
+    old = plan_from_json(plan_dict(distributed_optimizer=True))   # ZeRO-1 before the level existed
+    assert (old.zero, old.optim_distributed) == (1, True)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"zero": 4}, "plan zero = 4 must be 0, 1, 2 or 3"),
+    ({"zero": "zero9"}, "plan zero = 'zero9'"),
+    ({"zero": 2, "distributed_optimizer": False}, "distributed_optimizer must be true exactly for ZeRO levels 1 to 3"),
+    ({"context_parallel": 0}, "plan context_parallel = 0 must be an integer >= 1"),
+    ({"zero": 1, "distributed_optimizer": True, "reshard_after_forward": True},
+     "plan reshard_after_forward = true needs zero = 3"),
+    ({"reshard_after_forward": "yes"}, "plan reshard_after_forward = 'yes' must be true or false"),
+])
+def test_bad_cp_and_zero_are_one_line(change, message):
+    with pytest.raises(PlanError, match=message) as err:
+        plan_from_json(cp_plan_dict(**change))
+    assert "\n" not in str(err.value)
+
+
+def test_cp_ranks_are_listed_per_stage():
+    data = cp_plan_dict()
+    data["stages"][0]["ranks"] = [0, 1]
+    with pytest.raises(PlanError, match="lists 2 ranks for 2 replicas x tp 1 x cp 2"):
+        plan_from_json(data)

@@ -42,6 +42,8 @@ def test_the_printed_command_trains_the_plan_and_another_model_is_refused(tmp_pa
     given = ["model=llama_tiny", "model.vocab_size=2048", "model.num_layers=2", "train.global_batch_size=8"]
     assert planner_main([*given, "planner.pp=2", f"planner.out={plan}"]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "(it sets parallel.pp=2 parallel.tp=1 parallel.cp=1 parallel.dp=" in line   # the degrees, cp among them
+    assert "optim.distributed=" in line.split("run it with: ")[0]
     words = shlex.split(line.split("run it with: ", 1)[1])
     assert words[0] == "scripts/train.sh" and words[1:] == [*given, f"parallel.plan={plan}"]
     spec = apply_plan(compose_config(words[1:]), model_label="llama_tiny")

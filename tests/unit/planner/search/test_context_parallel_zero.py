@@ -1,0 +1,127 @@
+"""Context parallelism and the ZeRO level in the PTD-P search: a 128K-token Llama 3 405B splits its
+sequences (activation memory); ZeRO-2 and ZeRO-3 peak where ZeRO-1 does (whole weights and gradients
+during the step), so a model whose weights exceed the device at every t x p does not fit by sharding
+them, and ZeRO-3 is taken only with reshard_after_forward at v > 1; all of it reaches the plan file,
+the report and the training config."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipedream.config.plan_file import plan_from_json
+from planner.config import compose, inputs_from_config
+from planner.errors import DoesNotFitError, PlannerError
+from planner.report import plan_table
+from planner.run_line import plan_settings
+from planner.search.auto import make_plan
+from planner.search.ranking import GIB
+
+LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=48",
+                "train.global_batch_size=64"]
+# two 3.4B-parameter blocks: at most p = 2 and no tensor parallelism, 13.4 GB of fp32 weights per stage
+FP32_GIANT = ["model=mlp", "model.num_layers=2", "model.hidden_size=40960", "cluster=v100_16gb_x8",
+              "train.global_batch_size=64", "planner.precision=fp32"]
+
+
+@pytest.fixture(scope="module")
+def long_context():
+    inputs = inputs_from_config(compose(LONG_CONTEXT))
+    return inputs, make_plan(inputs, simulate=False)
+
+
+def test_405b_at_128k_splits_sequences_to_relieve_activation_memory(long_context):
+    inputs, outcome = long_context
+    best = outcome.result.best
+    assert best.cp > 1 and best.fits
+    assert best.pp * best.tp * best.cp * best.dp == inputs.cluster.num_devices == outcome.plan.world_size
+    table = plan_table(outcome, inputs.cluster.device.flops("bf16"))
+    line = next(row for row in table.splitlines() if row.strip().startswith("context parallelism"))
+    assert "relieves activation memory" in line
+    act = best.memory_parts["activations"]
+    # the report's counterfactual: cp times the activations would not fit
+    assert best.memory_bytes - act + act * best.cp > inputs.capacity
+    assert f"{act * best.cp / GIB:.2f} GiB at cp=1" in line
+    assert f"cp={best.cp}" in table.splitlines()[2]   # the degrees row
+
+
+def test_the_long_context_plan_carries_cp_and_zero_to_the_file_and_the_run_line(long_context):
+    _, outcome = long_context
+    plan, best = outcome.plan, outcome.result.best
+    again = plan_from_json(plan.to_json())
+    assert (again.context_parallel, again.zero) == (best.cp, best.zero) and again.world_size == plan.world_size
+    settings = plan_settings(plan)
+    assert f"parallel.cp={best.cp}" in settings and f"optim.distributed={again.optim_distributed}".lower() in settings
+
+
+def test_cp_is_searched_only_where_the_model_allows_it():
+    gpt = inputs_from_config(compose(["model=gpt_1.7b"]))   # dropout 0.1: no context-parallel form
+    assert gpt.cp_degrees(8) == [1]
+    llama = inputs_from_config(compose(["model=llama3_8b", "model.seq_len=24"]))
+    assert llama.cp_degrees(16) == [1, 2, 4]   # 2 c must divide the 24 tokens (the zigzag chunks)
+
+
+def test_405b_at_128k_has_pipeline_and_tensor_parallelism_and_a_plausible_memory(long_context):
+    inputs, outcome = long_context
+    best = outcome.result.best
+    assert best.pp > 1 and best.tp > 1 and best.zero <= 1   # 126 blocks: pp = 1 could not hold 405B
+    parts = best.memory_parts
+    assert parts["weights"] == pytest.approx(parts["gradients"])   # both whole at the peak
+    stage = inputs.profile_at(best.tp).arrays["parameter_bytes"].sum() / best.pp
+    assert parts["weights"] >= 0.9 * stage
+
+
+def test_fp32_weights_beyond_the_device_at_every_t_and_p_do_not_fit_by_sharding_them():
+    """ZeRO-3 gathers a stage's weights for the whole step and every level accumulates whole
+    gradients: the deeper levels lower no peak here (v = 1), so the smallest plan is ZeRO-1's."""
+    inputs = inputs_from_config(compose(FP32_GIANT))
+    stage_weights = inputs.profile.arrays["parameter_bytes"].max()   # one block per stage at p = 2
+    assert inputs.tp_degrees() == [1] and stage_weights > inputs.capacity - inputs.workspace
+    with pytest.raises(DoesNotFitError) as deep:
+        make_plan(inputs, simulate=False)
+    with pytest.raises(DoesNotFitError) as shallow:
+        make_plan(inputs_from_config(compose(FP32_GIANT + ["planner.max_zero=1"])), simulate=False)
+    assert str(deep.value) == str(shallow.value)   # the same smallest configuration and peak
+
+
+def test_zero3_is_taken_only_with_reshard_after_forward_where_a_rank_holds_several_chunks():
+    inputs = inputs_from_config(compose([a if a != "cluster.nodes=48" else "cluster.nodes=32" for a in LONG_CONTEXT]))
+    outcome = make_plan(inputs, simulate=False)
+    for c in (outcome.result.best, *outcome.result.alternatives):
+        assert c.zero <= 1 or (c.zero == 3 and c.reshard_after_forward and c.vpp > 1), c.describe()
+    best = outcome.result.best
+    assert best.zero == 3 and best.fits   # 32 nodes: the fastest plan that fits holds one chunk's weights at a time
+    assert best.memory_parts["weights"] < best.memory_parts["gradients"]   # one chunk, beside whole gradients
+    assert best.between_steps_bytes < best.memory_bytes
+    plan = plan_from_json(outcome.plan.to_json())
+    assert plan.reshard_after_forward and "optim.reshard_after_forward=true" in plan_settings(plan)
+    row = next(r for r in plan_table(outcome, 0.0).splitlines() if r.strip().startswith("ZeRO"))
+    assert "reshard_after_forward" in row and "between steps" in row
+
+
+def test_zero_levels_beyond_one_only_where_memory_needs_them():
+    inputs = inputs_from_config(compose(["model=gpt_1.7b", "cluster=dgx_a100", "cluster.nodes=4",
+                                         "train.global_batch_size=512"]))
+    assert make_plan(inputs, simulate=False).result.best.zero <= 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model=gpt_1.7b", "planner.cp=2"], "planner.cp=2 cannot be planned: model.dropout = 0.1"),
+    (["model=llama3_8b", "planner.cp=3"], "model.seq_len = 8192 does not split into 2 x 3 equal chunks"),
+    (["model=llama3_8b", "planner.max_zero=4"], "planner.max_zero = 4 must be 0, 1, 2 or 3"),
+])
+def test_bad_cp_and_zero_settings_are_one_line(args, message):
+    with pytest.raises(PlannerError, match=message) as err:
+        inputs_from_config(compose(args))
+    assert "\n" not in str(err.value)
+
+
+def test_docs_show_this_plan(long_context):
+    """docs/planner.md's generated 405B / 128K section (python -m scripts.docs.planner) is this plan's."""
+    inputs, outcome = long_context
+    doc = (Path(__file__).parents[4] / "docs" / "planner.md").read_text()
+    section = doc.split("<!-- long-context:start -->")[1].split("<!-- long-context:end -->")[0]
+    table = plan_table(outcome, inputs.cluster.device.flops("bf16")).splitlines()
+    for row in ("degrees", "memory by part", "memory per device", "context parallelism", "memory savers"):
+        line = next(r for r in table if r.strip().startswith(row))
+        assert line in section, f"{row!r} differs: rerun python -m scripts.docs.planner"
