@@ -72,16 +72,19 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
     per_sample = activation_bytes_per_sample(model.layer_specs(tp), spec) * tp   # per tp group, as weights
     weights = parameters * FP32 * share
     in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
-    # optim.distributed: each data-parallel rank keeps 1/dp of the state (zero1 and up), of the
-    # gradients (zero2 and up) and of the parameters (zero3), as held between steps
-    dp, zero = spec.layout.dp, spec.optim.zero
+    # at the step's peak every level holds whole gradients (accumulated over the micro-batches) and,
+    # unless zero3 frees them after each action, whole parameters; the optimizer state is split over
+    # the dp x cp ranks that average the gradients (zero1 and up). Each cp rank holds 1/cp of every
+    # sample's activations.
+    sharing = spec.layout.dp * spec.layout.cp if spec.optim.zero >= 1 else 1
+    chunk_only = spec.optim.zero == 3 and spec.optim.reshard_after_forward
     versions = weight_versions(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
     return MemoryEstimate(
         processes=processes,
-        weights=weights * versions / (dp if zero >= 3 else 1),
-        gradients=weights / (dp if zero >= 2 else 1),
-        optimizer=weights * optimizer_states(spec.optim) / (dp if zero >= 1 else 1),
-        activations=per_sample * spec.micro_batch * in_flight * share,
+        weights=weights * versions / (spec.layout.vpp if chunk_only else 1),
+        gradients=weights,
+        optimizer=weights * optimizer_states(spec.optim) / sharing,
+        activations=per_sample * spec.micro_batch * in_flight * share / spec.layout.cp,
         runtime=RUNTIME_BYTES_PER_PROCESS * processes)
 
 

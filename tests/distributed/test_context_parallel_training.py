@@ -1,8 +1,9 @@
 """Context parallelism (``parallel.cp``) inside the pipeline runtime: every sequence split over cp
 ranks in zigzag chunks trains exactly like single-process training of whole sequences (fp32;
-gpt_tiny and llama_tiny at seq_len 128), with pp (1f1b and zbv), dp, clipping, full and
-selective recomputation, and in bf16 at the mixed-precision tolerance; each rank stashes about
-half the activations of cp = 1 at the same global batch; a cp = 2 checkpoint resumes at cp = 1."""
+gpt_tiny and llama_tiny at seq_len 128), with pp (1f1b and zbv), tp with sequence parallelism, dp,
+ZeRO-2 and ZeRO-3 over the dp x cp ranks, clipping, full and selective recomputation, and in bf16
+close to the bf16 scheme; each rank stashes about half the activations of cp = 1 at the same
+global batch; a cp = 2 checkpoint resumes at cp = 1."""
 from __future__ import annotations
 
 import pytest
@@ -29,6 +30,12 @@ RUNS = {   # on 4 ranks; each compared with single-process training of the whole
     "gpt_pp1_cp2_dp2": GPT + ["parallel.pp=1", "parallel.cp=2", "parallel.dp=2"],
     "gpt_pp1_cp4_untied": GPT + ["parallel.pp=1", "parallel.cp=4", "model.tie_embeddings=false"],
     "llama_pp2_cp2_1f1b": LLAMA + PP2_CP2,
+    "gpt_tp2_cp2_sequence_parallel": GPT + ["parallel.pp=1", "parallel.tp=2", "parallel.cp=2",
+                                            "parallel.sequence_parallel=true"],
+    "llama_tp2_cp2_sequence_parallel": LLAMA + ["parallel.pp=1", "parallel.tp=2", "parallel.cp=2",
+                                                "parallel.sequence_parallel=true"],
+    "gpt_cp2_dp2_zero3": GPT + ["parallel.pp=1", "parallel.cp=2", "parallel.dp=2", "optim.distributed=zero3"],
+    "gpt_pp2_cp2_zero2_zbv": GPT + PP2_CP2 + ["schedule=zbv", "optim.distributed=zero2"],
 }
 STASH_BASELINE = GPT + ["parallel.pp=2", "parallel.dp=2"]   # cp = 1 at the same global batch and layout size
 BF16 = LLAMA + PP2_CP2 + ["precision=bf16"]

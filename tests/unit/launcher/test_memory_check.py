@@ -64,16 +64,24 @@ def test_weights_match_the_built_model_and_terms_scale():
     assert gpipe.activations == pytest.approx(adamw.activations * 8 / 1.5)   # m = 8 vs 1F1B's (2 + 1) / 2
 
 
-def test_zero_levels_divide_their_terms_by_dp():
-    """zero1 shards the optimizer state, zero2 the gradients too, zero3 the parameters too."""
+def test_zero_levels_and_cp_as_held_at_the_peak():
+    """Every level shards the optimizer state over dp x cp; whole gradients and parameters are held
+    during the step (zero3's reshard_after_forward holds one chunk of vpp); cp divides activations."""
     layout = ["parallel.pp=1", "parallel.dp=2", "optim=adamw"]
     plain, _, _ = estimate(layout)
-    for level, sharded in (("zero1", ("optimizer",)), ("zero2", ("optimizer", "gradients")),
-                           ("zero3", ("optimizer", "gradients", "weights"))):
+    for level in ("zero1", "zero2", "zero3"):
         zero, _, _ = estimate(layout + [f"optim.distributed={level}"])
-        for term in ("weights", "gradients", "optimizer"):
-            share = 0.5 if term in sharded else 1.0
-            assert getattr(zero, term) == pytest.approx(getattr(plain, term) * share), (level, term)
+        assert zero.optimizer == pytest.approx(plain.optimizer / 2), level
+        assert (zero.weights, zero.gradients) == (plain.weights, plain.gradients), level
+    interleaved = ["parallel.pp=2", "parallel.dp=1", "schedule=interleaved", "parallel.vpp=2", "optim=adamw",
+                   "optim.distributed=zero3"]
+    whole, _, _ = estimate(interleaved)
+    resharded, _, _ = estimate(interleaved + ["optim.reshard_after_forward=true"])
+    assert resharded.weights == pytest.approx(whole.weights / 2)
+    split, _, _ = estimate(["parallel.pp=1", "parallel.cp=2", "model.dropout=0", "optim=adamw",
+                            "optim.distributed=zero1"])
+    assert split.activations == pytest.approx(plain.activations / 2)
+    assert split.optimizer == pytest.approx(plain.optimizer / 2)
 
 
 def test_large_model_is_refused_with_the_numbers_in_one_line():
