@@ -1,6 +1,7 @@
 """Training features against their baselines, on this machine: selective recomputation, sequence
-parallelism, the distributed optimizer (and its ZeRO-2 and ZeRO-3 levels against ZeRO-1) and compiled stages. Each feature runs paired with its baseline (same model, layout and
-steps, the order alternating between rounds, so both see the same phase of a shared machine); the
+parallelism, the distributed optimizer (and its ZeRO-2 and ZeRO-3 levels against ZeRO-1), context
+parallelism (cp = 2 against cp = 1) and compiled stages. Each feature runs paired with its baseline
+(same model, layout and steps, the order alternating between rounds, so both see the same phase of a shared machine); the
 step-time ratio is taken within each round, then its median. Memory is each rank's peak RSS and the
 bytes autograd stashes per micro-batch (the activation memory the features exist to cut), from the
 runs' summary.json. Writes docs/bench_features.json and its section of docs/benchmarks.md.
@@ -53,6 +54,10 @@ COMPARISONS = (
                ("optim.distributed=zero2",), "dp = 2 against zero1: no gradient held between steps"),
     Comparison("ZeRO-3", ("parallel.pp=1", "parallel.dp=2", "schedule=1f1b"), ("optim.distributed=zero1",),
                ("optim.distributed=zero3",), "dp = 2 against zero1: parameters sharded at rest, gathered once per step"),
+    Comparison("context parallelism", ("parallel.pp=1", "schedule=1f1b", "model.dropout=0"),
+               ("parallel.cp=1", "parallel.dp=2"), ("parallel.cp=2", "parallel.dp=1"),
+               "the same 2 processes and global batch: cp = 2 (each rank half of every sequence, K/V around "
+               "the ring) against cp = 1 (dp = 2, each rank whole sequences)"),
     Comparison("compiled stages", ("parallel.pp=2", "schedule=1f1b"), ("train.compile=false",),
                ("train.compile=true",), "torch.compile (inductor) per layer; its compile time is excluded "
                                          "(the median step is after the warm-up steps)"),
@@ -122,7 +127,8 @@ def markdown(data: dict[str, Any]) -> str:
               "than NCCL's reduce-scatter); inductor's CPU kernels for layers this small do not beat eager. The "
               "memory columns are what each feature is for: the stash with sequence parallelism, the optimizer "
               "state with the distributed optimizer, the bytes held between steps with ZeRO-2 (no gradients) and ZeRO-3 "
-              "(a 1/dp shard of the parameters too)."]
+              "(a 1/dp shard of the parameters too), the stash with context parallelism (half the tokens of every "
+              "micro-batch per rank)."]
     return "\n".join(lines) + "\n"
 
 

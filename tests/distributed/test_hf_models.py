@@ -1,5 +1,5 @@
 """Hugging Face models in and out: a tiny Llama and GPT-2 (model=hf) and the gpt and llama families
-trained on a two-stage pipeline equal single-process training, and their checkpoints exported with
+trained on a two-stage pipeline (the Llama also at cp = 2) equal single-process training, and their checkpoints exported with
 format=hf load in transformers (LlamaForCausalLM, GPT2LMHeadModel) with the same logits."""
 from __future__ import annotations
 
@@ -44,6 +44,9 @@ def test_hf_models_train_on_a_pipeline_and_export_back(tmp_path):
     runs = {"llama": ["model=hf", f"model.path={llama}", "train.lr=0.05", *HF_RUN, *PIPELINE],
             "gpt2": ["model=hf", f"model.path={gpt2}", "train.lr=0.05", *HF_RUN, *PIPELINE],
             "llama-lr0": ["model=hf", f"model.path={llama}", "train.lr=1e-12", *HF_RUN, *PIPELINE],
+            # context parallelism: each rank half of every sequence, the ring in the HF attention
+            "llama-cp2": ["model=hf", f"model.path={llama}", "train.lr=0.05", *HF_RUN, *PIPELINE, "parallel.pp=1",
+                          "parallel.cp=2"],
             "gpt": [*TINY_GPT, "model.num_layers=2", "model.tie_embeddings=false", "train.lr=0.05", *PIPELINE],
             "llama-family": ["model=llama_tiny", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=4",
                              "model.num_kv_heads=2", "model.ffn_hidden_size=64", "model.seq_len=16",
