@@ -19,6 +19,7 @@ from torch import nn
 from models.attention import CoreAttention
 from models.context_parallel import ContextParallel, global_positions, splitting
 from models.context_parallel.context import check_context_parallel_model
+from models.errors import ConfigError
 from models.families.gpt import language_model_loss, parallel_language_model_loss
 from models.families.llama_facts import (OPTIONAL_KEYS, check_llama_tensor_parallel, kv_heads_per_rank,
                                          llama_option, rope_scaling)
@@ -281,4 +282,7 @@ def llama_sizes(model_cfg: Any) -> dict[str, Any]:
 def llama_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
                       cp: ContextParallel | None = None) -> LayerModel:
     """``model=llama_*`` (``models.registry``)."""
+    from models.families.moe_facts import moe_config
+    if moe_config(model_cfg) is not None:
+        raise ConfigError("model.moe: this version builds dense Llama models only; set model.moe.num_experts=0")
     return llama_model(**llama_sizes(model_cfg), seed=seed, tp=tp, cp=cp)
