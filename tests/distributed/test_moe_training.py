@@ -1,6 +1,6 @@
 """model=mixtral_tiny in the pipeline runtime: at pp=2 under 1f1b and dualpipev, and with a gated
-shared expert, unrenormalised weights, MoE in every second block, a capacity that drops tokens and
-a z-loss, the losses and parameters equal single-process training of the same objective (the mean
+shared expert, unrenormalised weights, MoE in every second block, a capacity that drops tokens, a
+z-loss and full recomputation, the losses and parameters equal single-process training of the same objective (the mean
 over micro-batches of loss + the MoE layers' auxiliary loss; fp32), whose auxiliary loss visibly
 changes the parameters, so its gradient reaches the first stage too; a bf16 pipeline matches
 single-process bf16 training. metrics.jsonl counts every routed token-slot per expert and the
@@ -21,7 +21,8 @@ SHARED = ["model.moe.shared_experts=2", "model.moe.shared_expert_ffn_hidden_size
           "model.moe.z_loss_coef=0.001"]
 RUNS = {"1f1b": ["schedule=1f1b"],
         "dualpipev": ["schedule=dualpipev"],   # m = 4 >= 2p: two chunks per rank, the aux gradient in both
-        "shared_capacity_every2": ["schedule=1f1b", *SHARED]}
+        # recomputed forwards (inside the backward) are not counted again
+        "shared_capacity_every2_recompute": ["schedule=1f1b", *SHARED, "recompute.granularity=full"]}
 BF16 = ["schedule=1f1b", "precision=bf16"]
 SLOTS_PER_STEP = 8 * 16 * 2   # global batch x sequence x top_k, per MoE layer
 

@@ -114,3 +114,11 @@ def test_a_recomputed_forward_is_counted_once():
     with torch.no_grad():
         layer(x)
     assert statistics.sums()[-1] == 0   # evaluation is not counted
+
+
+def test_the_hugging_face_export_refuses_an_moe_model_in_one_line():
+    from models.errors import ConfigError
+    from models.families.llama_hf import to_hf
+    with pytest.raises(ConfigError, match=r"^model.moe is set: the Hugging Face export writes dense") as error:
+        to_hf({}, TINY)
+    assert "\n" not in str(error.value)
