@@ -26,6 +26,10 @@ class LayerModel:
     ``tied`` lists groups of (layer index, parameter name) that are one parameter in the
     single-process model (e.g. the embedding and the output head); a stage holding several
     members shares one Parameter, stages holding different members all-reduce their gradients.
+    ``statistics``: an object the built layers report to and the runtime drives, or None: it sets
+    ``statistics.loss_scale`` (what it multiplies each micro-batch's loss by) before every forward,
+    and at logged steps reads ``statistics.sums()`` (numbers summed over ranks) into
+    ``statistics.report(sums)`` (metrics.jsonl fields). ``models.families.moe.MoEStatistics`` is one.
     """
 
     name: str
@@ -34,6 +38,7 @@ class LayerModel:
     loss_fn: Callable[[Any, Any], torch.Tensor]
     make_batch: Callable[[int, torch.Generator], tuple[Any, Any]]
     tied: tuple[tuple[tuple[int, str], ...], ...] = field(default=())
+    statistics: Any = None
 
     def build(self, indices: list[int] | None = None) -> dict[int, nn.Module]:
         """Builds the given layers (all by default) and ties shared parameters among them."""

@@ -146,6 +146,7 @@ class Loop:
     last_loss: float = math.nan
     val_loss: float = math.nan
     models: list[dict[str, float]] | None = None   # a fused model set: each model's last record
+    model_totals: dict[str, int] = field(default_factory=dict)   # model statistics' counters over the run
 
     def evaluate(self) -> float:
         losses = [self.engine.evaluate(self.data.val_batches(i)) for i in range(self.data.val_steps)]
@@ -154,6 +155,15 @@ class Loop:
             for record, val_loss in zip(self.models, self.engine.model_val_losses()):
                 record["val_loss"] = val_loss
         return self.val_loss
+
+    def add_model_statistics(self, record: dict[str, Any]) -> None:
+        """Adds the model's statistics to a logged step's record; counts that drop tokens add up to
+        the summary's totals."""
+        statistics = self.engine.model_statistics()
+        record.update(statistics)
+        if "moe_tokens_dropped" in statistics:
+            self.model_totals["moe_tokens_dropped"] = (self.model_totals.get("moe_tokens_dropped", 0)
+                                                       + statistics["moe_tokens_dropped"])
 
     def step(self, step: int, traced: bool, grad_norm: bool) -> tuple[StepResult, float]:
         """Runs 1-based ``step``; returns its result and time."""
@@ -192,6 +202,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
             scaler = loop.engine.loss_scaler
             if scaler is not None:   # fp16: the scale after this step and the steps skipped so far
                 record.update(loss_scale=scaler.scale, skipped_steps=scaler.skipped_steps)
+            if logged:   # collective: the model's layer statistics (MoE routing) since the last logged step
+                loop.add_model_statistics(record)
             if evaluating:
                 record["val_loss"] = loop.evaluate()
             if loop.models is not None:
@@ -314,6 +326,7 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "trace": report.as_dict() if report else None,
         "final_train_loss": loop.last_loss,
         "final_val_loss": loop.val_loss,
+        **loop.model_totals,   # e.g. moe_tokens_dropped: token-slots MoE layers dropped for capacity
         **({"models": [{**vars(v), "final_train_loss": m["loss"], "final_val_loss": m.get("val_loss")}
                        for v, m in zip(spec.multi_model.variants, loop.models)],
             "fused_stages": fused_stages} if loop.models is not None else {}),

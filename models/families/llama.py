@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from functools import partial
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,10 @@ from torch import nn
 from models.attention import CoreAttention
 from models.context_parallel import ContextParallel, global_positions, splitting
 from models.context_parallel.context import check_context_parallel_model
+from models.errors import ConfigError
 from models.families.gpt import language_model_loss, parallel_language_model_loss
+from models.families.moe import MoEMLP, MoEStatistics
+from models.families.moe_facts import MoEConfig, moe_config
 from models.families.llama_facts import (OPTIONAL_KEYS, check_llama_tensor_parallel, kv_heads_per_rank,
                                          llama_option, rope_scaling)
 from models.families.transformer_facts import transformer_pipeline_layers
@@ -133,13 +136,16 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
+    """``mlp``: a block's MLP other than the dense SwiGLU (an MoE MLP, ``models.families.moe``)."""
+
     def __init__(self, hidden: int, num_heads: int, num_kv_heads: int, ffn: int, eps: float,
-                 inv_freq: torch.Tensor, cp: ContextParallel | None = None):
+                 inv_freq: torch.Tensor, cp: ContextParallel | None = None,
+                 mlp: Callable[[], nn.Module] | None = None):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden, eps)
         self.self_attn = Attention(hidden, num_heads, num_kv_heads, inv_freq, cp)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
-        self.mlp = SwiGLU(hidden, ffn)
+        self.mlp = SwiGLU(hidden, ffn) if mlp is None else mlp()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x))
@@ -223,12 +229,14 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                 seq_len: int, vocab_size: int, tie_embeddings: bool = OPTIONAL_KEYS["tie_embeddings"],
                 norm_eps: float = OPTIONAL_KEYS["norm_eps"], rope_theta: float = OPTIONAL_KEYS["rope_theta"],
                 rope_scaling: dict[str, float] | None = None, seed: int = 0,
-                tp: TensorParallel | None = None, cp: ContextParallel | None = None) -> LayerModel:
+                tp: TensorParallel | None = None, cp: ContextParallel | None = None,
+                moe: MoEConfig | None = None) -> LayerModel:
     """Llama as ``num_layers + 2`` pipeline layers, each initialised from its own seed. With tying
     the head starts from (and stays equal to) the token embedding; with ``tp`` every layer is
     this rank's slice of the dense layer and the loss is the vocabulary-parallel cross-entropy.
     With ``cp`` (size > 1) the layers take this rank's zigzag shard of each sequence; the same
-    parameters, and the loss is the local mean."""
+    parameters, and the loss is the local mean. With ``moe`` its MoE blocks (``MoEConfig.is_moe_block``)
+    hold an MoE MLP; they report to the model's ``statistics`` (``models.families.moe``)."""
     last = num_layers + 1
     if tp is not None:
         check_llama_tensor_parallel({"hidden_size": hidden_size, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
@@ -239,6 +247,12 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                                      sequence_parallel=tp is not None and tp.sequence_parallel)
     inv_freq = rope_inverse_frequencies(hidden_size // num_heads, rope_theta, rope_scaling)
     embedding = partial(Embedding, vocab_size, hidden_size)
+    statistics = None
+    if moe is not None:
+        if tp is not None:
+            raise ConfigError(f"model.moe has no tensor-parallel form but parallel.tp={tp.size}: set parallel.tp=1")
+        statistics = MoEStatistics(moe.num_experts)
+        moe_mlp = partial(MoEMLP, hidden_size, moe, statistics, moe.moe_blocks(num_layers), SwiGLU, _linear)
 
     def build_dense_layer(i: int) -> nn.Module:
         if i == 0:
@@ -249,8 +263,9 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                 with torch.no_grad():
                     head.weight.copy_(seeded(seed, embedding).embed_tokens.weight)
             return head
+        mlp = moe_mlp if moe is not None and moe.is_moe_block(i - 1) else None
         return seeded(seed + i, partial(Block, hidden_size, num_heads, num_kv_heads, ffn_hidden_size, norm_eps,
-                                        inv_freq.clone(), cp))
+                                        inv_freq.clone(), cp, mlp))
 
     def build_layer(i: int) -> nn.Module:
         dense = build_dense_layer(i)
@@ -264,7 +279,7 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
     loss_fn = language_model_loss if tp is None else partial(parallel_language_model_loss, tp=tp,
                                                              vocab_size=vocab_size)
     return LayerModel(name="llama", num_layers=transformer_pipeline_layers(num_layers), build_layer=build_layer,
-                      loss_fn=loss_fn, make_batch=make_batch, tied=tied)
+                      loss_fn=loss_fn, make_batch=make_batch, tied=tied, statistics=statistics)
 
 
 def llama_sizes(model_cfg: Any) -> dict[str, Any]:
@@ -275,7 +290,8 @@ def llama_sizes(model_cfg: Any) -> dict[str, Any]:
                 vocab_size=int(model_cfg["vocab_size"]),
                 tie_embeddings=bool(llama_option(model_cfg, "tie_embeddings")),
                 norm_eps=float(llama_option(model_cfg, "norm_eps")),
-                rope_theta=float(llama_option(model_cfg, "rope_theta")), rope_scaling=rope_scaling(model_cfg))
+                rope_theta=float(llama_option(model_cfg, "rope_theta")), rope_scaling=rope_scaling(model_cfg),
+                moe=moe_config(model_cfg))
 
 
 def llama_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,

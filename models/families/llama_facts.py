@@ -1,5 +1,6 @@
 """Llama described without torch: its keys and their defaults, pipeline layers, parameters, FLOPs
 and configuration rules, including how grouped-query attention splits over tensor-parallel ranks.
+Mixture-of-experts MLPs (``model.moe``) are counted through ``models.families.moe_facts``.
 ``models.families.llama`` builds what these describe; ``models.registry`` declares the family.
 """
 from __future__ import annotations
@@ -8,6 +9,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from models.errors import ConfigError
+from models.families.moe_facts import MoEConfig, moe_config, moe_mlp_active_parameters, moe_mlp_forward_flops, \
+    moe_mlp_parameters, swiglu_parameters
 from models.families.transformer_facts import transformer_pipeline_layers
 
 REQUIRED_KEYS = ("num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "seq_len",
@@ -44,24 +47,56 @@ def _sizes(model_cfg: Mapping[str, Any]) -> tuple[int, int, int, int, int, int]:
 
 def llama_block_parameters(hidden: int, kv_width: int, ffn: int) -> int:
     """Q and O (h x h), K and V (h x kv_width), gate, up and down (3 h f), two RMSNorm weights."""
-    return 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * ffn + 2 * hidden
+    return _attention_and_norms(hidden, kv_width) + swiglu_parameters(hidden, ffn)
+
+
+def _attention_and_norms(hidden: int, kv_width: int) -> int:
+    return 2 * hidden * hidden + 2 * hidden * kv_width + 2 * hidden
+
+
+def _mlp_parameters(model_cfg: Mapping[str, Any], active: bool) -> int:
+    """All blocks' MLPs: dense SwiGLUs and MoE MLPs (all experts, or what one token goes through)."""
+    layers, h, _, ffn, _, _ = _sizes(model_cfg)
+    moe = moe_config(model_cfg)
+    if moe is None:
+        return layers * swiglu_parameters(h, ffn)
+    sparse = moe.moe_blocks(layers)
+    per_moe = moe_mlp_active_parameters(h, moe) if active else moe_mlp_parameters(h, moe)
+    return sparse * per_moe + (layers - sparse) * swiglu_parameters(h, ffn)
+
+
+def _parameters(model_cfg: Mapping[str, Any], active: bool) -> int:
+    layers, h, kv_width, _, vocab, _ = _sizes(model_cfg)
+    head = 0 if bool(llama_option(model_cfg, "tie_embeddings")) else vocab * h
+    return layers * _attention_and_norms(h, kv_width) + _mlp_parameters(model_cfg, active) + vocab * h + h + head
 
 
 def llama_parameter_count(model_cfg: Mapping[str, Any]) -> int:
-    """Parameters of the dense ``models.families.llama`` model: blocks, the token embedding, the
-    final RMSNorm and, untied, the output head's own V x h matrix (no biases, no positions)."""
-    layers, h, kv_width, ffn, vocab, _ = _sizes(model_cfg)
-    head = 0 if bool(llama_option(model_cfg, "tie_embeddings")) else vocab * h
-    return layers * llama_block_parameters(h, kv_width, ffn) + vocab * h + h + head
+    """Parameters of the ``models.families.llama`` model: blocks (with MoE, every expert of every
+    MoE block), the token embedding, the final RMSNorm and, untied, the output head's own V x h
+    matrix (no biases, no positions)."""
+    return _parameters(model_cfg, active=False)
 
 
-def llama_block_forward_flops(seq_len: int, hidden: int, kv_width: int, ffn: int) -> float:
+def llama_active_parameter_count(model_cfg: Mapping[str, Any]) -> int:
+    """Parameters one token goes through, counted as Mixtral's 12.9B and Qwen1.5-MoE's 2.7B are:
+    attention and RMSNorms, in an MoE block the router (and shared-expert gate), the shared
+    experts and top_k routed experts, and the token embedding, final RMSNorm and output head (the
+    embedding table counts whole though a token reads one row). Dense models: the total."""
+    return _parameters(model_cfg, active=True)
+
+
+def llama_block_forward_flops(seq_len: int, hidden: int, kv_width: int, ffn: int, moe: MoEConfig | None = None,
+                              block: int = 0) -> float:
     """One block's forward per sequence, 2 FLOPs per multiply-add: the GEMMs (2 s x its weights)
     and attention's two s x s products over the full hidden width (4 s^2 h, as eq. 4.2 counts
     them, causal masking not subtracted). RMSNorm, RoPE and SwiGLU's elementwise work are left
-    out, as eq. 4.2 leaves out LayerNorm and GELU."""
-    gemm_weights = 2 * hidden * hidden + 2 * hidden * kv_width + 3 * hidden * ffn
-    return float(2 * seq_len * gemm_weights + 4 * seq_len * seq_len * hidden)
+    out, as eq. 4.2 leaves out LayerNorm and GELU. With ``moe`` and ``block`` an MoE block (from
+    0), its MLP counts what each token goes through (``moe_facts.moe_mlp_forward_flops``)."""
+    attention = 2 * seq_len * (2 * hidden * hidden + 2 * hidden * kv_width) + 4 * seq_len * seq_len * hidden
+    if moe is not None and moe.is_moe_block(block):
+        return float(attention + moe_mlp_forward_flops(seq_len, hidden, moe))
+    return float(attention + 2 * seq_len * swiglu_parameters(hidden, ffn))
 
 
 def llama_flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: bool,
@@ -71,8 +106,9 @@ def llama_flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recomput
     layers, h, kv_width, ffn, vocab, context = _sizes(model_cfg)
     s = int(seq_len or context)
     passes = 4 if recompute else 3
-    blocks = passes * batch * layers * llama_block_forward_flops(s, h, kv_width, ffn)
-    return float(blocks + 6 * batch * s * h * vocab)
+    moe = moe_config(model_cfg)
+    per_block = [llama_block_forward_flops(s, h, kv_width, ffn, moe, block) for block in range(layers)]
+    return float(passes * batch * sum(per_block) + 6 * batch * s * h * vocab)
 
 
 def check_llama_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
@@ -94,6 +130,7 @@ def check_llama_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
         if missing:
             raise ConfigError(f"model.rope_scaling lacks {', '.join(missing)}: give all of "
                               f"{', '.join(ROPE_SCALING_KEYS)}, or model.rope_scaling=null")
+    moe_config(model_cfg)   # model.moe's rules
 
 
 def kv_heads_per_rank(num_heads: int, num_kv_heads: int, tp: int) -> int:
@@ -114,7 +151,11 @@ def kv_heads_per_rank(num_heads: int, num_kv_heads: int, tp: int) -> int:
 def check_llama_tensor_parallel(model_cfg: Any, tp: int) -> None:
     """The family's tensor-parallel check (``models.registry``): heads (and so the hidden size)
     split over ``tp``, key/value heads split or replicate, the ffn splits; the vocabulary is
-    padded to a multiple of t instead. Needs no process group."""
+    padded to a multiple of t instead. Needs no process group. MoE models have no
+    tensor-parallel form."""
+    if moe_config(model_cfg) is not None:
+        raise ConfigError(f"model.moe has no tensor-parallel form but parallel.tp={tp}: set parallel.tp=1 "
+                          f"(or model.moe.num_experts=0 for a dense model)")
     hidden, heads = int(model_cfg["hidden_size"]), int(model_cfg["num_heads"])
     if hidden % heads:
         raise ConfigError(f"model.hidden_size={hidden} is not divisible by model.num_heads={heads}: "

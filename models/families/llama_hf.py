@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from models.errors import ConfigError
+from models.families.moe_facts import moe_config
 from models.families.llama_facts import REQUIRED_KEYS, llama_option, rope_scaling
 
 HF_ARCHITECTURE = "LlamaForCausalLM"
@@ -43,7 +44,11 @@ def hf_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_hf(model_state: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config_dict, hf_state) for a consolidated single-process state dict."""
+    """(config_dict, hf_state) for a consolidated single-process state dict (dense models: an MoE
+    model is refused in one line)."""
+    if moe_config(model_cfg) is not None:
+        raise ConfigError("model.moe is set: the Hugging Face export writes dense Llama checkpoints only; "
+                          "export a model with model.moe.num_experts=0")
     config = hf_config(model_cfg)
     layers = config["num_hidden_layers"]
     head = layers + 1

@@ -182,6 +182,9 @@ class HarmonyEngine:
     def fusion_report(self) -> None:
         return None
 
+    def model_statistics(self) -> dict[str, Any]:
+        return {}   # its layers are built one by one (no LayerModel.statistics): llama, the MoE family, has buffers
+
     def memory_report(self) -> dict[str, Any]:
         """summary.json's per-rank record: the budget, the peak of managed resident bytes, and the
         bytes moved per tensor class and direction in the last training step and in the run."""

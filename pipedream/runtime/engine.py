@@ -66,6 +66,7 @@ class PipelineEngine:
         precision = MixedPrecision(spec.precision.name, device.type)
         built = self._build_layers(precision, optim, train)
         self.stage = self._build_stage(built, precision, train, fused=multi is not None)
+        self.stage.statistics = getattr(model, "statistics", None)   # a fused model set has none
         self.params = self.stage.parameters()
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
@@ -271,6 +272,15 @@ class PipelineEngine:
             for offset, layer in enumerate(chunk):   # a fused layer's edge: K models, their own names
                 layers[start + offset] = layer.per_model_module() if isinstance(layer, FusedLayer) else layer
         return layers
+
+    def model_statistics(self) -> dict[str, Any]:
+        """Collective (every rank at the same logged steps): what the model's layers report since the
+        previous call (``LayerModel.statistics``, e.g. MoE routing counts), summed over all ranks;
+        empty for a model without statistics."""
+        statistics = self.stage.statistics
+        if statistics is None:
+            return {}
+        return statistics.report(self.parts.global_sums(*statistics.sums()))
 
     def comm_bytes(self) -> tuple[int, int]:
         if self.comm is None:   # pp = 1: no stage boundaries

@@ -59,6 +59,10 @@ class Engine(Protocol):
     def global_layers(self) -> dict[int, nn.Module]:
         """The layers a checkpoint saves, by their index in the whole model."""
 
+    def model_statistics(self) -> dict[str, Any]:
+        """Collective at logged steps: the model's layer statistics since the last call, summed over
+        ranks (metrics.jsonl fields), or empty."""
+
     def comm_bytes(self) -> tuple[int, int]:
         """Bytes this rank has sent and received between stages so far."""
 

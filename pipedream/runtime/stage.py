@@ -122,6 +122,9 @@ class Stage:
         # zero3 with reshard_after_forward (numerics/param_residency.py): frees a chunk's parameters
         # after each action and gathers them before each backward
         self.residency = None
+        # the model's ``LayerModel.statistics``: told each forward's loss scale, which the gradients
+        # of its layers' auxiliary losses (MoE load balancing) are multiplied by on every stage
+        self.statistics = None
 
     def parameters(self) -> list[nn.Parameter]:
         seen, params = set(), []
@@ -138,6 +141,8 @@ class Stage:
         Inputs and outputs are a tensor or a tuple of tensors (``boundary``)."""
         if not self.is_first[chunk]:
             inputs = boundary.stage_input(inputs)
+        if self.statistics is not None:
+            self.statistics.loss_scale = loss_scale
         # The bytes saved for backward depend on the graph only, which the chunk, its input's shapes
         # and dtypes and the weight source fix: they are counted once per such key (the counting
         # hooks cost a Python call per saved tensor, which small layers notice).

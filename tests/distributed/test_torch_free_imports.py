@@ -16,6 +16,7 @@ SCHEDULES = sorted(f"pipedream.schedules.{p.stem}" for p in (ROOT / "pipedream" 
 TORCH_FREE = ["pipedream.schedules", *SCHEDULES, "pipedream.schedules.simulate", "pipedream.schedules.stream_model",
               "pipedream.schedules.async_segment", "pipedream.config.plan_file", "pipedream.devices", "models.plugin_config", "planner",
               "models.families.formulas", "models.facts", "models.families.vision_facts", "models.families.llama_facts",
+              "models.families.moe_facts",
               "models.families.llama_hf", "planner.cluster.__main__",
               "planner.cluster.simulator", "pipedream.data.checks", "pipedream.data.corpora", "pipedream.data.prepare",
               "pipedream.checkpoint.integrity",

@@ -74,6 +74,9 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
     seed = int(cfg.train.seed)
     model = build_model(cfg.model, seed=seed)
     network = model.build_sequential()
+    statistics = model.statistics
+    if statistics is not None:   # MoE: the layers hand over their auxiliary objective, added to the loss below
+        statistics.collected = []
     precision = MixedPrecision(str(cfg.precision.name), "cpu")   # the runtime's scheme, in one process
     precision.apply(list(network))
     loss_fn = precision.fp32_loss(model.loss_fn)
@@ -97,7 +100,11 @@ def reference_training(overrides: list[str]) -> dict[str, Any]:
             with precision.autocast():
                 outputs = network(inputs)
             loss = loss_fn(outputs, targets)
-            scaled = loss / len(parts)   # m and the loss scale are powers of two: exact in any order
+            objective = loss
+            if statistics is not None:   # the mean over micro-batches of (loss + auxiliary objective)
+                objective = loss + sum(statistics.collected)
+                statistics.collected.clear()
+            scaled = objective / len(parts)   # m and the loss scale are powers of two: exact in any order
             (scaler.scale(scaled) if scaler is not None else scaled).backward()
             total += float(loss.detach())
         if scaler is not None:
