@@ -35,6 +35,7 @@ class Candidate:
     memory_parts: dict[str, float] = field(default_factory=dict)   # the fullest rank's bytes by part
     reshard_after_forward: bool = False  # optim.reshard_after_forward (ZeRO-3: one chunk's parameters at a time)
     between_steps_bytes: float = 0.0     # the most model state a rank holds between steps (weights, gradients, optimizer)
+    ep: int = 1                          # parallel.ep: MoE experts split over ep of the d*cp ranks
 
     @property
     def recompute_granularity(self) -> str:
@@ -47,11 +48,12 @@ class Candidate:
     @property
     def key(self) -> tuple:
         return (self.pp, self.tp, self.dp, self.vpp, self.schedule, self.recompute_granularity, self.cp, self.zero,
-                self.reshard_after_forward)
+                self.reshard_after_forward, self.ep)
 
     def describe(self) -> str:
         v = f" v={self.vpp}" if self.vpp > 1 else ""
         c = f" c={self.cp}" if self.cp > 1 else ""
+        c += f" ep={self.ep}" if self.ep > 1 else ""
         z = f" zero{self.zero}" + (" reshard" if self.reshard_after_forward else "") if self.zero > 1 else ""
         rec = {"full": " recompute", "selective": " selective-recompute", "none": ""}[self.recompute_granularity]
         return f"(p={self.pp} t={self.tp}{c} d={self.dp}{v} b={self.micro} {self.schedule}{rec}{z})"

@@ -80,10 +80,11 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
     c, plan, sim = outcome.result.best, outcome.plan, outcome.sim
     n = plan.cluster.num_devices
     lines = [
-        f"Plan for {plan.model.name} ({count(plan.model.num_parameters)} parameters, {plan.model.num_layers} "
+        f"Plan for {plan.model.name} ({parameters_text(plan)}, {plan.model.num_layers} "
         f"layers) on {plan.cluster.name}: {n} x {plan.planner['device']}, global batch {c.global_batch}",
         f"  algorithm: {outcome.result.algorithm} ({outcome.result.considered} configurations) - {outcome.reason}",
-        _row("degrees", f"pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} vpp={c.vpp}  ({plan.world_size} devices)"),
+        _row("degrees", f"pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} vpp={c.vpp}"
+                        f"{f' ep={c.ep}' if _moe(plan) or c.ep > 1 else ''}  ({plan.world_size} devices)"),
         _row("layer split x replicas", _split(c)),
         _row("micro-batch", f"b={c.micro}, m={c.num_microbatches} micro-batches per pipeline"),
         _row("schedule", c.schedule + (f" (v={c.vpp})" if c.vpp > 1 else "")),
@@ -97,7 +98,8 @@ def plan_table(outcome: Outcome, peak_flops: float) -> str:
         _row("bubble", f"{c.bubble_fraction:.2%} of ideal time ({_bubble_rule(c.schedule)})"),
         _row("time per iteration", ", ".join(f"{k} {v:.3g} s" for k, v in c.breakdown.items() if v > 0)),
     ]
-    lines += [_row(name, text) for name, text in (("context parallelism", cp_reason(c)), ("ZeRO", zero_reason(c)))
+    lines += [_row(name, text) for name, text in (("context parallelism", cp_reason(c)), ("expert parallelism", ep_reason(c, plan)),
+                                                ("ZeRO", zero_reason(c)))
               if text]
     lines.append(_row("simulator check", _sim_line(sim, c.global_batch // c.micro
                                                if schedule_info(c.schedule).updates_per_microbatch else c.num_microbatches)))
@@ -156,6 +158,28 @@ def savers_text(c) -> str:
                                    (f"distributed optimizer (ZeRO-{zero}{reshard}: "
                                     f"{zero_shards(zero, c.dp * getattr(c, 'cp', 1))})", c.distributed_optimizer)) if on]
     return ", ".join(taken) or "none"
+
+
+def _moe(plan) -> bool:
+    return bool(plan.planner.get("active_parameters"))
+
+
+def parameters_text(plan) -> str:
+    """Total parameters, and for an MoE model the active ones (what a token goes through)."""
+    total = f"{count(plan.model.num_parameters)} parameters"
+    return f"{total}, {count(plan.planner['active_parameters'])} active" if _moe(plan) else total
+
+
+def ep_reason(c: Candidate, plan) -> str:
+    """How the plan splits the experts over the d x cp ranks and what the all-to-alls cost."""
+    if not _moe(plan):
+        return ""
+    alltoall = c.breakdown.get("ep_comm", 0.0)
+    exposed = (f"the MoE all-to-alls cost {alltoall:.3g} s per iteration beyond the compute they overlap"
+               if alltoall > 0 else "no all-to-all time exposed" if c.ep > 1 else "no all-to-alls")
+    split = (f"ep={c.ep}: each rank holds 1/{c.ep} of every MoE block's routed experts, taken from the "
+             f"{c.dp * c.cp} d x cp ranks" if c.ep > 1 else "ep=1: every rank holds all experts")
+    return f"{split}; {exposed}; tp > 1 is not searched (MoE layers train at tp=1)"
 
 
 def memory_parts_text(c: Candidate) -> str:
@@ -221,7 +245,7 @@ def harmony_table(outcome: Outcome, peak_flops: float) -> str:
     h, est, info = plan.harmony, search.best.estimate, plan.planner
     swaps = info["swap_bytes"]
     lines = [
-        f"Plan for {plan.model.name} ({count(plan.model.num_parameters)} parameters, {plan.model.num_layers} "
+        f"Plan for {plan.model.name} ({parameters_text(plan)}, {plan.model.num_layers} "
         f"layers) on {plan.cluster.name}: {h.devices} x {info['device']}, global batch {c.global_batch}",
         f"  algorithm: harmony ({outcome.result.considered} configurations in {search.seconds:.3g} s) - "
         f"{outcome.reason}",

@@ -35,10 +35,11 @@ def run_command(argv: Sequence[str], cfg: Any, plan_path: str, harmony: bool) ->
 
 def plan_settings(plan: Any) -> str:
     """What ``parallel.plan=`` sets beyond the layer split, as the keys it sets: the degrees (context
-    parallelism's among them) and the ZeRO level (``optim.distributed``)."""
+    and expert parallelism's among them) and the ZeRO level (``optim.distributed``)."""
     par = plan.parallel
     zero = plan.optim_distributed
     return (f"parallel.pp={par.pp} parallel.tp={par.tp} parallel.cp={plan.context_parallel} parallel.dp={par.dp} "
+            f"{f'parallel.ep={plan.expert_parallel} ' if plan.expert_parallel > 1 else ''}"
             f"optim.distributed={str(zero).lower()}"
             + (" optim.reshard_after_forward=true" if plan.reshard_after_forward else ""))
 

@@ -53,6 +53,7 @@ def apply_plan(cfg: Any, plugin: Any = None, model_label: str | None = None) -> 
         planned.recompute.num_layers = plan.recompute_layers
         planned.parallel.sequence_parallel = plan.sequence_parallel
         planned.parallel.cp = plan.context_parallel
+        planned.parallel.ep = plan.expert_parallel
         planned.optim.distributed = plan.optim_distributed   # the ZeRO level the memory was priced with
         planned.optim.reshard_after_forward = plan.reshard_after_forward
         if plan.precision is not None and plan.precision != OmegaConf.select(planned, "precision.name"):

@@ -118,6 +118,7 @@ class Plan:
     context_parallel: int = 1            # parallel.cp (absent in older plans: 1)
     zero: int = 0                        # ZeRO level, optim.distributed (older plans: 1 if distributed_optimizer)
     reshard_after_forward: bool = False  # optim.reshard_after_forward (zero 3 only; absent in older plans: false)
+    expert_parallel: int = 1             # parallel.ep: MoE experts split over ep of the d*cp ranks (absent: 1)
 
     @property
     def world_size(self) -> int:
@@ -151,7 +152,7 @@ class Plan:
             "sequence_parallel": self.sequence_parallel,
             "distributed_optimizer": self.distributed_optimizer,
             "context_parallel": self.context_parallel, "zero": self.zero,
-            "reshard_after_forward": self.reshard_after_forward,
+            "reshard_after_forward": self.reshard_after_forward, "expert_parallel": self.expert_parallel,
             **({"recompute_num_layers": self.recompute_layers} if self.recompute_layers is not None else {}),
             "precision": self.precision,
             "stages": [{"layers": list(st.layers), "replicas": st.replicas, "ranks": list(st.ranks)}
@@ -219,6 +220,7 @@ def plan_from_json(data: Any) -> Plan:
     savers["context_parallel"] = _context_parallel(data)
     savers["zero"] = _zero(data, savers["distributed_optimizer"])
     savers["reshard_after_forward"] = _reshard(data, savers["zero"])
+    savers["expert_parallel"] = _expert_parallel(data, parallel.dp * savers["context_parallel"])
     plan = Plan(model, cluster, parallel, schedule, batch, recompute, stages, predicted,
                 tuple(data.get("alternatives") or ()), dict(data.get("planner") or {}), version,
                 data.get("precision"), harmony, **savers)
@@ -234,6 +236,15 @@ def _context_parallel(data: dict) -> int:
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1:
         raise PlanError(f"plan context_parallel = {cp!r} must be an integer >= 1 (parallel.cp), or absent for 1")
     return cp
+
+
+def _expert_parallel(data: dict, ranks: int) -> int:
+    """parallel.ep: it takes its ranks from the d*cp data- and context-parallel ranks of a stage."""
+    ep = data.get("expert_parallel", 1)
+    if isinstance(ep, bool) or not isinstance(ep, int) or ep < 1 or ranks % ep:
+        raise PlanError(f"plan expert_parallel = {ep!r} must be an integer >= 1 dividing dp*cp = {ranks} "
+                        f"(parallel.ep), or absent for 1")
+    return ep
 
 
 def _zero(data: dict, distributed_optimizer: bool) -> int:

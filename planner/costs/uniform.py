@@ -72,6 +72,10 @@ class RankStats:
     c: int = 1  # context-parallel degree: each rank holds 1/c of every sequence
     cp_comm: np.ndarray | None = None  # (nb, p) seconds of the context-parallel ring no attention block hides
     chunk_param_bytes: np.ndarray | None = None  # (v, p) parameter bytes of each chunk (None: one chunk per rank)
+    ep: int = 1  # expert-parallel degree: each rank holds 1/ep of every MoE block's routed experts
+    expert_param_bytes: np.ndarray | None = None  # (p,) of param_bytes: the routed experts this rank holds
+    expert_optimizer_bytes: np.ndarray | None = None  # (p,) their optimizer state, before any ZeRO sharding
+    alltoall: tuple[np.ndarray, np.ndarray] | None = None  # (nb, p) seconds of the forward's and backward's all-to-alls
 
     @property
     def compute(self) -> np.ndarray:
@@ -88,11 +92,13 @@ class RankStats:
 
 def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: int, recompute: bool,
                micro_batches: np.ndarray, times: tuple[np.ndarray, np.ndarray] | None = None,
-               options: MemoryOptions = MemoryOptions(), c: int = 1) -> RankStats | None:
+               options: MemoryOptions = MemoryOptions(), c: int = 1, ep: int = 1) -> RankStats | None:
     """Sum the profile's layers per rank for the even split; None if the blocks do not divide. Under
     context parallelism (``c`` > 1) a rank computes, keeps and sends a 1/c share of each sample's
     tokens, so its per-sample costs are those of b / c samples (``times``, where given, must be
-    ``profile.times_many(micro_batches / c)``), plus the ring's exposed time."""
+    ``profile.times_many(micro_batches / c)``), plus the ring's exposed time. Under expert parallelism
+    (``ep`` > 1) a rank holds 1/ep of the routed experts and its MoE blocks exchange tokens with
+    all-to-alls (``alltoall_seconds``)."""
     bounds = even_boundaries(profile, p * v)
     if bounds is None:
         return None
@@ -139,16 +145,73 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     kept, working = _kept_activations(col, rec, recompute, options, t, first)
     again = rec if recompute else (first & (col["attention_core_flops"] > 0)) if options.selective else None
     ring = ranks(ring_exposed(col, fwd, bwd, cluster, t, c, share, again)) if c > 1 else None
+    params = col["parameter_bytes"] - col["expert_parameter_bytes"] * (1 - 1 / ep)
+    experts, expert_opt = ranks(col["expert_parameter_bytes"]) / ep, ranks(col["expert_optimizer_bytes"]) / ep
+    dense_opt = ranks(col["optimizer_bytes"] - col["expert_optimizer_bytes"])
+    moe = bool(col["alltoall_bytes"].any())
+    alltoall = tuple(ranks(x) for x in alltoall_seconds(col, cluster, t, c, ep, share, rec if recompute else None)) \
+        if moe else None
     return RankStats(
         micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
         forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
-        param_bytes=ranks(col["parameter_bytes"]),
-        optimizer_bytes=ranks(col["optimizer_bytes"]) / options.optimizer_shards,
+        param_bytes=ranks(params),
+        optimizer_bytes=sharded_optimizer(dense_opt, expert_opt, options.optimizer_shards, ep),
         activation_bytes=np.outer(share, ranks(kept)), working_bytes=working * share,
         chunk_forward=c_fwd, chunk_backward=c_bwd,
         boundary_bytes=np.multiply.outer(share, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
         p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options, c=c, cp_comm=ring,
-        chunk_param_bytes=chunks(col["parameter_bytes"]))
+        chunk_param_bytes=chunks(params), ep=ep, expert_param_bytes=experts if moe else None,
+        expert_optimizer_bytes=expert_opt if moe else None, alltoall=alltoall)
+
+
+def sharded_optimizer(dense: np.ndarray, experts: np.ndarray, shards: int, ep: int) -> np.ndarray:
+    """A rank's optimizer state: ZeRO shards the dense part over the ``shards`` = d c ranks and the
+    experts it holds over the d c / ep ranks holding the same ones."""
+    return dense / shards + experts / max(1, shards // ep)
+
+
+def alltoall_seconds(col: dict[str, np.ndarray], cluster: Cluster, t: int, c: int, ep: int, share: np.ndarray,
+                     again: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(nb, N) seconds of the MoE blocks' all-to-alls per micro-batch, forward and backward: a
+    dispatch and a combine each way (a recomputed forward, ``again``, runs its two again), each
+    sending (ep - 1)/ep of the tokens' top_k copies off the rank. The ep ranks are consecutive among
+    a stage's d c ranks, so the exchange crosses the link of a t x c x ep span."""
+    level = cluster.level_for_span(t * c * ep)
+    moved = np.outer(share, col["alltoall_bytes"]) * (ep - 1) / ep
+    one = np.where(col["alltoall_bytes"] > 0, moved / level.bandwidth + level.latency, 0.0) if ep > 1 \
+        else np.zeros_like(moved)
+    forward = 2 * one
+    return forward + (forward * again if again is not None else 0.0), 2 * one
+
+
+OVERLAPPED_ALLTOALL = ("dualpipev",)   # schedules that run one micro-batch's F beside another's B
+
+
+def alltoall_exposed(stats: RankStats, schedule: str, compute_scale: float | np.ndarray = 1.0) -> np.ndarray:
+    """(nb, p) all-to-all seconds per micro-batch that no compute hides. DualPipe-V pairs a forward
+    with another micro-batch's backward, so the forward's all-to-alls hide behind up to the
+    backward's compute and the backward's behind the forward's; other schedules wait for them."""
+    if stats.alltoall is None:
+        return np.zeros_like(stats.forward)
+    forward, backward = stats.alltoall
+    if schedule not in OVERLAPPED_ALLTOALL:
+        return forward + backward
+    return (np.maximum(0.0, forward - stats.backward * compute_scale)
+            + np.maximum(0.0, backward - stats.forward * compute_scale))
+
+
+def reduction_seconds(stats: RankStats, cluster: Cluster, d: int, nbytes: np.ndarray | None = None) -> np.ndarray:
+    """All-reduce seconds of ``nbytes`` (the stage's parameters by default; (..., p)) over the d c
+    ranks; the routed experts' share reduces over the d c / ep ranks holding the same experts."""
+    nbytes = stats.param_bytes if nbytes is None else nbytes
+    group = d * stats.c
+    if stats.ep == 1 or stats.expert_param_bytes is None:
+        return allreduce_time(cluster, nbytes, group, stats.t)
+    part = np.divide(stats.expert_param_bytes, stats.param_bytes, out=np.zeros_like(stats.param_bytes),
+                     where=stats.param_bytes > 0)
+    experts = nbytes * part
+    return (allreduce_time(cluster, nbytes - experts, group, stats.t)
+            + allreduce_time(cluster, experts, group // stats.ep, stats.t * stats.ep))
 
 
 def ring_step_exposed(transfer, compute):
@@ -225,7 +288,7 @@ def exposed_grad_sync(stats: RankStats, cluster: Cluster, d: int, compute: np.nd
     max(R/n, R - B (1 - 1/n)) of its reduction R: the last bucket's, or what the chain started
     after the first 1/n of B leaves over (the simulator's ``Costs.grad_reduce`` model; the backward
     being its share of the forward-plus-backward ``compute``)."""
-    per_rank = allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t)   # (p,): over the d x c ranks
+    per_rank = reduction_seconds(stats, cluster, d)   # (p,): over the d x c ranks
     bucket = stats.options.grad_bucket_bytes
     if bucket is None:
         return np.full(len(stats.micro_batches), float(per_rank.max()))
@@ -270,7 +333,7 @@ def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 
     bucket = stats.options.grad_bucket_bytes
     if bucket is None or d * stats.c <= 1:
         return None
-    per_rank, gather = _reduce_and_gather(stats, allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t))
+    per_rank, gather = _reduce_and_gather(stats, reduction_seconds(stats, cluster, d))
     buckets = _buckets(stats.param_bytes / stats.v, bucket)
     after = float(_exposed(gather, 1.0 / _buckets(stats.param_bytes, bucket), stats.forward)[row].max())
     return OverlappedReduction(per_rank / stats.v, buckets, float(exposed_grad_sync(stats, cluster, d, None)[row]),
@@ -294,6 +357,7 @@ class Estimates:
     cp_comm: np.ndarray | None = None  # the context-parallel ring's exposed seconds per iteration
     parts: dict[str, np.ndarray] | None = None  # the fullest rank's memory by part (MEMORY_PARTS), bytes
     between_steps: np.ndarray | None = None  # the most model state (weights, gradients, optimizer) a rank holds between steps
+    ep_comm: np.ndarray | None = None  # the MoE all-to-alls' exposed seconds per iteration
 
 
 def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_batch: int,
@@ -318,14 +382,15 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     # costs its traced send or receive, which holds its transfer (no fitted latency on top)
     compute = stats.compute * overheads.layer_time_ratio
     p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)
-    per_mb = compute + stats.tp_comm + p2p + stats.ring + runtime_per_mb[None, :]  # (nb, p)
+    alltoall = alltoall_exposed(stats, schedule, overheads.layer_time_ratio)   # (nb, p): MoE blocks' exchanges
+    per_mb = compute + stats.tp_comm + p2p + stats.ring + alltoall + runtime_per_mb[None, :]  # (nb, p)
     gathers = zero3_action_gather_seconds(stats, cluster, d, schedule)   # (p,): ZeRO-3's gathers per action
     per_mb = per_mb + gathers[None, :]
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
     group = d * stats.c   # gradients reduce over the data- and context-parallel ranks together
-    grad_sync = float(allreduce_time(cluster, stats.param_bytes, group, stats.t).max()) if group > 1 else 0.0
+    grad_sync = float(reduction_seconds(stats, cluster, d).max()) if group > 1 else 0.0
     shards = stats.options.optimizer_shards   # the distributed optimizer updates 1/d of the parameters
     update = float(optimizer_seconds(cluster, stats.param_bytes / shards).max()) + overheads.step_s  # 0 unless measured
     if two_bw:
@@ -346,7 +411,8 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     memory, parts = peak_memory(stats, schedule, m, workspace, runtime.process_bytes)
     return Estimates(valid, m, iteration, memory, bubble, (compute[rows, slow] + runtime_per_mb[slow]) * m,
                      stats.tp_comm[rows, slow] * m, p2p[rows, slow] * m, bubble_time, dp_comm,
-                     stats.ring[rows, slow] * m, parts, np.full(len(bs), between_steps_memory(stats, schedule)))
+                     stats.ring[rows, slow] * m, parts, np.full(len(bs), between_steps_memory(stats, schedule)),
+                     alltoall[rows, slow] * m)
 
 
 def peak_memory(stats: RankStats, schedule: str, m: np.ndarray, workspace: float,
@@ -405,7 +471,7 @@ def zero3_gather_seconds(stats: RankStats, cluster: Cluster, d: int) -> float:
     ``reshard_after_forward``, whose gathers come with every action (``zero3_action_gather_seconds``)."""
     if stats.options.zero < 3 or resharded(stats) or d * stats.c <= 1:
         return 0.0
-    return float(allreduce_time(cluster, stats.param_bytes, d * stats.c, stats.t).max()) / 2
+    return float(reduction_seconds(stats, cluster, d).max()) / 2
 
 
 def zero3_action_gather_seconds(stats: RankStats, cluster: Cluster, d: int, schedule: str) -> np.ndarray:
@@ -418,4 +484,4 @@ def zero3_action_gather_seconds(stats: RankStats, cluster: Cluster, d: int, sche
         return np.zeros(stats.p)
     chunks = stats.chunk_param_bytes if stats.chunk_param_bytes is not None else stats.param_bytes[None, :]
     actions = 3 if schedule_info(schedule).split_backward else 2
-    return actions * (allreduce_time(cluster, chunks, d * stats.c, stats.t) / 2).sum(axis=0)
+    return actions * (reduction_seconds(stats, cluster, d, chunks) / 2).sum(axis=0)

@@ -8,14 +8,16 @@ trainable families (parameters, FLOPs per sample) come from ``models.facts``, as
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Mapping
 
 from models.facts import flops_per_sample, parameter_count
 from models.errors import ConfigError
 from models.family import BLOCK_CHAIN_SPEC, LLAMA_SPEC, TRANSFORMER_SPEC, VISION_CHAIN_SPEC
 from models.families.formulas import mlp_block_forward_flops
-from models.families.llama_facts import kv_heads_per_rank, llama_option
+from models.families.llama_facts import kv_heads_per_rank, llama_active_parameter_count, llama_option
+from models.families.moe_facts import MoEConfig, moe_config, moe_mlp_active_parameters, moe_mlp_parameters, \
+    swiglu_parameters
 from models.families.mlp_facts import mlp_parameters
 from models.registry import MODEL_FAMILIES, known_family
 from models.families.transformer_facts import option
@@ -74,6 +76,10 @@ class LayerSpec:
     # K and V of this rank's key/value heads over the whole sequence: what context parallelism's ring
     # passes on, a 1/c share per ring step (0: the layer has no attention to split by sequence)
     ring_bytes: float = 0.0
+    # MoE blocks: the routed experts' parameters (of ``parameters``; what expert parallelism splits),
+    # and the bytes one all-to-all (dispatch, or combine) moves for a sample, before the (ep-1)/ep share
+    expert_parameters: float = 0.0
+    alltoall_bytes: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -177,13 +183,21 @@ class LlamaSpec:
     vocab: int
     precision: str = "bf16"
     tie_embeddings: bool = False
+    moe_keys: tuple[tuple[str, Any], ...] = ()   # model.moe as given (empty: dense)
+
+    @property
+    def moe(self) -> MoEConfig | None:
+        return moe_config(self.model_cfg)
 
     @property
     def max_tp(self) -> int:
-        return self.heads
+        return 1 if self.moe is not None else self.heads
 
     def allows_tp(self, tp: int) -> bool:
-        """Whole query heads per rank, key/value heads split or replicated, the ffn split."""
+        """Whole query heads per rank, key/value heads split or replicated, the ffn split; MoE models
+        at tp = 1 only (the MoE runtime has no tensor-parallel experts)."""
+        if self.moe is not None:
+            return tp == 1
         try:
             kv_heads_per_rank(self.heads, self.kv_heads, tp)
         except ConfigError:
@@ -195,10 +209,15 @@ class LlamaSpec:
         """The ``conf/model`` keys this spec stands for, as ``models.facts`` reads them."""
         return {"name": "llama", "num_layers": self.num_layers, "hidden_size": self.hidden, "num_heads": self.heads,
                 "num_kv_heads": self.kv_heads, "ffn_hidden_size": self.ffn, "seq_len": self.seq_len,
-                "vocab_size": self.vocab, "tie_embeddings": self.tie_embeddings}
+                "vocab_size": self.vocab, "tie_embeddings": self.tie_embeddings,
+                **({"moe": dict(self.moe_keys)} if self.moe_keys else {})}
 
     def num_parameters(self) -> int:
         return parameter_count(self.model_cfg)
+
+    def num_active_parameters(self) -> int:
+        """What one token goes through (top_k routed experts and the shared ones); the total if dense."""
+        return llama_active_parameter_count(self.model_cfg)
 
     def flops_per_sample(self, recompute: bool) -> float:
         """The family's FLOP count (GQA and SwiGLU GEMMs, eq. 4.2's attention and logit terms)."""
@@ -206,6 +225,9 @@ class LlamaSpec:
 
     def layer_specs(self, tp: int = 1) -> list[LayerSpec]:
         s, h, a, f, v, t = self.seq_len, self.hidden, self.heads, self.ffn, self.vocab, tp
+        moe = self.moe
+        if moe is not None and t != 1:
+            raise PlannerError(f"model {self.name}: parallel.tp={t} but MoE models train at tp = 1; use planner.tp=1")
         if not self.allows_tp(t):
             raise PlannerError(f"model {self.name}: parallel.tp={t} does not split {a} heads, {self.kv_heads} "
                                f"key/value heads and ffn {f}")
@@ -244,8 +266,26 @@ class LlamaSpec:
             memory_traffic_bytes=s * v / t * (e + 4), parameters=v * h / t + h,
             output_bytes=4.0, activation_bytes=s * v / t * (e + 4) + s * h * e,
             activation_bytes_recompute=s * v / t * (e + 4) + s * h * e, recomputable=False)
-        blocks = [LayerSpec(**{**block.__dict__, "name": f"block{i}"}) for i in range(self.num_layers)]
+        blocks = [moe_block(block, s, h, f, e, moe) if moe is not None and moe.is_moe_block(i) else block
+                  for i in range(self.num_layers)]
+        blocks = [LayerSpec(**{**b.__dict__, "name": f"block{i}"}) for i, b in enumerate(blocks)]
         return [embedding, *blocks, head]
+
+
+def moe_block(dense: LayerSpec, s: int, h: int, ffn: int, e: int, moe: MoEConfig) -> LayerSpec:
+    """A dense llama block (tp = 1) with its SwiGLU MLP replaced by the MoE MLP: parameters count
+    every expert, FLOPs and kept activations what a token goes through (its top_k experts and the
+    shared ones), plus each token's top_k copies of its input gathered for the experts; the
+    dispatch and the combine each move s top_k h bytes per sample (moe_facts.moe_block_facts)."""
+    active_ffn = moe.top_k * moe.expert_ffn + moe.shared_experts * moe.shared_ffn
+    attention = dense.parameters - swiglu_parameters(h, ffn)
+    act = dense.activation_bytes + (8 * s * (active_ffn - ffn) + 2 * s * moe.top_k * h) * e / 2
+    routed = moe.num_experts * swiglu_parameters(h, moe.expert_ffn)
+    return replace(dense, forward_flops=dense.forward_flops + 2 * s * (moe_mlp_active_parameters(h, moe)
+                                                                       - swiglu_parameters(h, ffn)),
+                   memory_traffic_bytes=act, activation_bytes=act,
+                   parameters=attention + moe_mlp_parameters(h, moe), expert_parameters=float(routed),
+                   alltoall_bytes=float(s * moe.top_k * h * e))
 
 
 @dataclass(frozen=True)
@@ -329,7 +369,18 @@ def transformer_spec(cfg: Mapping[str, Any], label: str, precision: str) -> Tran
 def llama_spec(cfg: Mapping[str, Any], label: str, precision: str) -> LlamaSpec:
     return LlamaSpec(label, int(cfg["num_layers"]), int(cfg["hidden_size"]), int(cfg["num_heads"]),
                      int(cfg["num_kv_heads"]), int(cfg["ffn_hidden_size"]), int(cfg["seq_len"]), int(cfg["vocab_size"]),
-                     precision, bool(llama_option(cfg, "tie_embeddings")))
+                     precision, bool(llama_option(cfg, "tie_embeddings")), _moe_keys(cfg))
+
+
+def _moe_keys(cfg: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """model.moe as sorted pairs, checked (a broken key is one line); () when dense."""
+    moe = cfg.get("moe")
+    try:
+        if moe is None or moe_config(cfg) is None:
+            return ()
+    except ConfigError as err:
+        raise PlannerError(str(err)) from None
+    return tuple(sorted((str(k), moe[k]) for k in moe.keys()))
 
 
 def block_chain_spec(cfg: Mapping[str, Any], label: str, precision: str) -> ChainSpec:

@@ -20,7 +20,11 @@ sequence or image; times are for a whole micro-batch of each size in ``micro_bat
                  "sequence_shardable_bytes": float,  # sharded t ways by sequence parallelism
                  "attention_core_bytes": float,      # dropped by selective recomputation ...
                  "attention_core_flops": float,      # ... whose forward FLOPs it repeats
-                 "ring_bytes": float}, ...]}         # K and V over the sequence: context parallelism's ring
+                 "ring_bytes": float,                # K and V over the sequence: context parallelism's ring
+                 "expert_parameter_bytes": float,    # MoE: of parameter_bytes, the routed experts' ...
+                 "expert_optimizer_bytes": float,    # ... and of optimizer_bytes (split ep ways)
+                 "alltoall_bytes": float}, ...],     # MoE: per sample, one dispatch (or combine)
+     "num_active_parameters": int, "num_experts": int}   # optional, MoE models (0: dense)
 
 Times between measured micro-batch sizes are interpolated linearly; above the largest the last
 segment is extended (a linear fit), below the smallest they scale in proportion to the size.
@@ -66,6 +70,9 @@ class LayerProfile:
     attention_core_bytes: float = 0.0      # per sample: of activation_bytes, what selective recomputation drops
     attention_core_flops: float = 0.0      # per sample: the forward FLOPs selective recomputation repeats
     ring_bytes: float = 0.0                # per sample: K and V over the sequence (context parallelism's ring)
+    expert_parameter_bytes: float = 0.0    # of parameter_bytes: the routed experts' (split over ep ranks)
+    expert_optimizer_bytes: float = 0.0    # of optimizer_bytes: the routed experts'
+    alltoall_bytes: float = 0.0            # per sample: what one all-to-all (dispatch or combine) moves
 
 
 @dataclass(frozen=True)
@@ -80,6 +87,8 @@ class Profile:
     num_parameters: int = 0
     flops_per_sample: float = 0.0
     flops_per_sample_recompute: float = 0.0
+    num_active_parameters: int = 0   # MoE: parameters one token goes through (0: as num_parameters)
+    num_experts: int = 0             # MoE: routed experts per MoE block (0: dense)
     schema: str = field(default=SCHEMA)
 
     def __post_init__(self) -> None:
@@ -109,7 +118,8 @@ class Profile:
         """Per-layer columns as float arrays (N,), for vectorised searches."""
         names = ("output_bytes", "parameter_bytes", "optimizer_bytes", "activation_bytes",
                  "activation_bytes_recompute", "flops", "tp_forward_bytes", "tp_backward_bytes",
-                 "sequence_shardable_bytes", "attention_core_bytes", "attention_core_flops", "ring_bytes")
+                 "sequence_shardable_bytes", "attention_core_bytes", "attention_core_flops", "ring_bytes",
+                 "expert_parameter_bytes", "expert_optimizer_bytes", "alltoall_bytes")
         cols = {n: np.array([getattr(layer, n) for layer in self.layers], dtype=float) for n in names}
         cols["recomputable"] = np.array([layer.recomputable for layer in self.layers], dtype=bool)
         return cols
@@ -213,7 +223,10 @@ def analytic_profile(spec: ModelSpec, device: DeviceSheet, tp: int = 1,
             layer.parameters * weight_bytes, layer.parameters * opt, layer.activation_bytes,
             layer.activation_bytes_recompute, layer.forward_flops, layer.tp_forward_bytes,
             layer.tp_backward_bytes, layer.recomputable, layer.sequence_shardable_bytes,
-            layer.attention_core_bytes, layer.attention_core_flops, layer.ring_bytes))
+            layer.attention_core_bytes, layer.attention_core_flops, layer.ring_bytes,
+            layer.expert_parameters * weight_bytes, layer.expert_parameters * opt, layer.alltoall_bytes))
+    moe = getattr(spec, "moe", None)
     return Profile(spec.name, device.name, "analytic", spec.precision, tp, tuple(micro_batch_sizes), tuple(out),
-                   spec.num_parameters(), spec.flops_per_sample(False), spec.flops_per_sample(True))
+                   spec.num_parameters(), spec.flops_per_sample(False), spec.flops_per_sample(True),
+                   spec.num_active_parameters() if moe is not None else 0, moe.num_experts if moe is not None else 0)
 

@@ -85,6 +85,12 @@ class Inputs:
             return [1]
         return [c for c in divisors(ranks) if seq % (2 * c) == 0]
 
+    def ep_degrees(self, ranks: int) -> list[int]:
+        """Expert-parallel degrees for ``ranks`` = d c data- and context-parallel ranks: divisors of it
+        that split the routed experts evenly; 1 for a dense model."""
+        experts = self.profile.num_experts
+        return [e for e in divisors(ranks) if experts % e == 0] if experts else [1]
+
     def as_in_the_dissertation(self) -> "Inputs":
         """Without the memory savers the dissertation's PTD-P did not have (selective recomputation,
         sequence parallelism, the distributed optimizer, overlapped reduction) and with its attention

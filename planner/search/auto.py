@@ -102,7 +102,7 @@ def _sim_check(inputs: Inputs, best: Candidate) -> SimCheck:
                                     best.distributed_optimizer, not schedule_info(best.schedule).asynchronous)
     stats = rank_stats(profile, inputs.cluster, best.tp, best.pp, best.vpp, best.dp, best.recompute,
                        np.array([best.micro], dtype=float), options=replace(options, zero=best.zero, reshard_after_forward=best.reshard_after_forward),
-                       c=best.cp)
+                       c=best.cp, ep=best.ep)
     if stats is None:
         return SimCheck(False, "simulator check skipped: the layer split is not even")
     return check_uniform(best.schedule, stats, 0, best.num_microbatches, level.bandwidth, level.latency,
@@ -125,7 +125,7 @@ def candidate_json(c: Candidate) -> dict:
             "batch": {"global": c.global_batch, "micro": c.micro, "num_microbatches": c.num_microbatches},
             "recompute": c.recompute_granularity, "sequence_parallel": c.sequence_parallel,
             "distributed_optimizer": c.distributed_optimizer, "context_parallel": c.cp, "zero": c.zero,
-            "reshard_after_forward": c.reshard_after_forward,
+            "reshard_after_forward": c.reshard_after_forward, "expert_parallel": c.ep,
             "stages": [{"layers": [s, e], "replicas": len(r) // (c.tp * c.cp)} for s, e, r in c.stages],
             "predicted": vars(_predicted(c)), "breakdown_s": c.breakdown, "why_lost": c.why_lost}
 
@@ -163,7 +163,7 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
         recompute=best.recompute_granularity, stages=tuple(_stages(best)), predicted=_predicted(best),
         sequence_parallel=best.sequence_parallel, distributed_optimizer=best.distributed_optimizer,
         recompute_layers=_recompute_layers(inputs, best), context_parallel=best.cp, zero=best.zero,
-        reshard_after_forward=best.reshard_after_forward,
+        reshard_after_forward=best.reshard_after_forward, expert_parallel=best.ep,
         precision=inputs.spec.precision if inputs.spec is not None else inputs.profile.precision,
         alternatives=tuple(candidate_json(a) for a in result.alternatives),
         planner={"algorithm": algorithm, "reason": reason, "considered": result.considered,
@@ -171,6 +171,8 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                  "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
                  "memory_reserve_bytes": inputs.workspace,
                  "model_tflops_per_device": best.model_tflops_per_device,
+                 **({"active_parameters": inputs.profile.num_active_parameters}
+                    if inputs.profile.num_experts else {}),
                  **({"memory_bytes_by_part": best.memory_parts} if best.memory_parts else {}),
                  **({"memory_bytes_between_steps": best.between_steps_bytes} if best.between_steps_bytes else {})})
     return Outcome(plan, result, reason, sim)

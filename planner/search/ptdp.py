@@ -1,5 +1,5 @@
 """PTD-P search (dissertation ch. 4.3): over (p, t, c, d, b, v, recompute, ZeRO level, schedule) with
-p t c d = n; recompute is none, full or selective, the optimizer distributed or not (d c > 1; ZeRO-2
+p t c d = n, and for MoE models the expert-parallel degree ep (a divisor of d c and of the experts); recompute is none, full or selective, the optimizer distributed or not (d c > 1; ZeRO-2
 and 3 only where ZeRO-1 does not fit, and kept only where their peak is lower, which takes ZeRO-3
 with reshard_after_forward at v > 1), and sequence parallelism, which costs no time in the
 model, is taken wherever it applies and is allowed. The context-parallel degree c (docs/planner.md,
@@ -24,7 +24,8 @@ from planner.errors import PlannerError
 from planner.inputs.search_inputs import Inputs, divisors
 from planner.search.pins import check_pins
 from planner.search.ranking import Rows, SearchResult, rank
-from planner.costs.uniform import Estimates, RankStats, even_boundaries, estimate, peak_memory, rank_stats
+from planner.costs.uniform import Estimates, RankStats, even_boundaries, estimate, peak_memory, rank_stats, \
+    sharded_optimizer
 from planner.inputs.memory_options import MemoryOptions
 
 
@@ -50,14 +51,18 @@ def ptdp_search(inputs: Inputs) -> SearchResult:
                     continue
                 if c not in times_at:
                     times_at[c] = profile.times_many(all_b / c)
-                if _price(inputs, rows, profile, all_b, times_at[c], t, p, c, d):
+                # every expert-parallel degree (1 for dense models): ep trades expert memory for all-to-alls
+                fits = [_price(inputs, rows, profile, all_b, times_at[c], t, p, c, d, ep)
+                        for ep in inputs.ep_degrees(d * c)]
+                if any(fits):
                     break
     return rank(inputs, "ptdp", rows)
 
 
-def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int, p: int, c: int, d: int) -> bool:
-    """Every (v, recompute, ZeRO level, schedule) of one (t, p, c, d), vectorised over micro-batch sizes;
-    whether any of them fits."""
+def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int, p: int, c: int, d: int,
+           ep: int = 1) -> bool:
+    """Every (v, recompute, ZeRO level, schedule) of one (t, p, c, d, ep), vectorised over micro-batch
+    sizes; whether any of them fits."""
     batch = inputs.global_batch
     fits = False
     chunk_counts = [1] + [v for v in divisors(len(_blocks(profile)) // p) if v > 1] if p > 1 else [1]
@@ -74,13 +79,14 @@ def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int
                 options = inputs.memory_options(t, d * c, selective, profile, sharded, partial)
                 key = (rec, replace(options, optimizer_shards=1, zero=0))
                 if key not in unsharded:
-                    unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1], c)
+                    unsharded[key] = rank_stats(profile, inputs.cluster, t, p, v, d, rec, all_b, times, key[1], c,
+                                                     ep)
                 per_kind[partial] = with_optimizer_shards(unsharded[key], options)
             for schedule in schedules:
                 stats = per_kind[not schedule_info(schedule).asynchronous]
                 if stats is None:
                     continue
-                keys = dict(t=t, p=p, d=d, v=v, c=c, recompute=int(rec), selective_recompute=int(selective),
+                keys = dict(t=t, p=p, d=d, v=v, c=c, ep=ep, recompute=int(rec), selective_recompute=int(selective),
                             sequence_parallel=int(stats.options.sequence_parallel),
                             distributed_optimizer=int(stats.options.optimizer_shards > 1))
                 est = estimate(stats, inputs.cluster, schedule, d, batch, inputs.workspace, inputs.runtime)
@@ -126,7 +132,11 @@ def with_optimizer_shards(stats: RankStats | None, options: MemoryOptions) -> Ra
     parametrised test checks it equals ``rank_stats`` under the sharded options)."""
     if stats is None or options.optimizer_shards == 1:
         return stats
-    return replace(stats, optimizer_bytes=stats.optimizer_bytes / options.optimizer_shards, options=options)
+    if stats.expert_optimizer_bytes is None:
+        return replace(stats, optimizer_bytes=stats.optimizer_bytes / options.optimizer_shards, options=options)
+    dense = stats.optimizer_bytes - stats.expert_optimizer_bytes
+    return replace(stats, optimizer_bytes=sharded_optimizer(dense, stats.expert_optimizer_bytes,
+                                                            options.optimizer_shards, stats.ep), options=options)
 
 
 def recompute_modes(inputs: Inputs, profile) -> list[tuple[bool, bool]]:

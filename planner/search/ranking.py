@@ -14,9 +14,10 @@ from planner.inputs.search_inputs import Inputs
 from planner.costs.uniform import Estimates, even_boundaries
 
 GIB = 1024**3
-PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "cp_comm", "dp_comm")
+PARTS = ("compute", "bubble", "tp_comm", "p2p_comm", "cp_comm", "ep_comm", "dp_comm")
 PART_NAMES = {"compute": "compute", "bubble": "pipeline bubble", "tp_comm": "tensor-parallel all-reduces",
               "p2p_comm": "pipeline sends", "cp_comm": "context-parallel ring (exposed)",
+              "ep_comm": "expert-parallel all-to-alls (exposed)",
               "dp_comm": "data-parallel all-reduce"}
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations")
 
@@ -74,7 +75,8 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
                profiles: dict[int, Profile] | None = None) -> Candidate:
     """Row ``i`` as a Candidate; ``profiles`` keeps the profile per t across one ranking's rows."""
     p, t, d, v = (int(tab[k][i]) for k in ("p", "t", "d", "v"))
-    c, zero, reshard = (int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0), ("reshard", 0)))
+    c, zero, reshard, ep = (int(tab[k][i]) if k in tab else default
+                            for k, default in (("c", 1), ("zero", 0), ("reshard", 0), ("ep", 1)))
     profiles = {} if profiles is None else profiles
     if t not in profiles:
         profiles[t] = inputs.profile_at(t)
@@ -86,12 +88,13 @@ def _candidate(inputs: Inputs, algorithm: str, tab: dict[str, np.ndarray], i: in
         algorithm, p, t, d, v, str(tab["schedule"][i]), int(tab["micro"][i]), int(tab["microbatches"][i]),
         batch, rec, uniform_stages(inputs, p, v, t, d, profiles[t], c), time, batch / time,
         inputs.hardware_flops(batch, rec, selective) / (time * p * t * d * c) / 1e12, float(tab["bubble"][i]),
-        float(tab["memory"][i]), inputs.capacity, {k: float(tab["t_" + k][i]) for k in PARTS},
+        float(tab["memory"][i]), inputs.capacity,
+        {k: float(tab["t_" + k][i]) for k in PARTS if k != "ep_comm" or inputs.profile.num_experts},
         model_tflops_per_device=inputs.model_flops(batch) / (time * p * t * d * c) / 1e12,
         **{key: bool(tab[key][i]) for key in ("selective_recompute", "sequence_parallel", "distributed_optimizer")
            if key in tab}, cp=c, zero=zero, reshard_after_forward=bool(reshard),
         between_steps_bytes=float(tab["m_between_steps"][i]) if "m_between_steps" in tab else 0.0,
-        memory_parts={k: float(tab["m_" + k][i]) for k in MEMORY_PARTS})
+        memory_parts={k: float(tab["m_" + k][i]) for k in MEMORY_PARTS}, ep=ep)
 
 
 def _block_count(inputs: Inputs) -> int:
@@ -167,7 +170,8 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
         selective = bool(tab["selective_recompute"][i]) if "selective_recompute" in tab else False
         granularity = "full" if tab["recompute"][i] else "selective" if selective else "none"
         key = (int(tab["p"][i]), int(tab["t"][i]), int(tab["d"][i]), int(tab["v"][i]), tab["schedule"][i], granularity,
-               *(int(tab[k][i]) if k in tab else default for k, default in (("c", 1), ("zero", 0), ("reshard", 0))))
+               *(int(tab[k][i]) if k in tab else default
+                 for k, default in (("c", 1), ("zero", 0), ("reshard", 0), ("ep", 1))))
         if key in seen or len(alternatives) >= inputs.top_k:
             continue
         seen.add(key)

@@ -1,5 +1,5 @@
-"""Regenerates the generated sections of docs/planner.md: an example dry run (real output) and the
-comparison of the PTD-P search's (t, p) with Table 4.1's on the DGX-A100 preset.
+"""Regenerates the generated sections of docs/planner.md: example dry runs (real output; the MoE
+presets among them) and the comparison of the PTD-P search's (t, p) with Table 4.1's on the DGX-A100 preset.
 Run: .venv/bin/python -m scripts.docs.planner
 """
 from __future__ import annotations
@@ -31,6 +31,8 @@ DRY_RUN = ["model=gpt3_175b", "cluster=dgx_a100", "cluster.nodes=12", "train.glo
            "planner.out=plan.json"]
 LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=48",
                 "train.global_batch_size=64", "planner.out=plan.json"]
+MOE_RUNS = (["model=mixtral_8x7b", "cluster=h100_x8", "cluster.nodes=2", "planner.out=plan.json"],
+            ["model=qwen2_moe_a2.7b", "cluster=h100_x8", "cluster.nodes=1", "planner.out=plan.json"])
 LONG_CONTEXT_SMALL = "cluster.nodes=16"   # 128 H100s: 126 blocks leave p = 1 or 2, and nothing fits
 
 
@@ -71,6 +73,11 @@ def long_context_section() -> str:
         alone = f"Without context parallelism on 48 nodes: {err}"
     return (f"On 16 nodes (128 H100s) no configuration fits:\n\n{refusal}\n\n{alone}\n\n"
             f"With it (the default), on 48 nodes:\n\n{dry_run_section(LONG_CONTEXT)}")
+
+
+def moe_section() -> str:
+    """The two MoE example plans, each as its dry run prints it."""
+    return "\n\n".join(dry_run_section(argv) for argv in MOE_RUNS)
 
 
 def _config(c) -> str:
@@ -125,6 +132,7 @@ def main() -> int:
     text = DOC.read_text()
     text = replace_section(text, "dry-run", dry_run_section())
     text = replace_section(text, "long-context", long_context_section())
+    text = replace_section(text, "moe", moe_section())
     text = replace_section(text, "table41", table_section())
     text = replace_section(text, "memory-claims", memory_section())
     text = replace_section(text, "trends", trends_section())
