@@ -1,5 +1,6 @@
-"""The planner: chooses pipeline, tensor, context and data parallelism and the ZeRO level for a model
-on a cluster (a dry run, no GPUs needed) and writes the plan file the runtime executes. See docs/planner.md.
+"""The planner: chooses pipeline, tensor, context, data and (MoE models) expert parallelism and the
+ZeRO level for a model on a cluster (a dry run, no GPUs needed) and writes the plan file the runtime
+executes. See docs/planner.md.
 
 Modules, from inputs to output:
 

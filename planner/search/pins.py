@@ -30,6 +30,9 @@ def check_pins(inputs: Inputs, algorithm: str) -> None:
             why = WHY_CP if key == "cp" else WHY[algorithm]
             raise PlannerError(f"planner.{key}={value} cannot be honoured by {algorithm}: {why}; "
                                f"use planner.algorithm=ptdp{' or 2bw' if key != 'tp' else ''} or planner.{key}=null")
+        if key == "tp" and inputs.profile.num_experts:
+            raise PlannerError(f"planner.tp={value} cannot be honoured for {inputs.model}: MoE models train at tp = 1 "
+                               f"(experts split over data-parallel ranks with parallel.ep); use planner.tp=null or 1")
         if n % value:
             raise PlannerError(f"planner.{key}={value} does not divide the {n} devices: p t d = n; choose a "
                                f"divisor of {n} or planner.{key}=null")

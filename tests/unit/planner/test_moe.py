@@ -16,6 +16,7 @@ from pipedream.config.plan_file import PlanError, load_plan, plan_from_json
 from planner.__main__ import run
 from planner.config import cluster_for, compose, inputs_from_config
 from planner.costs.collectives import allreduce_time
+from planner.errors import PlannerError
 from planner.costs.uniform import alltoall_exposed, alltoall_seconds, rank_stats, reduction_seconds
 from planner.inputs.model_specs import LlamaSpec
 from planner.inputs.profile import analytic_profile
@@ -97,6 +98,14 @@ def test_ep_is_searched_for_moe_models_only():
     assert moe.ep_degrees(8) == [1, 2, 4, 8] and moe.ep_degrees(6) == [1, 2] and moe.tp_degrees() == [1]
     dense = inputs_from_config(compose(["model=llama3_8b", "cluster=h100_x8", "cluster.nodes=2"]))
     assert dense.ep_degrees(8) == [1] and dense.profile.num_experts == 0
+
+
+def test_a_pinned_tp_above_1_is_refused_for_moe_models_in_one_line():
+    inputs = inputs_from_config(compose(["model=mixtral_8x7b", "cluster=h100_x8", "cluster.nodes=2", "planner.tp=2"]))
+    with pytest.raises(PlannerError, match="planner.tp=2 cannot be honoured for mixtral_8x7b: MoE models train at tp = 1") \
+            as err:
+        make_plan(inputs, "ptdp")
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("argv, ep_max", [(["model=mixtral_8x7b", "cluster=h100_x8", "cluster.nodes=2"], 8),
