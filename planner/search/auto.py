@@ -207,6 +207,8 @@ def harmony_outcome(inputs: Inputs, reason: str) -> Outcome:
                  "device": inputs.cluster.device.name, "profile_source": inputs.profile.source,
                  "memory_reserve_bytes": inputs.workspace, "model_tflops_per_device": best.model_tflops_per_device,
                  "search_seconds": search.seconds,
+                 **({"active_parameters": inputs.profile.num_active_parameters}
+                    if inputs.profile.num_experts else {}),
                  "weight_bytes": float(inputs.profile.arrays["parameter_bytes"].sum()), "peak_bytes_per_device": est.peak_bytes,
                  "peak_managed_bytes_per_device": est.peak_managed_bytes,
                  "swap_bytes": {"weights_in": est.weights_in_bytes, "gradients_out": est.gradients_out_bytes,
