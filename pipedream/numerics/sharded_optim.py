@@ -161,7 +161,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # LayerResidency: the gradients were reduce-scattered during the backward (the shard sums
         # them, unaveraged); the SYNC reduces what is left and averages; then this is called
         self.after_sync: Callable[[], None] | None = None
-        self._reducing: torch.Tensor | None = None   # reduce_into_shard's copy of a layer's gradients
+        # reduce_into_shard's reduce-scatter in flight: (work, the gradients' copy, the sum, its bucket)
+        self._reducing: tuple[dist.Work, torch.Tensor, torch.Tensor, ShardedBucket] | None = None
         if level == 3:
             self.release(range(len(self.buckets)))
 
@@ -272,6 +273,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """Collective over the group: leaves each piece the average of its gradient over the replicas."""
         if self.after_sync is not None:   # per layer during the backward: the rest, then the average
             self.reduce_into_shard([i for i, b in enumerate(self.buckets) if any(p.grad is not None for p in b.params)])
+            self.land_reduction()
             self._grad_shard.div_(self.dp)
             self.after_sync()
             self.gradients_reduced()
@@ -289,26 +291,36 @@ class ShardedOptimizer(torch.optim.Optimizer):
     @torch.no_grad()   # called from autograd's hooks
     def reduce_into_shard(self, indices: Iterable[int], params: Iterable[nn.Parameter] | None = None) -> None:
         """Collective over the group: adds the sum over the replicas of the gradients of ``params``
-        (default: all) in buckets ``indices`` to this rank's gradient shard, and drops them whole."""
+        (default: all) in buckets ``indices`` to this rank's gradient shard, and drops them whole. The
+        last reduce-scatter stays in flight, under the next layer's backward, until the next call or
+        ``land_reduction`` (the SYNC)."""
         wanted = None if params is None else {id(p) for p in params}
         if self._grad_shard is None:
             self._grad_shard = torch.zeros(self.shard_numel, dtype=self._dtype, device=self._device)
         for index in indices:
+            self.land_reduction()   # the previous layer's, which ran under this layer's backward
             bucket = self.buckets[index]
             flat = self.bucket_buffer(bucket)
             mine = [p for p in bucket.params if p.grad is not None and (wanted is None or id(p) in wanted)]
             for param in mine:
                 offset = self.offsets[id(param)] - bucket.begin
                 flat[offset:offset + param.numel()].copy_(param.grad.reshape(-1))
-            self._reducing = flat
+            summed = torch.empty(bucket.per_rank, dtype=self._dtype, device=self._device)
+            self._reducing = (reduce_scatter_flat(summed, flat, group=self.group, async_op=True), flat, summed,
+                              bucket)
             if self.observe is not None:   # the layer's whole gradients and their copy: where they peak
                 self.observe()
             for param in mine:
                 param.grad = None
-            summed = torch.empty(bucket.per_rank, dtype=self._dtype, device=self._device)
-            reduce_scatter_flat(summed, flat, group=self.group)
-            self._reducing = None
-            self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank].add_(summed)
+
+    def land_reduction(self) -> None:
+        """Waits for ``reduce_into_shard``'s reduce-scatter in flight, if any, and adds it to the shard."""
+        if self._reducing is None:
+            return
+        work, _, summed, bucket = self._reducing
+        work.wait()
+        self._reducing = None
+        self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank].add_(summed)
 
     def bucket_buffer(self, bucket: ShardedBucket) -> torch.Tensor:
         """Zeros for ``bucket``'s gradients, padded to dp equal parts."""
@@ -376,7 +388,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         and a layer's gradients being reduced, the state shard."""
         params = [t for t in (self._master, self._mine) if t is not None]
         params += [gathered for _, gathered in self._gathers.values()]
-        grads = [t for t in (self._grad_shard, self._reducing) if t is not None]
+        grads = [t for t in (self._grad_shard, *(self._reducing or ())[1:3]) if t is not None]
         return {"params": sum(t.numel() * t.element_size() for t in params),
                 "grads": sum(t.numel() * t.element_size() for t in grads),
                 "optimizer": self.state_bytes()}
