@@ -1,7 +1,9 @@
 """Bytes of parameters, gradients and optimizer state one rank holds, measured from the tensors it
 actually holds (each storage counted once, a freed zero3 parameter as 0 bytes), at rest (after a
 step's update) and at their peak (sampled where each can peak: the SYNC, every reduce-scatter
-launch and landing, the update). summary.json reports both per rank (``ranks[i].memory.held_bytes``)."""
+launch and landing, every zero3 gather and per-layer reduce-scatter, the update; not zero3's
+whole gather for a checkpoint or the end of training). summary.json reports both per rank
+(``ranks[i].memory.held_bytes``)."""
 from __future__ import annotations
 
 from typing import Any, Callable

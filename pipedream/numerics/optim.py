@@ -31,12 +31,14 @@ def build_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float) -> 
 
 
 def build_sharded_optimizer(optim: OptimSpec, params: list[nn.Parameter], lr: float, group: dist.ProcessGroup | None,
-                            dp: int, dp_rank: int, bucket_bytes: int | None = None) -> ShardedOptimizer:
+                            dp: int, dp_rank: int, bucket_bytes: int | None = None,
+                            buckets: list[list[nn.Parameter]] | None = None) -> ShardedOptimizer:
     """``optim.distributed``: the same optimizer over this rank's shard (``sharded_optim``); with
     ``bucket_bytes`` (``train.overlap_grad_reduce``) sharded bucket by bucket, as
     ``grad_buckets.assign_buckets`` cuts ``params`` (in order of use), so each bucket can be
-    reduce-scattered during the backward."""
-    buckets = [b.params for b in assign_buckets(params, bucket_bytes)] if bucket_bytes else None
+    reduce-scattered during the backward; or cut as ``buckets`` says (zero3's layers)."""
+    if buckets is None and bucket_bytes:
+        buckets = [b.params for b in assign_buckets(params, bucket_bytes)]
     return ShardedOptimizer(parameter_groups(params, optim.weight_decay), lr,
                             lambda groups: optimizer_for_groups(optim, groups, lr), group, dp, dp_rank, buckets,
                             level=optim.zero)

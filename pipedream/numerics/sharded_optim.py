@@ -46,8 +46,10 @@ The levels differ in what a rank holds between steps (docs/design.md, ZeRO-2 and
   buckets holding its parameters (and launches the next layer's); they stay whole until the
   SYNC (after the stage's last backward of the step) and are freed there: one all-gather and one
   reduce-scatter per step whatever the micro-batch count. With ``reshard_after_forward``
-  (``param_residency.ChunkResidency``) a chunk's parameters are freed after every action (F, B,
-  W) and gathered again before the next: less memory, one gather per action.
+  (``param_residency.LayerResidency``, fully sharded as FSDP) the buckets are the layers: a
+  layer's parameters are whole only around its forward and its backward, and each micro-batch's
+  gradients of a layer are reduce-scattered as soon as its backward (its W where split) is done
+  and added to the shard (``reduce_into_shard``), so whole gradients exist one layer at a time.
 """
 from __future__ import annotations
 
@@ -156,6 +158,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._overlap_gather = False
         self._hooks: list[torch.utils.hooks.RemovableHandle] = []
         self.observe: Callable[[], Any] | None = None   # samples the bytes held (held_bytes.HeldBytes)
+        # LayerResidency: the gradients were reduce-scattered during the backward (the shard sums
+        # them, unaveraged); the SYNC reduces what is left and averages; then this is called
+        self.after_sync: Callable[[], None] | None = None
+        # reduce_into_shard's reduce-scatter in flight: (work, the gradients' copy, the sum, its bucket)
+        self._reducing: tuple[dist.Work, torch.Tensor, torch.Tensor, ShardedBucket] | None = None
         if level == 3:
             self.release(range(len(self.buckets)))
 
@@ -208,9 +215,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def whole_parameters(self) -> None:
         """Collective over the group: every parameter whole and holding the last update (checkpoints,
         the end of training; zero3 keeps them whole until the next step's SYNC frees them)."""
-        if self.level == 3:
-            self.acquire(range(len(self.buckets)))
-        self.wait_parameters()
+        observe, self.observe = self.observe, None   # outside the steps: not a step's peak (held_bytes)
+        try:
+            if self.level == 3:
+                self.acquire(range(len(self.buckets)))
+            self.wait_parameters()
+        finally:
+            self.observe = observe
 
     def parameters_loaded(self) -> None:
         """The whole parameters were written (a checkpoint loaded into them): zero3 takes its shard
@@ -226,6 +237,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._launch_gather(index)
         for index in indices:
             self._land_gather(index)
+
+    def whole(self, indices: Iterable[int]) -> bool:
+        """Whether every bucket of ``indices`` is gathered (a gather in flight is not)."""
+        return all(index in self._present for index in indices)
+
+    def prefetch(self, indices: Iterable[int]) -> None:
+        """zero3: launches the gathers of ``indices`` (landed by the next ``acquire`` or forward)."""
+        for index in indices:
+            self._launch_gather(index)
 
     def release(self, indices: Iterable[int]) -> None:
         """zero3: frees the parameters of buckets ``indices`` (the storage, not the tensors: shapes,
@@ -251,6 +271,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def reduce_gradients(self) -> None:
         """Collective over the group: leaves each piece the average of its gradient over the replicas."""
+        if self.after_sync is not None:   # per layer during the backward: the rest, then the average
+            self.reduce_into_shard([i for i, b in enumerate(self.buckets) if any(p.grad is not None for p in b.params)])
+            self.land_reduction()
+            self._grad_shard.div_(self.dp)
+            self.after_sync()
+            self.gradients_reduced()
+            return
         for bucket in self.buckets:
             flat = self.bucket_buffer(bucket)
             for param in bucket.params:
@@ -260,6 +287,40 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self.reduce_scatter(bucket, flat).wait()
             self.land(bucket)
         self.gradients_reduced()
+
+    @torch.no_grad()   # called from autograd's hooks
+    def reduce_into_shard(self, indices: Iterable[int], params: Iterable[nn.Parameter] | None = None) -> None:
+        """Collective over the group: adds the sum over the replicas of the gradients of ``params``
+        (default: all) in buckets ``indices`` to this rank's gradient shard, and drops them whole. The
+        last reduce-scatter stays in flight, under the next layer's backward, until the next call or
+        ``land_reduction`` (the SYNC)."""
+        wanted = None if params is None else {id(p) for p in params}
+        if self._grad_shard is None:
+            self._grad_shard = torch.zeros(self.shard_numel, dtype=self._dtype, device=self._device)
+        for index in indices:
+            self.land_reduction()   # the previous layer's, which ran under this layer's backward
+            bucket = self.buckets[index]
+            flat = self.bucket_buffer(bucket)
+            mine = [p for p in bucket.params if p.grad is not None and (wanted is None or id(p) in wanted)]
+            for param in mine:
+                offset = self.offsets[id(param)] - bucket.begin
+                flat[offset:offset + param.numel()].copy_(param.grad.reshape(-1))
+            summed = torch.empty(bucket.per_rank, dtype=self._dtype, device=self._device)
+            self._reducing = (reduce_scatter_flat(summed, flat, group=self.group, async_op=True), flat, summed,
+                              bucket)
+            if self.observe is not None:   # the layer's whole gradients and their copy: where they peak
+                self.observe()
+            for param in mine:
+                param.grad = None
+
+    def land_reduction(self) -> None:
+        """Waits for ``reduce_into_shard``'s reduce-scatter in flight, if any, and adds it to the shard."""
+        if self._reducing is None:
+            return
+        work, _, summed, bucket = self._reducing
+        work.wait()
+        self._reducing = None
+        self._grad_shard[bucket.shard_offset:bucket.shard_offset + bucket.per_rank].add_(summed)
 
     def bucket_buffer(self, bucket: ShardedBucket) -> torch.Tensor:
         """Zeros for ``bucket``'s gradients, padded to dp equal parts."""
@@ -323,13 +384,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes this optimizer holds besides the parameters' and their gradients' own storage:
-        the zero3 shard, the gather source and buffers in flight (parameters), the gradient shard,
-        the state shard."""
+        the zero3 shard, the gather source and buffers in flight (parameters), the gradient shard
+        and a layer's gradients being reduced, the state shard."""
         params = [t for t in (self._master, self._mine) if t is not None]
         params += [gathered for _, gathered in self._gathers.values()]
+        grads = [t for t in (self._grad_shard, *(self._reducing or ())[1:3]) if t is not None]
         return {"params": sum(t.numel() * t.element_size() for t in params),
-                "grads": self._grad_shard.numel() * self._grad_shard.element_size() if self._grad_shard is not None
-                else 0,
+                "grads": sum(t.numel() * t.element_size() for t in grads),
                 "optimizer": self.state_bytes()}
 
     def state_dict(self) -> dict[str, Any]:

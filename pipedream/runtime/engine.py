@@ -30,7 +30,7 @@ from pipedream.numerics.grad_buckets import BucketedReduction
 from pipedream.numerics.optim import (GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer,
                                       optimizer_state_bytes)
 from pipedream.numerics.held_bytes import HeldBytes
-from pipedream.numerics.param_residency import ChunkResidency
+from pipedream.numerics.param_residency import LayerResidency, layer_buckets
 from pipedream.numerics.sharded_optim import ShardedOptimizer, ShardedReduction
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.async_runner import AsyncRunner
@@ -72,11 +72,16 @@ class PipelineEngine:
         schedule_rank = rank if layout.stage_replicas else self.coords.pp
         runner = runner_class(spec.schedule)
         replicas = layout.stage_replica_count(self.coords.pp)
+        self.fully_sharded = not multi and self._fully_sharded(optim)   # zero3, reshard_after_forward
         self.optimizer = self._build_optimizer(optim, train, groups, replicas, multi)
         self.scheduler = build_scheduler(self.optimizer, train, runner.updates_per_step(spec, self.topology,
                                                                                          schedule_rank))
         self.gradients = self._build_gradient_sync(built, groups, replicas, train, recorder, runner.global_grad_norm,
                                                    multi)
+        self.residency = None   # fully sharded: tied copies' gradients wait for their sum across stages
+        if self.fully_sharded:
+            self.residency = LayerResidency(self.optimizer, self.stage.chunks, frozenset(
+                id(copy.param) for copy in self.gradients.tied), self.stage.weight_grads)
         self.held = self._observe_held_bytes()
         self.eval_actions = self._routed(forward_only(layout.pp, spec.microbatches, layout.vpp,
                                                       layout.chunk_placement)[self.coords.pp])
@@ -135,22 +140,26 @@ class PipelineEngine:
         # parameters are gathered bucket by bucket, as the layers need them)
         overlap_bytes = self._overlap_bucket_bytes(train, replicas)
         bucket_bytes = overlap_bytes if optim.zero < 3 else int(train.grad_bucket_mb * 2 ** 20)
+        # fully sharded (reshard_after_forward): one bucket per layer, gathered and freed on its own
+        layers = layer_buckets(self.stage.chunks, self.params) if self.fully_sharded else None
         # the shard index among the ranks that average this stage's gradients (groups.dp)
         optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                            self.spec.layout.replica(self.rank), bucket_bytes)
-        if optim.zero == 3:   # gathered by the layers' forwards; freed at the SYNC or after each action
+                                            self.spec.layout.replica(self.rank), bucket_bytes, buckets=layers)
+        if optim.zero == 3:   # gathered by the layers' forwards; freed at the SYNC or after each layer
             optimizer.shard_parameters(self.stage.chunks)
-            if optim.reshard_after_forward:
-                self.stage.residency = ChunkResidency(optimizer, self.stage.chunks)
         # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
         # (forward pre-hooks; compiled layers would trace the wait, so they get the blocking gather)
         elif overlap_bytes is not None and train.compile is None:
             optimizer.gather_before(layer for chunk in self.stage.chunks for layer in chunk)
         return optimizer
 
+    @staticmethod
+    def _fully_sharded(optim: OptimSpec) -> bool:
+        return bool(optim.distributed) and optim.zero == 3 and optim.reshard_after_forward
+
     def _observe_held_bytes(self) -> HeldBytes:
         """Samples the bytes held where they can peak: the SYNC, each bucket's reduce-scatter, the
-        update, each zero3 gather."""
+        update, each zero3 gather and per-layer reduce-scatter."""
         held = HeldBytes(self.params, self._held_extra)
         for part in (self.optimizer, self.gradients, self.gradients.reduction):
             if part is not None and hasattr(part, "observe"):
@@ -313,8 +322,8 @@ class PipelineEngine:
         overlap = train.overlap_grad_reduce and plain_layers and not self.spec.schedule.asynchronous
         trace = dict(recorder=recorder if hasattr(recorder, "record_reduction") else None,
                      clock=getattr(recorder, "clock", time.perf_counter))
-        if sharded is not None:
-            if not overlap:
+        if sharded is not None:   # fully sharded: reduce-scattered layer by layer (LayerResidency)
+            if not overlap or self.fully_sharded:
                 return None
             reduction = ShardedReduction(sharded, {id(copy.param) for copy in tied}, **trace)
         else:

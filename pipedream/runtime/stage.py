@@ -60,7 +60,9 @@ class _SavedBytesCounter:
 
     def pack(self, tensor: torch.Tensor) -> torch.Tensor:
         ptr = tensor.untyped_storage().data_ptr() if tensor.device.type != "meta" else id(tensor)
-        if ptr not in self.seen:
+        if ptr not in self.seen and isinstance(tensor, nn.Parameter):   # fully sharded zero3 frees it before `total`
+            self.seen[ptr] = 0
+        elif ptr not in self.seen:
             self.seen[ptr] = tensor.untyped_storage().nbytes() if tensor.device.type != "meta" else 0
         return tensor
 
@@ -119,9 +121,6 @@ class Stage:
         # graph, or a first chunk's whole backward (its stash entry and output gradient)
         self._weight_halves: dict[tuple[int, int], WeightHalf | tuple[_Stashed, Boundary | None]] = {}
         self._split_params: dict[int, tuple[list[nn.Parameter], list[nn.Parameter]] | None] = {}
-        # zero3 with reshard_after_forward (numerics/param_residency.py): frees a chunk's parameters
-        # after each action and gathers them before each backward
-        self.residency = None
         # the model's ``LayerModel.statistics``: told each forward's loss scale, which the gradients
         # of its layers' auxiliary losses (MoE load balancing) are multiplied by on every stage
         self.statistics = None
@@ -167,8 +166,6 @@ class Stage:
             nbytes = self._saved_bytes[key] = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, root, nbytes)
         self.stats.add(chunk, nbytes)
-        if self.residency is not None:
-            self.residency.after_forward(chunk)
         return loss.detach() if loss is not None else boundary.detach(outputs)
 
     def _layers(self, chunk: int) -> Iterable[nn.Module]:
@@ -216,8 +213,6 @@ class Stage:
         (microbatch, chunk), for the caller to run. ``split`` (a B followed by its own W) defers
         them too and keeps the micro-batch in flight until ``weight_grad`` (its W) runs them."""
         stashed = self.stash.pop((microbatch, chunk))
-        if self.residency is not None:
-            self.residency.before_backward(chunk)
         if split and self.split_graphs and self._splits_graph(chunk):
             self._split_backward(microbatch, chunk, stashed, grad_output)
         elif defer_weight_grads or split:
@@ -229,8 +224,6 @@ class Stage:
             self._awaiting_weight[(microbatch, chunk)] = stashed.saved_bytes
         else:
             self.stats.remove(stashed.saved_bytes)
-        if self.residency is not None:
-            self.residency.after_backward(chunk)
         return None if self.is_first[chunk] else boundary.input_grads(stashed.inputs)
 
     def _splits_graph(self, chunk: int) -> bool:
@@ -289,8 +282,6 @@ class Stage:
     def weight_grad(self, microbatch: int, chunk: int) -> None:
         """A WEIGHT action (``ScheduleInfo.split_backward``): the weight-gradient GEMMs that the split
         backward of (microbatch, chunk) left, then its activations count as freed."""
-        if self.residency is not None:
-            self.residency.before_backward(chunk)
         self.weight_grads.run((microbatch, chunk))
         rest = self._weight_halves.pop((microbatch, chunk), None)
         if isinstance(rest, WeightHalf):
@@ -298,8 +289,6 @@ class Stage:
         elif rest is not None:   # a first chunk's whole backward
             self._backpropagate(chunk, *rest)
         self.stats.remove(self._awaiting_weight.pop((microbatch, chunk)))
-        if self.residency is not None:
-            self.residency.after_backward(chunk)
 
     def forward_only(self, chunk: int, inputs: Boundary, target: Boundary | None = None) -> Boundary:
         """Evaluation: no graph, nothing stashed."""
