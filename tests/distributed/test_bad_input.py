@@ -54,7 +54,7 @@ def test_launcher_refuses_with_one_line(capsys, overrides, message):
 
 def test_world_size_mismatch_names_both_numbers():
     cfg = compose_config(["parallel.pp=2", "parallel.dp=2"])
-    with pytest.raises(ConfigError, match=r"parallel.pp\*tp\*dp = 2\*1\*2 = 4 but WORLD_SIZE = 3"):
+    with pytest.raises(ConfigError, match=r"parallel.pp\*tp\*cp\*dp = 2\*1\*1\*2 = 4 but WORLD_SIZE = 3"):
         build_run_spec(cfg, world_size=3)
 
 
