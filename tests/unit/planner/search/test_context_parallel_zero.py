@@ -149,3 +149,17 @@ def test_docs_show_this_plan(long_context):
     for row in ("degrees", "memory by part", "memory per device", "context parallelism", "memory savers"):
         line = next(r for r in table if r.strip().startswith(row))
         assert line in section, f"{row!r} differs: rerun python -m scripts.docs.planner"
+
+
+def test_405b_at_128k_on_16_nodes_comes_closest_fully_sharded_and_the_docs_say_so():
+    small = [a if a != "cluster.nodes=48" else "cluster.nodes=16" for a in LONG_CONTEXT]
+    inputs = inputs_from_config(compose(small))
+    with pytest.raises(DoesNotFitError) as err:
+        make_plan(inputs, simulate=False)
+    closest = err.value.smallest
+    assert closest.memory_bytes > inputs.capacity and f"{closest.memory_bytes / GIB:.1f} GiB" in str(err.value)
+    assert (closest.zero, closest.reshard_after_forward) == (3, True) and closest.cp > 1
+    assert sum(closest.memory_parts.values()) + inputs.workspace == pytest.approx(closest.memory_bytes)
+    doc = (Path(__file__).parents[4] / "docs" / "planner.md").read_text()
+    section = doc.split("<!-- long-context:start -->")[1].split("<!-- long-context:end -->")[0]
+    assert f"pp={closest.pp} tp={closest.tp} cp={closest.cp} dp={closest.dp} vpp={closest.vpp}" in section
