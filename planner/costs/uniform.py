@@ -155,12 +155,12 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     moe = bool(col["alltoall_bytes"].any())
     alltoall = tuple(ranks(x) for x in alltoall_seconds(col, cluster, t, c, ep, share, rec if recompute else None)) \
         if moe else None
-    owner = (np.searchsorted(bounds, np.arange(len(params)), side="right") - 1) % p
-    start = _first_layers(bounds, 1)
-    end = np.concatenate([start[1:], [True]])
-    layer_ar = fsdp.layer_collective_seconds(cluster, params, col["expert_parameter_bytes"] / ep, d * c, t, ep)
-    fsdp_exposed = fsdp.exposed_per_microbatch(layer_ar, fwd, bwd, start, end, rec if recompute else None) \
-        if d * c > 1 else np.zeros_like(fwd)
+    owner = np.repeat(np.arange(p * v) % p, np.diff(bounds))   # each layer's rank
+    start, end = np.zeros(len(params), dtype=bool), np.zeros(len(params), dtype=bool)
+    start[bounds[:-1]], end[bounds[1:] - 1] = True, True   # each chunk's first and last layers
+    fsdp_exposed = fsdp.exposed_per_microbatch(
+        fsdp.layer_collective_seconds(cluster, params, col["expert_parameter_bytes"] / ep, d * c, t, ep),
+        fwd, bwd, start, end, rec if recompute else None) if d * c > 1 else np.zeros_like(fwd)
     return RankStats(
         micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
         forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
