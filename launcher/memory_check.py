@@ -72,20 +72,45 @@ def estimate_memory(model_cfg: Mapping[str, Any], spec: Any, processes: int) -> 
     per_sample = activation_bytes_per_sample(model.layer_specs(tp), spec) * tp   # per tp group, as weights
     weights = parameters * FP32 * share
     in_flight = microbatches_in_flight(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
-    # at the step's peak every level holds whole gradients (accumulated over the micro-batches) and,
-    # unless zero3 frees them after each action, whole parameters; the optimizer state is split over
-    # the dp x cp ranks that average the gradients (zero1 and up). Each cp rank holds 1/cp of every
-    # sample's activations.
+    # at the step's peak every level holds whole gradients (accumulated over the micro-batches) and
+    # whole parameters, except fully sharded zero3 (``resharded_bytes``); the optimizer state is split
+    # over the dp x cp ranks that average the gradients (zero1 and up). Each cp rank holds 1/cp of
+    # every sample's activations.
     sharing = spec.layout.dp * spec.layout.cp if spec.optim.zero >= 1 else 1
-    chunk_only = spec.optim.zero == 3 and spec.optim.reshard_after_forward
     versions = weight_versions(spec.schedule, pp, spec.microbatches, spec.layout.vpp)
+    held, grads = weights * versions, weights
+    if spec.optim.zero == 3 and spec.optim.reshard_after_forward:
+        held, grads = resharded_bytes(model.layer_specs(1), spec, weights / sharing, processes)
     return MemoryEstimate(
         processes=processes,
-        weights=weights * versions / (spec.layout.vpp if chunk_only else 1),
-        gradients=weights,
+        weights=held,
+        gradients=grads,
         optimizer=weights * optimizer_states(spec.optim) / sharing,
         activations=per_sample * spec.micro_batch * in_flight * share / spec.layout.cp,
         runtime=RUNTIME_BYTES_PER_PROCESS * processes)
+
+
+def resharded_bytes(layers: list, spec: Any, shard: float, processes: int) -> tuple[float, float]:
+    """Weights and gradients of zero3 with optim.reshard_after_forward (fully sharded): each process's
+    fp32 1/(dp cp) shards (``shard``, summed over the processes) of both, plus about two layers whole
+    (the one working, the next one's gather or the last one's reduce-scatter: a stage's two largest,
+    averaged over the stages); full recomputation holds a recomputed chunk whole, and a split backward
+    (zb_h2, zbv, dualpipev) keeps each layer whole from its B to its W: the whole stage."""
+    pp, tp = spec.layout.pp, spec.layout.tp
+    sizes = [layer.parameters * FP32 / tp for layer in layers]
+    bounds = spec.bounds if len(layers) == spec.num_layers else ((0, len(layers)),)
+    per_rank = [[] for _ in range(pp if len(bounds) > 1 else 1)]
+    chunks = [0.0] * len(per_rank)
+    for index, (start, end) in enumerate(bounds):
+        rank = index % len(per_rank)
+        per_rank[rank] += sizes[start:end]
+        chunks[rank] = max(chunks[rank], sum(sizes[start:end]))
+    two = sum(sum(sorted(held, reverse=True)[:2]) for held in per_rank) / len(per_rank)
+    if spec.schedule.split_backward:
+        stage = sum(sizes) / pp * processes
+        return shard + stage, shard + stage
+    whole = max(two, sum(chunks) / len(chunks)) if spec.recompute.full else two
+    return shard + whole * processes, shard + two * processes
 
 
 def activation_bytes_per_sample(layers: list, spec: Any) -> float:

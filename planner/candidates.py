@@ -33,7 +33,7 @@ class Candidate:
     cp: int = 1                          # parallel.cp: each sequence split over cp ranks
     zero: int = 0                        # ZeRO level (optim.distributed: false, zero1, zero2, zero3)
     memory_parts: dict[str, float] = field(default_factory=dict)   # the fullest rank's bytes by part
-    reshard_after_forward: bool = False  # optim.reshard_after_forward (ZeRO-3: one chunk's parameters at a time)
+    reshard_after_forward: bool = False  # optim.reshard_after_forward (ZeRO-3 fully sharded: layers whole only around their work)
     between_steps_bytes: float = 0.0     # the most model state a rank holds between steps (weights, gradients, optimizer)
     ep: int = 1                          # parallel.ep: MoE experts split over ep of the d*cp ranks
 

@@ -11,4 +11,9 @@ class ProfileError(PlannerError):
 
 
 class DoesNotFitError(PlannerError):
-    """No configuration fits in device memory (the cluster planner reads it as: cannot run there)."""
+    """No configuration fits in device memory (the cluster planner reads it as: cannot run there);
+    ``smallest``, where the search knows it, is the configuration that came closest (a Candidate)."""
+
+    def __init__(self, message: str, smallest=None):
+        super().__init__(message)
+        self.smallest = smallest

@@ -209,7 +209,7 @@ def cp_reason(c: Candidate) -> str:
 def zero_reason(c: Candidate) -> str:
     """ZeRO-2 and 3 are priced only where ZeRO-1 does not fit. They gather whole weights and accumulate
     whole gradients for the step, so they peak where ZeRO-1 does; only ZeRO-3 with
-    reshard_after_forward, one chunk's weights at a time, lowers the peak. The row says what the
+    reshard_after_forward, about two layers whole beside the shards, lowers the peak. The row says what the
     level holds at the peak and between steps."""
     zero = getattr(c, "zero", 0)
     if zero < 2 or not c.memory_parts:
@@ -219,13 +219,18 @@ def zero_reason(c: Candidate) -> str:
     if not c.reshard_after_forward:
         return (f"ZeRO-{zero}: {zero_shards(zero, shards)} (the d x cp ranks that reduce gradients together); during "
                 f"the step the weights and the gradients are whole, so the peak is ZeRO-1's{between}")
-    stage = c.memory_parts["gradients"]   # the stage's whole gradients: its weights' bytes
-    below = c.memory_bytes - c.memory_parts["weights"] + stage
-    return (f"ZeRO-3 with optim.reshard_after_forward: a chunk's weights are gathered over the {shards} ranks (d x cp) "
-            f"before each of its actions and freed after, {c.memory_parts['weights'] / GIB:.2f} GiB at the peak "
-            f"instead of the stage's {stage / GIB:.2f} GiB (at ZeRO-1 a rank would need {below / GIB:.1f} GiB > "
-            f"{c.capacity_bytes / GIB:.1f} GiB); the gradients stay whole for the step; one all-gather of a chunk "
-            f"per action (in the stage time, counted with dp_comm){between}")
+    # between steps ZeRO-3 holds the 1/(d cp) weight shard and the optimizer state: the stage's weights from it
+    stage = (c.between_steps_bytes - c.memory_parts["optimizer"]) * shards
+    held = c.memory_parts["weights"] + c.memory_parts["gradients"]
+    below = c.memory_bytes - held + 2 * stage
+    return (f"ZeRO-3 with optim.reshard_after_forward (fully sharded): each layer's weights are gathered over the "
+            f"{shards} ranks (d x cp) for its forward and again for its backward and freed after, its gradients "
+            f"reduce-scattered into the rank's 1/{shards} fp32 shard after each micro-batch; at the peak weights and "
+            f"gradients {held / GIB:.2f} GiB (the shards, and whole: about two layers, the recomputed chunk's weights "
+            f"under full recomputation, the stage under a split backward) instead of "
+            f"{2 * stage / GIB:.2f} GiB for the stage's whole weights and gradients (at ZeRO-1 a rank would need {below / GIB:.1f} GiB > "
+            f"{c.capacity_bytes / GIB:.1f} GiB); two all-gathers and a reduce-scatter per layer and micro-batch, "
+            f"exposed beyond the neighbouring layer's compute (in the stage time, counted with dp_comm){between}")
 
 
 # the table of a Harmony plan: the configuration (U_F, P_F, U_B, P_B), the estimate and the bytes it moves

@@ -73,8 +73,8 @@ def weight_versions(schedule: str, in_flight_count=1):
 
 def device_memory(param_bytes, optimizer_bytes, versions, activation_bytes, in_flight_count,
                   working_bytes=0.0, workspace_bytes=0.0, gradient_bytes=None):
-    """weights x versions + gradients (one weight's size unless ``gradient_bytes`` says otherwise: the
-    stage's whole gradients beside one chunk's weights under ZeRO-3 with reshard_after_forward) +
+    """weights x versions + gradients (one weight's size unless ``gradient_bytes`` says otherwise:
+    ZeRO-3 with reshard_after_forward holds its own mix of shards and whole layers of each) +
     optimizer state + stashed activations x in-flight + the recompute working set + workspace
     (ch. 3.3.3 MEMORY(.), extended with the optimizer)."""
     grads = np.asarray(param_bytes) if gradient_bytes is None else np.asarray(gradient_bytes)

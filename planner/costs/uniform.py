@@ -14,8 +14,9 @@ from pipedream.schedules import schedule_info
 from planner.costs import closed_form as cost
 from planner.inputs.cluster_sheet import optimizer_seconds
 from planner.costs.collectives import allreduce_time
+from planner.costs import fsdp
 from planner.inputs.hardware import Cluster
-from planner.inputs.model_specs import LayerSpec
+from planner.inputs.model_specs import PRECISION_BYTES, LayerSpec
 from planner.inputs.profile import Profile
 from planner.inputs.memory_options import MemoryOptions
 from planner.inputs.runtime_costs import NO_RUNTIME_COSTS, RuntimeCosts
@@ -76,6 +77,9 @@ class RankStats:
     expert_param_bytes: np.ndarray | None = None  # (p,) of param_bytes: the routed experts this rank holds
     expert_optimizer_bytes: np.ndarray | None = None  # (p,) their optimizer state, before any ZeRO sharding
     alltoall: tuple[np.ndarray, np.ndarray] | None = None  # (nb, p) seconds of the forward's and backward's all-to-alls
+    layer_peak_bytes: np.ndarray | None = None  # (p,) parameter bytes of each rank's two largest layers
+    layer_collectives: np.ndarray | None = None  # (nb, p) fully sharded ZeRO-3's exposed per-layer seconds per micro-batch
+    fp32_per_byte: float = 2.0  # bytes of an fp32 gradient (or weight) shard per parameter byte
 
     @property
     def compute(self) -> np.ndarray:
@@ -151,6 +155,12 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
     moe = bool(col["alltoall_bytes"].any())
     alltoall = tuple(ranks(x) for x in alltoall_seconds(col, cluster, t, c, ep, share, rec if recompute else None)) \
         if moe else None
+    owner = np.repeat(np.arange(p * v) % p, np.diff(bounds))   # each layer's rank
+    start, end = np.zeros(len(params), dtype=bool), np.zeros(len(params), dtype=bool)
+    start[bounds[:-1]], end[bounds[1:] - 1] = True, True   # each chunk's first and last layers
+    fsdp_exposed = fsdp.exposed_per_microbatch(
+        fsdp.layer_collective_seconds(cluster, params, col["expert_parameter_bytes"] / ep, d * c, t, ep),
+        fwd, bwd, start, end, rec if recompute else None) if d * c > 1 else np.zeros_like(fwd)
     return RankStats(
         micro_batches=bs, p=p, v=v, t=t, recompute=recompute,
         forward=c_fwd.sum(axis=-2), backward=c_bwd.sum(axis=-2), tp_comm=tp_comm, p2p_comm=p2p,
@@ -161,7 +171,9 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         boundary_bytes=np.multiply.outer(share, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
         p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options, c=c, cp_comm=ring,
         chunk_param_bytes=chunks(params), ep=ep, expert_param_bytes=experts if moe else None,
-        expert_optimizer_bytes=expert_opt if moe else None, alltoall=alltoall)
+        expert_optimizer_bytes=expert_opt if moe else None, alltoall=alltoall,
+        layer_peak_bytes=fsdp.two_largest(params, owner, p), layer_collectives=ranks(fsdp_exposed),
+        fp32_per_byte=4.0 / PRECISION_BYTES.get(profile.precision, 4))
 
 
 def sharded_optimizer(dense: np.ndarray, experts: np.ndarray, shards: int, ep: int) -> np.ndarray:
@@ -329,9 +341,10 @@ class OverlappedReduction:
 
 
 def overlapped_reduction(stats: RankStats, cluster: Cluster, d: int, row: int = 0) -> OverlappedReduction | None:
-    """None where the reduction blocks (no ``grad_bucket_bytes``) or there is none (d = 1)."""
+    """None where the reduction blocks (no ``grad_bucket_bytes``), there is none (d = 1) or it runs per
+    layer and micro-batch (fully sharded ZeRO-3, priced in the stage time)."""
     bucket = stats.options.grad_bucket_bytes
-    if bucket is None or d * stats.c <= 1:
+    if bucket is None or d * stats.c <= 1 or resharded(stats):
         return None
     per_rank, gather = _reduce_and_gather(stats, reduction_seconds(stats, cluster, d))
     buckets = _buckets(stats.param_bytes / stats.v, bucket)
@@ -384,8 +397,8 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
     p2p = stats.p2p_comm - (stats.p2p_latency if runtime.measured else 0.0)
     alltoall = alltoall_exposed(stats, schedule, overheads.layer_time_ratio)   # (nb, p): MoE blocks' exchanges
     per_mb = compute + stats.tp_comm + p2p + stats.ring + alltoall + runtime_per_mb[None, :]  # (nb, p)
-    gathers = zero3_action_gather_seconds(stats, cluster, d, schedule)   # (p,): ZeRO-3's gathers per action
-    per_mb = per_mb + gathers[None, :]
+    gathers = zero3_layer_seconds(stats, d)   # (nb, p): fully sharded ZeRO-3's per-layer collectives
+    per_mb = per_mb + gathers
     slow = per_mb.argmax(axis=1)
     rows = np.arange(len(bs))
     stage_time = per_mb[rows, slow]
@@ -402,11 +415,13 @@ def estimate(stats: RankStats, cluster: Cluster, schedule: str, d: int, global_b
         bubble_time = np.zeros_like(bs)
     else:
         bubble = cost.bubble_fraction(schedule, p, m, v)
-        grad_sync = exposed_grad_sync(stats, cluster, d, compute) if group > 1 else np.zeros_like(bs)
+        # fully sharded ZeRO-3 reduce-scatters per layer and micro-batch: nothing is left for the flush
+        grad_sync = exposed_grad_sync(stats, cluster, d, compute) if group > 1 and not resharded(stats) \
+            else np.zeros_like(bs)
         grad_sync = grad_sync + zero3_gather_seconds(stats, cluster, d)
         iteration = cost.flush_iteration_time(schedule, stage_time, p, m, v) + grad_sync + update
         bubble_time = stage_time * m * bubble
-        dp_comm = grad_sync + update + gathers[slow] * m  # the optimizer step counted with the gradient sync
+        dp_comm = grad_sync + update + gathers[rows, slow] * m  # the optimizer step counted with the gradient sync
 
     memory, parts = peak_memory(stats, schedule, m, workspace, runtime.process_bytes)
     return Estimates(valid, m, iteration, memory, bubble, (compute[rows, slow] + runtime_per_mb[slow]) * m,
@@ -423,14 +438,13 @@ def peak_memory(stats: RankStats, schedule: str, m: np.ndarray, workspace: float
     The ZeRO levels as the runtime holds them at the peak (``MemoryOptions``): every level keeps the
     stage's whole gradients during the step (the micro-batches accumulate into them) and level 1 and
     up 1/(d c) of the optimizer state; the parameters are whole at every level, since ZeRO-3 gathers
-    them at the stage's first forward and frees them after its last backward, except that ZeRO-3
-    with ``reshard_after_forward`` holds only the chunk of the action running (the largest chunk's).
-    So ZeRO-2 and ZeRO-3 peak where ZeRO-1 does; they save between steps (``between_steps_memory``)."""
+    them at the stage's first forward and frees them after its last backward. So ZeRO-2 and ZeRO-3
+    peak where ZeRO-1 does; they save between steps (``between_steps_memory``). ZeRO-3 with
+    ``reshard_after_forward`` is the exception (``sharded_peak``)."""
     p, v = stats.p, stats.v
     flight = cost.in_flight(schedule, p, np.arange(p)[None, :], m[:, None], v)
     versions = cost.weight_versions(schedule)
-    weights = peak_weight_bytes(stats)
-    grads = stats.param_bytes
+    weights, grads = sharded_peak(stats, schedule) if resharded(stats) else (stats.param_bytes, stats.param_bytes)
     activations = stats.activation_bytes * flight + stats.working_bytes[:, None]
     per_rank = cost.device_memory(weights[None, :], stats.optimizer_bytes[None, :], versions, activations, 1.0,
                                   0.0, workspace, grads[None, :])
@@ -442,16 +456,26 @@ def peak_memory(stats: RankStats, schedule: str, m: np.ndarray, workspace: float
 
 
 def resharded(stats: RankStats) -> bool:
-    """ZeRO-3 with ``reshard_after_forward``: one chunk's parameters whole at a time."""
+    """ZeRO-3 with ``reshard_after_forward``: each layer whole only around its own work."""
     return stats.options.zero >= 3 and stats.options.reshard_after_forward
 
 
-def peak_weight_bytes(stats: RankStats) -> np.ndarray:
-    """(p,) parameter bytes each rank holds whole at its peak: the stage's, or under ZeRO-3 with
-    ``reshard_after_forward`` its largest chunk's."""
-    if resharded(stats) and stats.chunk_param_bytes is not None:
-        return stats.chunk_param_bytes.max(axis=0)
-    return stats.param_bytes
+def sharded_peak(stats: RankStats, schedule: str) -> tuple[np.ndarray, np.ndarray]:
+    """(p,) weight and gradient bytes a rank holds at its peak under ZeRO-3 with
+    ``reshard_after_forward``: its 1/(d c) fp32 gradient shard (and, in fp32, its weight shard, the
+    master copy that mixed precision counts with the optimizer state) plus about two layers whole
+    (the one working and the next one's prefetch or the last one's reduce-scatter: the rank's two
+    largest). Full recomputation holds the recomputed chunk whole until its backward (the largest
+    chunk); a split backward (zb_h2, zbv, dualpipev) keeps each layer whole from its B to its
+    deferred W, so the whole stage is counted, as without resharding."""
+    shard = stats.param_bytes * stats.fp32_per_byte / stats.options.optimizer_shards
+    master = shard if stats.fp32_per_byte <= 1 else 0.0
+    if schedule_info(schedule).split_backward or stats.layer_peak_bytes is None:
+        return stats.param_bytes + master, stats.param_bytes + shard
+    whole = stats.layer_peak_bytes
+    if stats.recompute and stats.chunk_param_bytes is not None:
+        return np.maximum(whole, stats.chunk_param_bytes.max(axis=0)) + master, whole + shard
+    return whole + master, whole + shard
 
 
 def between_steps_memory(stats: RankStats, schedule: str) -> float:
@@ -468,20 +492,16 @@ def between_steps_memory(stats: RankStats, schedule: str) -> float:
 def zero3_gather_seconds(stats: RankStats, cluster: Cluster, d: int) -> float:
     """ZeRO-3's extra all-gather of the stage's parameters before the first forward of a step (half
     an all-reduce's time over the d x c ranks), which nothing hides; 0 below level 3, and with
-    ``reshard_after_forward``, whose gathers come with every action (``zero3_action_gather_seconds``)."""
+    ``reshard_after_forward``, whose gathers come with every layer (``zero3_layer_seconds``)."""
     if stats.options.zero < 3 or resharded(stats) or d * stats.c <= 1:
         return 0.0
     return float(reduction_seconds(stats, cluster, d).max()) / 2
 
 
-def zero3_action_gather_seconds(stats: RankStats, cluster: Cluster, d: int, schedule: str) -> np.ndarray:
-    """(p,) seconds per micro-batch that ZeRO-3 with ``reshard_after_forward`` spends gathering: each
-    chunk's parameters (half an all-reduce of them over the d x c ranks) before each of its actions,
-    a forward and a backward per micro-batch and a weight-gradient action where the schedule splits
-    the backward. Priced as exposed (the forward's prefetch of the next layer hides a part; not
-    credited). Zeros otherwise."""
-    if not resharded(stats) or d * stats.c <= 1:
-        return np.zeros(stats.p)
-    chunks = stats.chunk_param_bytes if stats.chunk_param_bytes is not None else stats.param_bytes[None, :]
-    actions = 3 if schedule_info(schedule).split_backward else 2
-    return actions * (reduction_seconds(stats, cluster, d, chunks) / 2).sum(axis=0)
+def zero3_layer_seconds(stats: RankStats, d: int) -> np.ndarray:
+    """(nb, p) seconds per micro-batch that ZeRO-3 with ``reshard_after_forward`` spends on its
+    per-layer collectives beyond the compute that hides them (``fsdp.exposed_per_microbatch``: two
+    gathers and a reduce-scatter of each layer, a third gather with recomputation); zeros otherwise."""
+    if not resharded(stats) or d * stats.c <= 1 or stats.layer_collectives is None:
+        return np.zeros_like(stats.forward)
+    return stats.layer_collectives

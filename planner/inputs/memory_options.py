@@ -22,10 +22,11 @@ class MemoryOptions:
     holds it: 1 shards the optimizer state; 2 also the gradients, but only between steps (the
     micro-batches accumulate whole gradients until the step's one reduce-scatter); 3 also the
     parameters between steps, gathered whole from the stage's first forward to its last backward
-    of the step, or, with ``reshard_after_forward`` (optim.reshard_after_forward), one chunk's
-    around each action (forward, backward, weight gradient) and freed after it. So at the peak
-    levels 2 and 3 hold what level 1 holds, except that level 3 with ``reshard_after_forward``
-    holds one chunk's parameters rather than the stage's (``planner.costs.uniform.peak_memory``)."""
+    of the step, or, with ``reshard_after_forward`` (optim.reshard_after_forward), fully sharded:
+    each layer gathered for its forward and its backward and freed after, its gradients
+    reduce-scattered into an fp32 shard per micro-batch. So at the peak levels 2 and 3 hold what
+    level 1 holds, except that level 3 with ``reshard_after_forward`` holds the shards and about two
+    layers whole (``planner.costs.uniform.sharded_peak``)."""
 
     selective: bool = False
     sequence_parallel: bool = False

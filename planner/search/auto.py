@@ -147,7 +147,8 @@ def make_plan(inputs: Inputs, algorithm: str = "auto", semantics: str = "strict"
                                                f"Harmony keeps weights, gradients and optimizer state in host memory "
                                                f"and swaps layer packs in")
             except DoesNotFitError as harmony_err:   # the in-memory reason first: it says what to change
-                raise DoesNotFitError(f"{err}; nor does a Harmony plan ({harmony_err})") from None
+                raise DoesNotFitError(f"{err}; nor does a Harmony plan ({harmony_err})",
+                                      smallest=err.smallest) from None
     else:
         reason = f"planner.algorithm={algorithm} was asked for"
         result = SEARCHES[algorithm]()(inputs)

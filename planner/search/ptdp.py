@@ -1,7 +1,7 @@
 """PTD-P search (dissertation ch. 4.3): over (p, t, c, d, b, v, recompute, ZeRO level, schedule) with
 p t c d = n, and for MoE models the expert-parallel degree ep (a divisor of d c and of the experts); recompute is none, full or selective, the optimizer distributed or not (d c > 1; ZeRO-2
 and 3 only where ZeRO-1 does not fit, and kept only where their peak is lower, which takes ZeRO-3
-with reshard_after_forward at v > 1), and sequence parallelism, which costs no time in the
+with reshard_after_forward), and sequence parallelism, which costs no time in the
 model, is taken wherever it applies and is allowed. The context-parallel degree c (docs/planner.md,
 Context parallelism and ZeRO levels) grows per (t, p) only until a configuration fits.
 
@@ -99,15 +99,15 @@ def _price(inputs: Inputs, rows: Rows, profile, all_b: np.ndarray, times, t: int
 
 def _deeper_zero(inputs: Inputs, rows: Rows, stats: RankStats, est: Estimates, schedule: str, d: int,
                  all_b: np.ndarray, keys: dict) -> bool:
-    """ZeRO-2, ZeRO-3 and, where a rank holds several chunks (v > 1), ZeRO-3 with
-    ``reshard_after_forward``, each priced only for the micro-batch sizes the one before does not
-    fit, and kept only where its peak is below that one's: ZeRO-2 and ZeRO-3 gather whole
-    parameters and accumulate whole gradients for the step, so they peak where ZeRO-1 does (at
-    ZeRO-1's time, ZeRO-3 plus an all-gather per step) and are never kept; ZeRO-3 with
-    ``reshard_after_forward`` holds one chunk's parameters at a time for a gather per action.
-    Whether one of them fits where ZeRO-1 did not."""
+    """ZeRO-2, ZeRO-3 and ZeRO-3 with ``reshard_after_forward``, each priced only for the
+    micro-batch sizes the one before does not fit, and kept only where its peak is below that
+    one's: ZeRO-2 and ZeRO-3 gather whole parameters and accumulate whole gradients for the step,
+    so they peak where ZeRO-1 does (at ZeRO-1's time, ZeRO-3 plus an all-gather per step) and are
+    never kept; ZeRO-3 with ``reshard_after_forward`` holds the shards and about two layers whole
+    for two gathers and a reduce-scatter per layer and micro-batch. Whether one of them fits where
+    ZeRO-1 did not."""
     variants = [(level, False) for level in range(2, inputs.max_zero + 1)]
-    if inputs.max_zero >= 3 and stats.v > 1:
+    if inputs.max_zero >= 3:
         variants.append((3, True))
     below, fits = est, False
     for level, reshard in variants:

@@ -155,7 +155,7 @@ def rank(inputs: Inputs, algorithm: str, rows: Rows, notes: tuple[str, ...] = ()
             f"{inputs.model} fits no configuration on {inputs.cluster.num_devices} x {inputs.cluster.device.name}: "
             f"the smallest needs {frugal.memory_bytes / GIB:.1f} GiB per device {frugal.describe()}, with the "
             f"{inputs.workspace / GIB:.1f} GiB reserve, but {inputs.capacity / GIB:.1f} GiB are available; add devices "
-            f"or use a smaller model")
+            f"or use a smaller model", smallest=frugal)
     order = np.lexsort((tab["memory"], tab["iteration_time"]))
     best = _candidate(inputs, algorithm, tab, int(order[fits[order]][0]), profiles)
     seen, alternatives = {best.key}, []

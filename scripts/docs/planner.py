@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from planner.__main__ import main as planner_main
 from planner.config import compose, inputs_from_config
-from planner.errors import PlannerError
+from planner.errors import DoesNotFitError, PlannerError
 from planner.search.auto import make_plan
 from planner.search.ptdp import ptdp_search
 from planner.search.ranking import GIB, why_lost
@@ -33,7 +33,7 @@ LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", 
                 "train.global_batch_size=64", "planner.out=plan.json"]
 MOE_RUNS = (["model=mixtral_8x7b", "cluster=h100_x8", "cluster.nodes=2", "planner.out=plan.json"],
             ["model=qwen2_moe_a2.7b", "cluster=h100_x8", "cluster.nodes=1", "planner.out=plan.json"])
-LONG_CONTEXT_SMALL = "cluster.nodes=16"   # 128 H100s: 126 blocks leave p = 1 or 2, and nothing fits
+LONG_CONTEXT_SMALL = "cluster.nodes=16"   # 128 H100s: 126 blocks leave p = 1 or 2
 
 
 def dry_run_section(argv: list[str] = DRY_RUN) -> str:
@@ -60,6 +60,11 @@ def long_context_section() -> str:
     base = [a for a in LONG_CONTEXT if not a.startswith("planner.out=")]
     small = [LONG_CONTEXT_SMALL if a.startswith("cluster.nodes=") else a for a in base]
     refusal = _refusal(small) or "(a plan fits on 16 nodes too)"
+    try:
+        make_plan(inputs_from_config(compose(small)), simulate=False)
+        closest = ""
+    except DoesNotFitError as err:
+        closest = _closest(err.smallest)
     without = base + ["planner.context_parallel=false"]
     try:
         best = make_plan(inputs_from_config(compose(without)), simulate=False).result.best
@@ -71,8 +76,21 @@ def long_context_section() -> str:
                     f"(tensor-parallel all-reduces {best.breakdown['tp_comm']:.3g} s)." if best.tp > 8 else "."))
     except PlannerError as err:
         alone = f"Without context parallelism on 48 nodes: {err}"
-    return (f"On 16 nodes (128 H100s) no configuration fits:\n\n{refusal}\n\n{alone}\n\n"
+    return (f"On 16 nodes (128 H100s) no configuration fits:\n\n{refusal}\n\n{closest}{alone}\n\n"
             f"With it (the default), on 48 nodes:\n\n{dry_run_section(LONG_CONTEXT)}")
+
+
+def _closest(c) -> str:
+    """What the configuration closest to fitting holds per rank, as a paragraph (empty if unknown)."""
+    if c is None or not c.memory_parts:
+        return ""
+    parts = ", ".join(f"{name} {c.memory_parts[key] / GIB:.2f}" for key, name in (
+        ("weights", "weights"), ("gradients", "gradients"), ("optimizer", "optimizer state"),
+        ("activations", "activations")))
+    zero = (f"ZeRO-{c.zero}" + (" with `optim.reshard_after_forward` (fully sharded)" if c.reshard_after_forward else "")
+            if c.zero > 1 else f"ZeRO-{c.zero}")
+    return (f"The closest, pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} vpp={c.vpp} at {zero}, holds per rank {parts} GiB: "
+            f"{c.memory_bytes / GIB:.1f} GiB with the reserve, over the {c.capacity_bytes / GIB:.1f} GiB of a device.\n\n")
 
 
 def moe_section() -> str:

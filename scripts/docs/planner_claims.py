@@ -101,8 +101,8 @@ def memory_section() -> str:
     for where, claim, ours, ok in memory_rows():
         lines.append(f"| {where} | {claim} | {ours} | {'yes' if ok else '**no**'} |")
     lines += ["", "Not checked: Fig. 4.16 (the 91B model's dimensions are not given), Fig. 4.12 (GPT-3 on 96 GPUs: "
-              "the (t, p) is not given), Table 4.2's ZeRO-3 rows (DeepSpeed's ZeRO-3 reshards each layer; this "
-              "planner's does not), and ch. 3's V100 footprints (Figs. 3.7, 3.9, 3.11: the models' dimensions are "
+              "the (t, p) is not given), Table 4.2's ZeRO-3 rows (DeepSpeed's ZeRO-3 without pipelining; this "
+              "planner takes ZeRO-3 only where ZeRO-1 does not fit), and ch. 3's V100 footprints (Figs. 3.7, 3.9, 3.11: the models' dimensions are "
               "not given in the text)."]
     return "\n".join(lines)
 

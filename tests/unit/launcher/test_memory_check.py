@@ -66,7 +66,8 @@ def test_weights_match_the_built_model_and_terms_scale():
 
 def test_zero_levels_and_cp_as_held_at_the_peak():
     """Every level shards the optimizer state over dp x cp; whole gradients and parameters are held
-    during the step (zero3's reshard_after_forward holds one chunk of vpp); cp divides activations."""
+    during the step (zero3's reshard_after_forward holds the shards and two layers whole, the stage
+    whole under a split backward); cp divides activations."""
     layout = ["parallel.pp=1", "parallel.dp=2", "optim=adamw"]
     plain, _, _ = estimate(layout)
     for level in ("zero1", "zero2", "zero3"):
@@ -76,8 +77,22 @@ def test_zero_levels_and_cp_as_held_at_the_peak():
     interleaved = ["parallel.pp=2", "parallel.dp=1", "schedule=interleaved", "parallel.vpp=2", "optim=adamw",
                    "optim.distributed=zero3"]
     whole, _, _ = estimate(interleaved)
-    resharded, _, _ = estimate(interleaved + ["optim.reshard_after_forward=true"])
-    assert resharded.weights == pytest.approx(whole.weights / 2)
+    resharded, cfg, spec = estimate(interleaved + ["optim.reshard_after_forward=true"])
+    from planner.inputs.model_specs import spec_from_config
+    from omegaconf import OmegaConf
+    layers = spec_from_config({**OmegaConf.to_container(cfg.model), "precision": "fp32"}).layer_specs(1)
+    two = [sorted((layers[i].parameters * FP32 for s, e in spec.bounds[rank::2] for i in range(s, e)),
+                  reverse=True)[:2] for rank in range(2)]
+    layers_whole = sum(sum(pair) for pair in two) / 2 * 2   # averaged over the 2 stages, 2 processes
+    assert resharded.weights == pytest.approx(whole.weights + layers_whole)   # dp = 1: the shard is the stage
+    assert resharded.gradients == pytest.approx(whole.gradients + layers_whole)
+    sharded, _, _ = estimate(["parallel.pp=1", "parallel.dp=2", "optim=adamw", "optim.distributed=zero3",
+                              "optim.reshard_after_forward=true"])
+    assert sharded.weights < plain.weights and sharded.gradients < plain.gradients
+    assert sharded.optimizer == pytest.approx(plain.optimizer / 2)
+    split, _, _ = estimate(["parallel.pp=2", "parallel.dp=1", "schedule=zb_h2", "optim=adamw",
+                            "optim.distributed=zero3", "optim.reshard_after_forward=true"])
+    assert split.weights == pytest.approx(2 * whole.weights)   # the stage whole beside its (dp = 1) shard
     split, _, _ = estimate(["parallel.pp=1", "parallel.cp=2", "model.dropout=0", "optim=adamw",
                             "optim.distributed=zero1"])
     assert split.activations == pytest.approx(plain.activations / 2)

@@ -1,7 +1,8 @@
 """The cost of context parallelism and of the ZeRO levels (planner.costs.uniform): a rank keeps 1/c of
 the activations; the K/V ring costs only what the attention block computed meanwhile does not hide;
 ZeRO-2 and 3 peak where ZeRO-1 does (whole weights and gradients during the step) and save only between
-steps, ZeRO-3 paying an extra all-gather; with reshard_after_forward ZeRO-3 holds one chunk's weights."""
+steps, ZeRO-3 paying an extra all-gather; with reshard_after_forward ZeRO-3 holds the shards and about
+two layers whole, for two gathers and a reduce-scatter per layer and micro-batch."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -11,8 +12,8 @@ import pytest
 
 from planner.config import cluster_for, compose
 from planner.costs.collectives import allreduce_time
-from planner.costs.uniform import (estimate, rank_stats, ring_step_exposed, zero3_action_gather_seconds,
-                                   zero3_gather_seconds)
+from planner.costs import fsdp
+from planner.costs.uniform import estimate, rank_stats, ring_step_exposed, zero3_gather_seconds, zero3_layer_seconds
 from planner.inputs.memory_options import MemoryOptions
 from planner.inputs.model_specs import LlamaSpec
 from planner.inputs.profile import analytic_profile
@@ -21,13 +22,13 @@ H100 = cluster_for(compose(["cluster=h100_x8", "cluster.nodes=4"]).cluster)   # 
 B = np.array([1.0, 2.0])
 
 
-def llama(seq: int) -> LlamaSpec:
-    return LlamaSpec("llama_8b_like", 4, 4096, 32, 8, 14336, seq, 128256)
+def llama(seq: int, blocks: int = 4) -> LlamaSpec:
+    return LlamaSpec("llama_8b_like", blocks, 4096, 32, 8, 14336, seq, 128256)
 
 
 def stats(seq: int, t: int, c: int, d: int = 1, options: MemoryOptions = MemoryOptions(), recompute: bool = False,
-          p: int = 1, v: int = 1):
-    profile = analytic_profile(llama(seq), H100.device, t)
+          p: int = 1, v: int = 1, blocks: int = 4):
+    profile = analytic_profile(llama(seq, blocks), H100.device, t)
     return rank_stats(profile, H100, t, p, v, d, recompute, B, options=options, c=c)
 
 
@@ -96,23 +97,53 @@ def test_zero2_and_zero3_peak_where_zero1_does_and_save_only_between_steps():
     np.testing.assert_allclose(est[3].iteration_time - est[1].iteration_time, gather)
 
 
-def test_zero3_with_reshard_after_forward_holds_one_chunk_and_gathers_per_action():
-    d, c, p, v = 4, 1, 2, 2   # 4 blocks: a rank holds 2 chunks of one block each (the embedding or head beside)
-    zero1 = stats(8192, 2, c, d, MemoryOptions(optimizer_shards=d * c, zero=1), p=p, v=v)
+def test_fully_sharded_zero3_holds_the_shards_and_two_layers_and_pays_per_layer():
+    d, c, p, v = 4, 1, 2, 2   # 16 blocks: a rank holds 2 chunks of 4 blocks each (the embedding or head beside)
+    zero1 = stats(8192, 2, c, d, MemoryOptions(optimizer_shards=d * c, zero=1), p=p, v=v, blocks=16)
     one = estimate(zero1, H100, "interleaved", d, 64, 0.0)
     keep = estimate(at_level(zero1, 3), H100, "interleaved", d, 64, 0.0)
     free = estimate(at_level(zero1, 3, reshard=True), H100, "interleaved", d, 64, 0.0)
-    chunk = zero1.chunk_param_bytes.max(axis=0)
-    assert chunk.shape == (p,) and (chunk < zero1.param_bytes).all()
     np.testing.assert_allclose(keep.memory, one.memory)            # reshard_after_forward=false: ZeRO-1's peak
-    assert (free.memory < one.memory).all()                         # one chunk's weights at the peak ...
-    assert free.parts["gradients"][0] == pytest.approx(zero1.param_bytes.max())   # ... beside whole gradients
-    assert free.parts["weights"][0] <= chunk.max() + 1e-6
-    # a gather of each chunk before each forward and backward (3 actions with a split backward), none per step
-    per_mb = zero3_action_gather_seconds(at_level(zero1, 3, True), H100, d, "interleaved")
-    chunks = allreduce_time(H100, zero1.chunk_param_bytes, d * c, 2) / 2
-    np.testing.assert_allclose(per_mb, 2 * chunks.sum(axis=0))
-    np.testing.assert_allclose(zero3_action_gather_seconds(at_level(zero1, 3, True), H100, d, "zb_h2"), 1.5 * per_mb)
-    assert zero3_gather_seconds(at_level(zero1, 3, True), H100, d) == 0.0
-    assert (free.iteration_time > keep.iteration_time).all()
-    np.testing.assert_allclose(zero3_action_gather_seconds(at_level(zero1, 3), H100, d, "interleaved"), 0.0)
+    assert (free.memory < one.memory).all()
+    two = zero1.layer_peak_bytes
+    assert two.shape == (p,) and (two < zero1.param_bytes).all()
+    shard = zero1.param_bytes * 2 / (d * c)   # bf16 weights: the fp32 gradient shard is twice their bytes / (d c)
+    full = int(np.argmin(np.abs(two - free.parts["weights"][0])))   # the fullest rank
+    assert free.parts["weights"][0] == pytest.approx(two[full])   # the fp32 master shard counts as optimizer state
+    assert free.parts["gradients"][0] == pytest.approx(two[full] + shard[full])
+    # per micro-batch: each layer's two gathers and reduce-scatter (1.5 all-reduces) beyond its neighbour's compute
+    layers = zero3_layer_seconds(at_level(zero1, 3, True), d)
+    assert layers.shape == (len(B), p) and (layers > 0).all()
+    whole = allreduce_time(H100, zero1.param_bytes, d * c, 2)
+    assert (layers <= 1.5 * whole[None, :] + 1e-12).all()
+    assert zero3_gather_seconds(at_level(zero1, 3, True), H100, d) == 0.0   # nothing per step
+    assert (free.iteration_time > one.iteration_time).all()
+    np.testing.assert_allclose(zero3_layer_seconds(at_level(zero1, 3), d), 0.0)
+    # one chunk per rank: resharding is taken at v = 1 too
+    flat = stats(8192, 2, c, d, MemoryOptions(optimizer_shards=d * c, zero=1), p=p, blocks=16)
+    at_one = estimate(at_level(flat, 3, reshard=True), H100, "1f1b", d, 64, 0.0)
+    assert (at_one.memory < estimate(flat, H100, "1f1b", d, 64, 0.0).memory).all()
+
+
+def test_split_backward_and_recomputation_hold_more_whole():
+    d, p = 4, 2
+    zero1 = stats(8192, 2, 1, d, MemoryOptions(optimizer_shards=d, zero=1), p=p, blocks=16)
+    split = estimate(at_level(zero1, 3, reshard=True), H100, "zb_h2", d, 64, 0.0)
+    assert split.parts["weights"][0] == pytest.approx(zero1.param_bytes.max())   # each layer whole from B to W
+    rec = stats(8192, 2, 1, d, MemoryOptions(optimizer_shards=d, zero=1), recompute=True, p=p, v=2, blocks=16)
+    rec_est = estimate(at_level(rec, 3, reshard=True), H100, "interleaved", d, 64, 0.0)
+    assert rec_est.parts["weights"][0] >= rec.chunk_param_bytes.max(axis=0).min() - 1e-6   # the recomputed chunk
+    assert (zero3_layer_seconds(at_level(rec, 3, True), d) >= 0).all()
+
+
+def test_per_layer_collectives_hide_behind_the_neighbouring_layer():
+    ar = np.array([1.0, 1.0, 1.0])
+    first, last = np.array([True, False, False]), np.array([False, False, True])
+    idle = fsdp.exposed_per_microbatch(ar, np.zeros((1, 3)), np.zeros((1, 3)), first, last, None)
+    np.testing.assert_allclose(idle, 1.5)   # two gathers and a reduce-scatter, half an all-reduce each
+    busy = fsdp.exposed_per_microbatch(ar, np.full((1, 3), 10.0), np.full((1, 3), 10.0), first, last, None)
+    np.testing.assert_allclose(busy, [[0.5, 0.0, 1.0]])   # only the chunk's ends have no neighbour on the rank
+    again = fsdp.exposed_per_microbatch(ar, np.zeros((1, 3)), np.zeros((1, 3)), first, last, np.ones(3))
+    np.testing.assert_allclose(again, 2.0)  # a recomputed forward gathers once more
+    np.testing.assert_allclose(fsdp.two_largest(np.array([3.0, 1.0, 2.0, 5.0, 4.0]), np.array([0, 0, 0, 1, 1]), 2),
+                               [5.0, 9.0])

@@ -1,8 +1,8 @@
 """Context parallelism and the ZeRO level in the PTD-P search: a 128K-token Llama 3 405B splits its
 sequences (activation memory); ZeRO-2 and ZeRO-3 peak where ZeRO-1 does (whole weights and gradients
-during the step), so a model whose weights exceed the device at every t x p does not fit by sharding
-them, and ZeRO-3 is taken only with reshard_after_forward at v > 1; all of it reaches the plan file,
-the report and the training config."""
+during the step), so ZeRO-3 is taken only with reshard_after_forward (fully sharded: the shards and
+about two layers whole), which plans a model whose whole stage does not fit at any t x p, if one
+layer does; all of it reaches the plan file, the report and the training config."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,6 +21,10 @@ LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", 
                 "train.global_batch_size=64"]
 # two 3.4B-parameter blocks: at most p = 2 and no tensor parallelism, 13.4 GB of fp32 weights per stage
 FP32_GIANT = ["model=mlp", "model.num_layers=2", "model.hidden_size=40960", "cluster=v100_16gb_x8",
+              "train.global_batch_size=64", "planner.precision=fp32"]
+# seven 0.2B-parameter blocks: p = 1 (7 does not split the 64 devices) and no tensor parallelism, so
+# ZeRO-1 holds the whole 5.5 GiB model's weights and gradients on every device
+FP32_SEVEN = ["model=mlp", "model.num_layers=7", "model.hidden_size=10240", "cluster=v100_16gb_x8",
               "train.global_batch_size=64", "planner.precision=fp32"]
 
 
@@ -64,16 +68,20 @@ def test_cp_is_searched_only_where_the_model_allows_it():
 def test_405b_at_128k_has_pipeline_and_tensor_parallelism_and_a_plausible_memory(long_context):
     inputs, outcome = long_context
     best = outcome.result.best
-    assert best.pp > 1 and best.tp > 1 and best.zero <= 1   # 126 blocks: pp = 1 could not hold 405B
+    assert best.pp > 1 and best.tp > 1   # 126 blocks: pp = 1 could not hold 405B
     parts = best.memory_parts
-    assert parts["weights"] == pytest.approx(parts["gradients"])   # both whole at the peak
     stage = inputs.profile_at(best.tp).arrays["parameter_bytes"].sum() / best.pp
-    assert parts["weights"] >= 0.9 * stage
+    assert parts["weights"] >= 0.9 * stage   # whole: at ZeRO-1, or the chunk recomputed at fully sharded ZeRO-3
+    if best.zero <= 1:
+        assert parts["weights"] == pytest.approx(parts["gradients"])
+    else:
+        assert best.zero == 3 and best.reshard_after_forward and best.recompute
+        assert parts["gradients"] < 0.5 * stage   # the fp32 shard and two layers
 
 
-def test_fp32_weights_beyond_the_device_at_every_t_and_p_do_not_fit_by_sharding_them():
-    """ZeRO-3 gathers a stage's weights for the whole step and every level accumulates whole
-    gradients: the deeper levels lower no peak here (v = 1), so the smallest plan is ZeRO-1's."""
+def test_fp32_layers_beyond_the_device_do_not_fit_at_any_level():
+    """Each stage of one 13.4 GB block: even fully sharded ZeRO-3 holds a layer's weights and
+    gradients whole, so the smallest plan is ZeRO-1's."""
     inputs = inputs_from_config(compose(FP32_GIANT))
     stage_weights = inputs.profile.arrays["parameter_bytes"].max()   # one block per stage at p = 2
     assert inputs.tp_degrees() == [1] and stage_weights > inputs.capacity - inputs.workspace
@@ -84,14 +92,30 @@ def test_fp32_weights_beyond_the_device_at_every_t_and_p_do_not_fit_by_sharding_
     assert str(deep.value) == str(shallow.value)   # the same smallest configuration and peak
 
 
-def test_zero3_is_taken_only_with_reshard_after_forward_where_a_rank_holds_several_chunks():
+def test_fully_sharded_zero3_plans_a_model_whose_stage_does_not_fit():
+    inputs = inputs_from_config(compose(FP32_SEVEN))
+    with pytest.raises(DoesNotFitError):
+        make_plan(inputs_from_config(compose(FP32_SEVEN + ["planner.max_zero=1"])), simulate=False)
+    outcome = make_plan(inputs, simulate=False)
+    best = outcome.result.best
+    assert (best.pp, best.zero, best.reshard_after_forward, best.fits) == (1, 3, True, True)
+    block = inputs.profile.arrays["parameter_bytes"].max()
+    model = inputs.profile.arrays["parameter_bytes"].sum()
+    shard = model / (best.dp * best.cp)   # fp32: the weight shard is the master copy, the gradient shard as large
+    parts = best.memory_parts
+    assert parts["weights"] == pytest.approx(2 * block + shard, rel=1e-6)
+    assert parts["gradients"] == pytest.approx(2 * block + shard, rel=1e-6)
+    assert best.breakdown["dp_comm"] > 0   # the per-layer gathers and reduce-scatters
+    assert "optim.reshard_after_forward=true" in plan_settings(plan_from_json(outcome.plan.to_json()))
+
+
+def test_zero3_is_taken_only_with_reshard_after_forward():
     inputs = inputs_from_config(compose([a if a != "cluster.nodes=48" else "cluster.nodes=32" for a in LONG_CONTEXT]))
     outcome = make_plan(inputs, simulate=False)
     for c in (outcome.result.best, *outcome.result.alternatives):
-        assert c.zero <= 1 or (c.zero == 3 and c.reshard_after_forward and c.vpp > 1), c.describe()
+        assert c.zero <= 1 or (c.zero == 3 and c.reshard_after_forward), c.describe()
     best = outcome.result.best
-    assert best.zero == 3 and best.fits   # 32 nodes: the fastest plan that fits holds one chunk's weights at a time
-    assert best.memory_parts["weights"] < best.memory_parts["gradients"]   # one chunk, beside whole gradients
+    assert best.zero == 3 and best.fits   # 32 nodes: the fastest plan that fits is fully sharded
     assert best.between_steps_bytes < best.memory_bytes
     plan = plan_from_json(outcome.plan.to_json())
     assert plan.reshard_after_forward and "optim.reshard_after_forward=true" in plan_settings(plan)
@@ -125,3 +149,17 @@ def test_docs_show_this_plan(long_context):
     for row in ("degrees", "memory by part", "memory per device", "context parallelism", "memory savers"):
         line = next(r for r in table if r.strip().startswith(row))
         assert line in section, f"{row!r} differs: rerun python -m scripts.docs.planner"
+
+
+def test_405b_at_128k_on_16_nodes_comes_closest_fully_sharded_and_the_docs_say_so():
+    small = [a if a != "cluster.nodes=48" else "cluster.nodes=16" for a in LONG_CONTEXT]
+    inputs = inputs_from_config(compose(small))
+    with pytest.raises(DoesNotFitError) as err:
+        make_plan(inputs, simulate=False)
+    closest = err.value.smallest
+    assert closest.memory_bytes > inputs.capacity and f"{closest.memory_bytes / GIB:.1f} GiB" in str(err.value)
+    assert (closest.zero, closest.reshard_after_forward) == (3, True) and closest.cp > 1
+    assert sum(closest.memory_parts.values()) + inputs.workspace == pytest.approx(closest.memory_bytes)
+    doc = (Path(__file__).parents[4] / "docs" / "planner.md").read_text()
+    section = doc.split("<!-- long-context:start -->")[1].split("<!-- long-context:end -->")[0]
+    assert f"pp={closest.pp} tp={closest.tp} cp={closest.cp} dp={closest.dp} vpp={closest.vpp}" in section
