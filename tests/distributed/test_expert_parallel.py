@@ -1,0 +1,43 @@
+"""Expert parallelism (parallel.ep): model=mixtral_tiny with its 4 experts split over 2 ranks of a
+stage's data-parallel replicas, tokens exchanged by all-to-all, equals single-process training
+(fp32, sgd): at pp=1 with dp=4 (two expert-data-parallel replicas of each expert: their gradients
+are summed and divided by dp, not by their group's size), at pp=2 with dp=2, with gated shared
+experts and a capacity that drops tokens; per-expert token counts are those of every rank. A
+checkpoint saved at ep=2 (each rank its experts, under their global names) resumes at ep=1 with
+the losses of an uninterrupted run. One launch of 4 ranks runs the comparisons (a process group
+is set up once per launch), two more the checkpoint's."""
+from __future__ import annotations
+
+import pytest
+
+from tests.distributed.test_moe_training import MIXTRAL, SHARED
+from tests.support.checkpoint_harness import losses_across_resume, train_full, train_interrupted
+from tests.support.training_harness import assert_matches_reference, merge_params, reference_training, train_rank
+from tests.support.workers import run_workers
+
+BASE = [*(o for o in MIXTRAL if not o.startswith("parallel.pp")), "train.global_batch_size=16", "parallel.ep=2"]
+RUNS = {"pp1_dp4": ["parallel.pp=1", "parallel.dp=4"],
+        "pp2_dp2": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b"],
+        "pp2_dp2_shared_capacity": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b", *SHARED]}
+RESUME = [*BASE[:-1], "parallel.pp=1", "parallel.dp=4", "train.steps=4", "checkpoint.every=2"]
+
+
+@pytest.mark.slow
+def test_expert_parallel_matches_single_process(tmp_path):
+    runs = [(BASE + extra, str(tmp_path / name)) for name, extra in RUNS.items()]
+    per_rank = run_workers(train_rank, 4, runs)
+    for index, (name, extra) in enumerate(RUNS.items()):
+        result = {"params": merge_params([rank_results[index] for rank_results in per_rank]),
+                  "losses": per_rank[0][index]["losses"]}
+        assert_matches_reference(result, reference_training(BASE + extra))
+    held = [{name.split(".")[3] for name in rank_results[0]["params"] if ".experts." in name} for rank_results in per_rank]
+    assert held == [{"0", "1"}, {"2", "3"}] * 2   # ep groups (0, 1) and (2, 3), experts under global names
+    slots = 16 * 16 * 2   # global batch x sequence x top_k, per MoE layer and step
+    for record in per_rank[0][0]["records"]:
+        assert sum(record["moe_tokens_per_expert"]) == 4 * slots and record["moe_tokens_dropped"] == 0
+    resume_dir = str(tmp_path / "resume")
+    assert run_workers(train_interrupted, 4, RESUME + ["parallel.ep=2"], resume_dir, 2) == ["stopped"] * 4
+    run_workers(train_full, 4, RESUME + ["parallel.ep=1", "train.resume=auto"], resume_dir)
+    expected = reference_training(RESUME + ["parallel.ep=1"])["losses"]
+    resumed = losses_across_resume(tmp_path / "resume", 2, 4)
+    assert resumed == pytest.approx(expected, rel=1e-5)
