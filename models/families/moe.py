@@ -125,6 +125,14 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts:
     return num_experts * torch.sum(f * probs.mean(dim=0))
 
 
+class ExpertDict(nn.ModuleDict):
+    """A rank's experts under their global indices (``experts[5]`` or ``experts["5"]``): the names
+    of their parameters are those of the whole model whichever rank holds them."""
+
+    def __getitem__(self, key: int | str) -> nn.Module:
+        return super().__getitem__(str(key))
+
+
 class MoEMLP(nn.Module):
     """The MoE MLP of one block (module docstring). ``moe_layers``: MoE blocks in the model (the
     auxiliary objective is their mean). ``expert(hidden, ffn)`` builds one SwiGLU and ``linear(in,
@@ -142,7 +150,7 @@ class MoEMLP(nn.Module):
         mine = range(moe.num_experts) if self.ep is None else self.ep.local_experts(moe.num_experts)
         # every expert is drawn, in order, so each starts from the values it has at ep = 1
         experts = {str(e): expert(hidden, moe.expert_ffn) for e in range(moe.num_experts)}
-        self.experts = nn.ModuleDict({str(e): experts[str(e)] for e in mine})
+        self.experts = ExpertDict({str(e): experts[str(e)] for e in mine})
         if self.ep is not None:   # reduced over the ranks holding the same experts (pipedream.numerics.expert_grads)
             for param in self.experts.parameters():
                 param.expert_parallel = True
