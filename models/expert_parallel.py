@@ -5,6 +5,7 @@ all-to-all; ``ExpertParallel`` is a rank's context, which ``models.build_model``
 llama family's MoE MLPs."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -35,33 +36,47 @@ def splitting(ep: ExpertParallel | None) -> ExpertParallel | None:
     return ep if ep is not None and ep.size > 1 else None
 
 
+@dataclass
+class ExchangeTally:
+    """What this rank's token exchanges cost since the run began (summary.json): bytes it sent to
+    other ranks, and seconds it was blocked issuing them or waiting for them (forward and backward)."""
+
+    bytes_sent: int = 0
+    seconds: float = 0.0
+
+
 class PendingExchange:
     """An all-to-all issued asynchronously (``async_op=True``): ``wait`` before reading ``output``,
     so the caller can compute something else meanwhile."""
 
-    def __init__(self, output: torch.Tensor, work: dist.Work | None):
-        self.output, self.work = output, work
+    def __init__(self, output: torch.Tensor, work: dist.Work | None, tally: ExchangeTally):
+        self.output, self.work, self.tally = output, work, tally
 
     def wait(self) -> torch.Tensor:
         if self.work is not None:
+            started = time.perf_counter()
             self.work.wait()
+            self.tally.seconds += time.perf_counter() - started
             self.work = None
         return self.output
 
 
-def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup) -> PendingExchange:
+def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], ep: ExpertParallel,
+               tally: ExchangeTally) -> PendingExchange:
     """Rows of ``x`` (``send[r]`` to rank r, in rank order) exchanged for ``receive[r]`` rows from each rank."""
+    started = time.perf_counter()
     output = x.new_empty((sum(receive), *x.shape[1:]))
     work = dist.all_to_all_single(output, x.contiguous(), output_split_sizes=receive, input_split_sizes=send,
-                                  group=group, async_op=True)
-    return PendingExchange(output, work)
+                                  group=ep.group, async_op=True)
+    row_bytes = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
+    tally.bytes_sent += (sum(send) - send[ep.rank]) * row_bytes
+    tally.seconds += time.perf_counter() - started
+    return PendingExchange(output, work, tally)
 
 
-def exchange_counts(counts: torch.Tensor, ep: ExpertParallel) -> torch.Tensor:
+def exchange_counts(counts: torch.Tensor, ep: ExpertParallel, tally: ExchangeTally) -> torch.Tensor:
     """``counts`` [ep, L] (rows for each rank's L experts) -> [ep, L] rows each rank sends to my experts."""
-    received = torch.empty_like(counts)
-    dist.all_to_all_single(received, counts.contiguous(), group=ep.group)
-    return received
+    return all_to_all(counts, [1] * ep.size, [1] * ep.size, ep, tally).wait()
 
 
 class _Start(torch.autograd.Function):
@@ -69,17 +84,17 @@ class _Start(torch.autograd.Function):
     Backward: the reverse exchange of the gradient (blocking: autograd needs it at once)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup,
-                holder: list) -> torch.Tensor:
-        ctx.send, ctx.receive, ctx.group = send, receive, group
-        pending = all_to_all(x, send, receive, group)
+    def forward(ctx, x: torch.Tensor, send: list[int], receive: list[int], ep: ExpertParallel,
+                tally: ExchangeTally, holder: list) -> torch.Tensor:
+        ctx.send, ctx.receive, ctx.ep, ctx.tally = send, receive, ep, tally
+        pending = all_to_all(x, send, receive, ep, tally)
         holder.append(pending)
         return pending.output
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        back = all_to_all(grad, ctx.receive, ctx.send, ctx.group).wait()
-        return back, None, None, None, None
+        back = all_to_all(grad, ctx.receive, ctx.send, ctx.ep, ctx.tally).wait()
+        return back, None, None, None, None, None
 
 
 class _Finish(torch.autograd.Function):
@@ -95,8 +110,8 @@ class _Finish(torch.autograd.Function):
         return grad, None
 
 
-def start_exchange(x: torch.Tensor, send: list[int], receive: list[int], group: dist.ProcessGroup):
-    """(pending output, finish): ``finish()`` waits and returns the exchanged rows, differentiable."""
+def start_exchange(x: torch.Tensor, send: list[int], receive: list[int], ep: ExpertParallel, tally: ExchangeTally):
+    """Issues the exchange; the returned ``finish()`` waits and gives the exchanged rows, differentiable."""
     holder: list = []
-    started = _Start.apply(x, send, receive, group, holder)
+    started = _Start.apply(x, send, receive, ep, tally, holder)
     return lambda: _Finish.apply(started, holder)

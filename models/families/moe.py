@@ -27,7 +27,7 @@ from torch import nn
 
 from typing import Callable
 
-from models.expert_parallel import ExpertParallel, exchange_counts, splitting, start_exchange
+from models.expert_parallel import ExchangeTally, ExpertParallel, exchange_counts, splitting, start_exchange
 from models.families.moe_facts import MoEConfig
 
 
@@ -42,6 +42,7 @@ class MoEStatistics:
         self.num_experts = num_experts
         self.loss_scale = 1.0
         self.collected: list[torch.Tensor] | None = None
+        self.exchange = ExchangeTally()   # expert parallelism's all-to-alls over the run (not reset)
         self.reset()
 
     def reset(self) -> None:
@@ -202,11 +203,12 @@ class MoEMLP(nn.Module):
         per_rank = num_experts // ep.size
         slots = [torch.nonzero((slot_experts == e) & keep).squeeze(1) for e in range(num_experts)]
         counts = torch.bincount(slot_experts[keep], minlength=num_experts).view(ep.size, per_rank)
-        received = exchange_counts(counts, ep)
+        tally = self.statistics.exchange
+        received = exchange_counts(counts, ep, tally)
         send, receive = counts.sum(1).tolist(), received.sum(1).tolist()
         order = torch.cat(slots)
         rows = slot_tokens.index_select(0, order)
-        finish = start_exchange(tokens.index_select(0, rows), send, receive, ep.group)
+        finish = start_exchange(tokens.index_select(0, rows), send, receive, ep, tally)
         shared = self._shared_output(tokens)   # overlaps the dispatch
         arrived = finish()
         blocks = arrived.split(received.flatten().tolist())
@@ -214,7 +216,7 @@ class MoEMLP(nn.Module):
         outputs = [local[i % per_rank](block) for i, block in enumerate(blocks) if block.shape[0]]
         # an empty result still joins the graph: the backward's exchange must run on every rank
         results = torch.cat(outputs).to(tokens.dtype) if outputs else arrived[:0]
-        back = start_exchange(results, receive, send, ep.group)()
+        back = start_exchange(results, receive, send, ep, tally)()
         y = back * slot_weights.index_select(0, order)[:, None]
         out = torch.zeros_like(tokens)
         start = 0

@@ -291,6 +291,14 @@ class PipelineEngine:
             return {}
         return statistics.report(self.parts.global_sums(*statistics.sums()))
 
+    def all_to_all(self) -> dict[str, float]:
+        """Expert parallelism's token exchanges on this rank since the run began: bytes sent to other
+        ranks and seconds blocked on them; empty without expert parallelism."""
+        statistics = self.stage.statistics
+        if self.spec.layout.ep == 1 or statistics is None or not hasattr(statistics, "exchange"):
+            return {}
+        return {"all_to_all_bytes": statistics.exchange.bytes_sent, "all_to_all_s": statistics.exchange.seconds}
+
     def comm_bytes(self) -> tuple[int, int]:
         if self.comm is None:   # pp = 1: no stage boundaries
             return 0, 0

@@ -35,6 +35,9 @@ def test_expert_parallel_matches_single_process(tmp_path):
     slots = 16 * 16 * 2   # global batch x sequence x top_k, per MoE layer and step
     for record in per_rank[0][0]["records"]:
         assert sum(record["moe_tokens_per_expert"]) == 4 * slots and record["moe_tokens_dropped"] == 0
+    summary = per_rank[0][0]["summary"]
+    assert summary["parallel"]["ep"] == 2
+    assert all(r["comm"]["all_to_all_bytes"] > 0 and r["comm"]["all_to_all_s"] > 0 for r in summary["ranks"])
     resume_dir = str(tmp_path / "resume")
     assert run_workers(train_interrupted, 4, RESUME + ["parallel.ep=2"], resume_dir, 2) == ["stopped"] * 4
     run_workers(train_full, 4, RESUME + ["parallel.ep=1", "train.resume=auto"], resume_dir)
