@@ -314,18 +314,17 @@ def _expert_parallel_degree(cfg: Any) -> Any:
 
 def _check_expert_parallel(cfg: Any, layout: ParallelLayout, info: ScheduleInfo, optim: OptimSpec) -> None:
     """What experts split over parallel.ep ranks need beyond the model (``_expert_parallel_degree``):
-    a flush schedule on a grid, and a plain optimizer (the sharded one shards over dp x cp, whose
-    ranks hold different experts)."""
+    a flush schedule on a grid, and at most zero1 (whose shards keep the experts out)."""
     ep = layout.ep
     if ep == 1:
         return
     if info.asynchronous or info.memory_virtualised:
         raise ConfigError(f"schedule={info.name} with parallel.ep={ep} is not supported: use a flush schedule "
                           f"(gpipe, 1f1b, interleaved, zbv, dualpipev) or parallel.ep=1")
-    if optim.zero:
-        raise ConfigError(f"optim.distributed=zero{optim.zero} with parallel.ep={ep} is not supported (the sharded "
-                          f"optimizer spans dp x cp, whose ranks hold different experts): set "
-                          f"optim.distributed=false or parallel.ep=1")
+    if optim.zero >= 2:
+        raise ConfigError(f"optim.distributed=zero{optim.zero} with parallel.ep={ep} is not supported (its shards "
+                          f"span dp x cp, whose ranks hold different experts): use optim.distributed=zero1 (experts "
+                          f"kept whole) or false, or parallel.ep=1")
     if config_value(cfg, "train.models"):
         raise ConfigError(f"train.models (a fused model set) with parallel.ep={ep} is not supported: set "
                           f"parallel.ep=1")

@@ -146,6 +146,8 @@ class GradientSync:
                 self.reduction.finish()
             else:
                 self.sharded.reduce_gradients()
+            if self.experts is not None:   # whole, beside the shards (numerics/expert_optim.py)
+                self.experts.sync()
             return
         for param in self.params:  # parameters that took no part in the loss still sync
             if param.grad is None:
@@ -203,9 +205,10 @@ class GradientSync:
         return norm
 
     def _clipped(self) -> list[torch.Tensor]:
+        experts = self.experts.params if self.experts is not None else []
         if self.sharded is not None:
-            return [piece.view for piece in self.sharded.pieces]
-        return self.params + (self.experts.params if self.experts is not None else [])
+            return [piece.view for piece in self.sharded.pieces] + experts
+        return self.params + experts
 
 
 def _is_sharded(param: nn.Parameter) -> bool:

@@ -27,6 +27,7 @@ from pipedream.multi_model.fused import FusedLayer, FusedLayerModel
 from pipedream.runtime.fused_training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from pipedream.numerics.precision import MixedPrecision
 from pipedream.numerics.expert_grads import ExpertGradients, is_expert_parameter
+from pipedream.numerics.expert_optim import build_sharded_with_experts
 from pipedream.numerics.grad_buckets import BucketedReduction
 from pipedream.numerics.optim import (GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer,
                                       optimizer_state_bytes)
@@ -137,8 +138,13 @@ class PipelineEngine:
         overlap_bytes = self._overlap_bucket_bytes(train, replicas)
         bucket_bytes = overlap_bytes if optim.zero < 3 else int(train.grad_bucket_mb * 2 ** 20)
         # the shard index among the ranks that average this stage's gradients (groups.dp)
-        optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                            self.spec.layout.replica(self.rank), bucket_bytes)
+        dense, experts = self._dense_and_expert_params()
+        if experts:   # zero1 under expert parallelism: the experts whole (numerics/expert_optim.py)
+            optimizer = build_sharded_with_experts(optim, dense, experts, float(train.lr), groups.dp, replicas,
+                                                   self.spec.layout.replica(self.rank), bucket_bytes)
+        else:
+            optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
+                                                self.spec.layout.replica(self.rank), bucket_bytes)
         if optim.zero == 3:   # gathered by the layers' forwards; freed at the SYNC or after each action
             optimizer.shard_parameters(self.stage.chunks)
             if optim.reshard_after_forward:

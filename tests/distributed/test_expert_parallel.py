@@ -2,11 +2,13 @@
 stage's data-parallel replicas, tokens exchanged by all-to-all, equals single-process training
 (fp32, sgd): at pp=1 with dp=4 (two expert-data-parallel replicas of each expert: their gradients
 are summed and divided by dp, not by their group's size), at pp=2 with dp=2, with gated shared
-experts and a capacity that drops tokens; per-expert token counts are those of every rank. A
-checkpoint saved at ep=2 (each rank its experts, under their global names) resumes at ep=1 with
-the losses of an uninterrupted run. One launch of 4 ranks runs the comparisons (a process group
+experts and a capacity that drops tokens, and with the distributed optimizer (zero1); per-expert token counts are those of every rank. A
+checkpoint saved at ep=2 with zero1 (each rank its experts, under their global names) resumes at
+ep=1 and at ep=2 with the losses of an uninterrupted run. One launch of 4 ranks runs the comparisons (a process group
 is set up once per launch), two more the checkpoint's."""
 from __future__ import annotations
+
+import shutil
 
 import pytest
 
@@ -18,7 +20,9 @@ from tests.support.workers import run_workers
 BASE = [*(o for o in MIXTRAL if not o.startswith("parallel.pp")), "train.global_batch_size=16", "parallel.ep=2"]
 RUNS = {"pp1_dp4": ["parallel.pp=1", "parallel.dp=4"],
         "pp2_dp2": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b"],
-        "pp2_dp2_shared_capacity": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b", *SHARED]}
+        "pp2_dp2_shared_capacity": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b", *SHARED],
+        # the dense parameters sharded over dp, the experts (different on ep peers) whole
+        "pp1_dp4_zero1": ["parallel.pp=1", "parallel.dp=4", "optim.distributed=zero1"]}
 RESUME = [*BASE[:-1], "parallel.pp=1", "parallel.dp=4", "train.steps=4", "checkpoint.every=2"]
 
 
@@ -38,9 +42,12 @@ def test_expert_parallel_matches_single_process(tmp_path):
     summary = per_rank[0][0]["summary"]
     assert summary["parallel"]["ep"] == 2
     assert all(r["comm"]["all_to_all_bytes"] > 0 and r["comm"]["all_to_all_s"] > 0 for r in summary["ranks"])
-    resume_dir = str(tmp_path / "resume")
-    assert run_workers(train_interrupted, 4, RESUME + ["parallel.ep=2"], resume_dir, 2) == ["stopped"] * 4
-    run_workers(train_full, 4, RESUME + ["parallel.ep=1", "train.resume=auto"], resume_dir)
+    # saved at ep=2 with zero1 (momentum: the dense shards' and the whole experts'), resumed at ep=1
+    # without it and at ep=2 with it
+    zero1 = ["parallel.ep=2", "optim.distributed=zero1"]
+    assert run_workers(train_interrupted, 4, RESUME + zero1, str(tmp_path / "resume"), 2) == ["stopped"] * 4
+    shutil.copytree(tmp_path / "resume", tmp_path / "resume_ep2")
     expected = reference_training(RESUME + ["parallel.ep=1"])["losses"]
-    resumed = losses_across_resume(tmp_path / "resume", 2, 4)
-    assert resumed == pytest.approx(expected, rel=1e-5)
+    for name, degrees in (("resume", ["parallel.ep=1"]), ("resume_ep2", zero1)):
+        run_workers(train_full, 4, RESUME + degrees + ["train.resume=auto"], str(tmp_path / name))
+        assert losses_across_resume(tmp_path / name, 2, 4) == pytest.approx(expected, rel=1e-5)
