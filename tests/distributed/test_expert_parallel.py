@@ -22,7 +22,11 @@ RUNS = {"pp1_dp4": ["parallel.pp=1", "parallel.dp=4"],
         "pp2_dp2": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b"],
         "pp2_dp2_shared_capacity": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b", *SHARED],
         # the dense parameters sharded over dp, the experts (different on ep peers) whole
-        "pp1_dp4_zero1": ["parallel.pp=1", "parallel.dp=4", "optim.distributed=zero1"]}
+        "pp1_dp4_zero1": ["parallel.pp=1", "parallel.dp=4", "optim.distributed=zero1"],
+        # ep taken from dp x cp: one expert per rank, tokens exchanged across data- and context-parallel
+        # ranks (no auxiliary loss: with cp each rank balances its part of the sequence)
+        "pp1_dp2_cp2_ep4": ["parallel.pp=1", "parallel.dp=2", "parallel.cp=2", "parallel.ep=4",
+                            "model.moe.aux_loss_coef=0"]}
 RESUME = [*BASE[:-1], "parallel.pp=1", "parallel.dp=4", "train.steps=4", "checkpoint.every=2"]
 
 
