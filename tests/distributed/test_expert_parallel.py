@@ -1,11 +1,12 @@
 """Expert parallelism (parallel.ep): model=mixtral_tiny with its 4 experts split over 2 ranks of a
 stage's data-parallel replicas, tokens exchanged by all-to-all, equals single-process training
-(fp32, sgd): at pp=1 with dp=4 (two expert-data-parallel replicas of each expert: their gradients
-are summed and divided by dp, not by their group's size), at pp=2 with dp=2, with gated shared
-experts and a capacity that drops tokens, and with the distributed optimizer (zero1); per-expert token counts are those of every rank. A
-checkpoint saved at ep=2 with zero1 (each rank its experts, under their global names) resumes at
-ep=1 and at ep=2 with the losses of an uninterrupted run. One launch of 4 ranks runs the comparisons (a process group
-is set up once per launch), two more the checkpoint's."""
+(fp32, sgd with momentum): at pp=1 with dp=4 (two expert-data-parallel replicas of each expert:
+their gradients are summed and divided by dp, not by their group's size), at pp=2 with dp=2 (1f1b
+and dualpipev), with gated shared experts and a capacity that drops tokens, with the distributed
+optimizer (zero1), and at ep=4 over dp=2 x cp=2; per-expert token counts are those of every rank.
+A checkpoint saved at ep=2 with zero1 (each rank its experts, under their global names) resumes
+at ep=1 and at ep=2 with the losses of an uninterrupted run. One launch of 4 ranks runs the
+comparisons (a process group is set up once per launch), three more the checkpoint's."""
 from __future__ import annotations
 
 import shutil
@@ -20,6 +21,7 @@ from tests.support.workers import run_workers
 BASE = [*(o for o in MIXTRAL if not o.startswith("parallel.pp")), "train.global_batch_size=16", "parallel.ep=2"]
 RUNS = {"pp1_dp4": ["parallel.pp=1", "parallel.dp=4"],
         "pp2_dp2": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b"],
+        "pp2_dp2_dualpipev": ["parallel.pp=2", "parallel.dp=2", "schedule=dualpipev"],   # two chunks a rank
         "pp2_dp2_shared_capacity": ["parallel.pp=2", "parallel.dp=2", "schedule=1f1b", *SHARED],
         # the dense parameters sharded over dp, the experts (different on ep peers) whole
         "pp1_dp4_zero1": ["parallel.pp=1", "parallel.dp=4", "optim.distributed=zero1"],
