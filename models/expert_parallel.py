@@ -5,6 +5,7 @@ all-to-all; ``ExpertParallel`` is a rank's context, which ``models.build_model``
 llama family's MoE MLPs."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import ClassVar
@@ -68,7 +69,7 @@ def all_to_all(x: torch.Tensor, send: list[int], receive: list[int], ep: ExpertP
     output = x.new_empty((sum(receive), *x.shape[1:]))
     work = dist.all_to_all_single(output, x.contiguous(), output_split_sizes=receive, input_split_sizes=send,
                                   group=ep.group, async_op=True)
-    row_bytes = x[0].numel() * x.element_size() if x.dim() > 1 else x.element_size()
+    row_bytes = math.prod(x.shape[1:]) * x.element_size()   # x may have no rows
     tally.bytes_sent += (sum(send) - send[ep.rank]) * row_bytes
     tally.seconds += time.perf_counter() - started
     return PendingExchange(output, work, tally)

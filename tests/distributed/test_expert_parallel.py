@@ -57,3 +57,52 @@ def test_expert_parallel_matches_single_process(tmp_path):
     for name, degrees in (("resume", ["parallel.ep=1"]), ("resume_ep2", zero1)):
         run_workers(train_full, 4, RESUME + degrees + ["train.resume=auto"], str(tmp_path / name))
         assert losses_across_resume(tmp_path / name, 2, 4) == pytest.approx(expected, rel=1e-5)
+
+
+def _exchange_rank(rank: int, world_size: int) -> dict[str, float]:
+    """One MoE MLP at ep=2 whose router sends every token to experts 0 and 1 (rank 0's): rank 1
+    receives nothing, yet joins both exchanges and their backwards. Returns the largest differences
+    from the same layer at ep=1 on this rank's tokens (output, input gradient, expert gradients)."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from models.expert_parallel import ExpertParallel
+    from models.families.llama import SwiGLU, _linear
+    from models.families.moe import MoEMLP, MoEStatistics
+    from models.families.moe_facts import moe_config
+    from pipedream.runtime.distributed import init_distributed, shutdown
+
+    class Favouring(nn.Module):   # logits 5, 4, 0, 0 for every token
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return torch.tensor([5.0, 4.0, 0.0, 0.0]).expand(tokens.shape[0], 4) + 0 * tokens.sum()
+
+    init_distributed("cpu", 60)
+    try:
+        moe = moe_config({"ffn_hidden_size": 16, "num_layers": 1, "moe": {"num_experts": 4, "top_k": 2}})
+        layers = []
+        for ep in (ExpertParallel.from_group(dist.new_group([0, 1])), None):
+            torch.manual_seed(0)
+            layer = MoEMLP(8, moe, MoEStatistics(4), 1, SwiGLU, _linear, ep=ep)
+            layer.router = Favouring()
+            layer.eval()
+            layers.append(layer)
+        x = torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(rank), requires_grad=True)
+        results = []
+        for layer in layers:
+            x.grad = None
+            out = layer(x)
+            out.square().sum().backward()
+            results.append((out.detach(), x.grad.clone(), {n: p.grad for n, p in layer.named_parameters()}))
+        (out, grad, params), (out1, grad1, _) = results
+        dist.all_reduce(torch.zeros(1))   # both ranks done before the group goes
+        return {"out": float((out - out1).abs().max()), "grad": float((grad - grad1).abs().max()),
+                "params_with_grads": sum(g is not None for g in params.values())}
+    finally:
+        shutdown()
+
+
+def test_a_rank_that_receives_no_tokens_still_exchanges():
+    rank0, rank1 = run_workers(_exchange_rank, 2)
+    assert rank0["out"] == rank1["out"] == 0.0 and rank0["grad"] == rank1["grad"] == 0.0
+    assert rank1["params_with_grads"] == 0 < rank0["params_with_grads"]
