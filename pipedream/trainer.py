@@ -288,7 +288,7 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                       bytes_sent=engine.comm_bytes()[0], bytes_received=engine.comm_bytes()[1],
                       comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
                             "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step(),
-                            **(engine.all_to_all() if hasattr(engine, "all_to_all") else {})},
+                            **engine.all_to_all()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
                       optimizer_state_bytes=optimizer_state_bytes(engine.optimizer),
                       memory=engine.memory_report(), cpu_affinity=sorted(os.sched_getaffinity(0)),

@@ -84,11 +84,12 @@ class ParallelLayout:
         return Coords(rank // (self.tp * self.cp * self.dp), dp_rank, tp_rank, cp_rank)
 
     def degrees(self) -> str:
-        """``pp=2 tp=2 dp=1`` (and ``cp=2`` when the sequence is split; replicated stages: their
-        replica counts), for titles and launch lines."""
+        """``pp=2 tp=2 dp=1`` (and ``cp=2`` when the sequence is split, ``ep=2`` when the experts are;
+        replicated stages: their replica counts), for titles and launch lines."""
         if self.stage_replicas:
             return f"pp={self.pp} tp={self.tp} stage_replicas={list(self.stage_replicas)}"
-        return f"pp={self.pp} tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} dp={self.dp}"
+        return (f"pp={self.pp} tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} dp={self.dp}"
+                f"{f' ep={self.ep}' if self.ep > 1 else ''}")
 
     def rank_label(self, rank: int) -> str:
         """``rank 3 (pp 1, tp 1, dp 0)``: a rank with its coordinates (replicated stages: stage, replica)."""
