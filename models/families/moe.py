@@ -6,6 +6,8 @@ keeps the raw probabilities), SwiGLU experts run one after another on the tokens
 (index_select in, index_add out: exact and deterministic), optional shared experts every token
 goes through (scaled by a sigmoid gate with ``shared_expert_gate``), and with ``capacity_factor``
 at most ``capacity`` token-slots per expert, the overflow dropped by token order.
+With expert parallelism (``models.expert_parallel``) a rank holds ``num_experts / ep`` of the
+experts and the routed token-slots travel to their experts' ranks and back by all-to-all.
 
 The auxiliary objective of one MoE layer, per micro-batch, is ``(aux_loss_coef * aux + z_loss_coef
 * z) / moe_layers``: aux is Switch/Mixtral's load-balancing loss ``num_experts * sum_e f_e P_e``
@@ -220,7 +222,7 @@ class MoEMLP(nn.Module):
         y = back * slot_weights.index_select(0, order)[:, None]
         out = torch.zeros_like(tokens)
         start = 0
-        for e, count in enumerate(counts.flatten().tolist()):
+        for count in counts.flatten().tolist():   # expert by expert, in index order
             if count:
                 out = out.index_add(0, rows[start:start + count], y[start:start + count].to(out.dtype))
                 start += count
