@@ -325,6 +325,9 @@ def _check_expert_parallel(cfg: Any, layout: ParallelLayout, info: ScheduleInfo,
         raise ConfigError(f"optim.distributed=zero{optim.zero} with parallel.ep={ep} is not supported (its shards "
                           f"span dp x cp, whose ranks hold different experts): use optim.distributed=zero1 (experts "
                           f"kept whole) or false, or parallel.ep=1")
+    if optim.zero == 1 and config_value(cfg, "precision.name") == "fp16":   # the scaler unscales the shards only
+        raise ConfigError(f"precision=fp16 with optim.distributed=zero1 and parallel.ep={ep} is not supported: use "
+                          f"precision=bf16, optim.distributed=false or parallel.ep=1")
     if config_value(cfg, "train.models"):
         raise ConfigError(f"train.models (a fused model set) with parallel.ep={ep} is not supported: set "
                           f"parallel.ep=1")

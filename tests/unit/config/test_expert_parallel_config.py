@@ -33,6 +33,7 @@ def test_expert_groups_are_taken_from_a_stages_data_and_context_parallel_ranks()
     (["parallel.tp=2"], "model.moe has no tensor-parallel form but parallel.tp=2"),
     (["optim.distributed=zero2"], "optim.distributed=zero2 with parallel.ep=2 is not supported"),
     (["optim.distributed=zero3"], "optim.distributed=zero3 with parallel.ep=2 is not supported"),
+    (["optim.distributed=zero1", "precision=fp16"], "precision=fp16 with optim.distributed=zero1 and parallel.ep=2"),
     (["schedule=pipedream", "parallel.pp=2"], "schedule=pipedream with parallel.ep=2 is not supported"),
     (["parallel.ep=0"], "parallel.ep = 0 must be a positive integer"),
 ])
