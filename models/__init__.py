@@ -17,6 +17,7 @@ from models.registry import MODEL_FAMILIES, known_family, model_family
 
 if TYPE_CHECKING:
     from models.context_parallel import ContextParallel
+    from models.expert_parallel import ExpertParallel
     from models.plugins import CheckedModel
     from models.tensor_parallel import TensorParallel
 
@@ -61,13 +62,36 @@ def check_context_parallel_config(model_cfg: Any, cp: int) -> None:
                           f"use cp=1 or a gpt / llama / hf model")
 
 
+def check_expert_parallel_config(model_cfg: Any, ep: int, replicas: int | None = None) -> None:
+    """One-line ConfigErrors if ``ep`` > 1 expert-parallel ranks cannot split the model's experts
+    (an MoE llama model, ``num_experts`` divisible by ep) or, with ``replicas`` (dp x cp of a stage),
+    cannot be taken from those ranks. Needs no process group."""
+    if ep == 1:
+        return
+    from models.families.moe_facts import moe_config   # torch-free
+    name = model_cfg.get("name") or f"{model_cfg.get('_target_')} (a plugin)"
+    moe = moe_config(model_cfg) if model_cfg.get("name") == "llama" else None   # the family with MoE layers
+    if moe is None:
+        raise ConfigError(f"parallel.ep={ep} but model={name} has no MoE layers: set parallel.ep=1 or use an MoE "
+                          f"model (model.moe.num_experts > 0, e.g. model=mixtral_tiny)")
+    if moe.num_experts % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide model.moe.num_experts={moe.num_experts}: choose an ep "
+                          f"that divides the expert count")
+    if replicas is not None and replicas % ep:
+        raise ConfigError(f"parallel.ep={ep} does not divide parallel.dp*cp={replicas} (expert-parallel ranks are "
+                          f"taken from a stage's data- and context-parallel ranks): choose an ep dividing {replicas}")
+
+
 def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
-                cp: ContextParallel | None = None) -> LayerModel:
+                cp: ContextParallel | None = None, ep: ExpertParallel | None = None) -> LayerModel:
     """``model_cfg`` is the Hydra ``model`` group (or any mapping with the same keys). With ``tp``
     (a ``TensorParallel`` context) a tensor-parallel family is built as this rank's slice. With
     ``cp`` (a ``ContextParallel`` context of size > 1) a context-parallel family is built to take
-    this rank's zigzag shard of each sequence; a ``cp`` of size 1 changes nothing."""
+    this rank's zigzag shard of each sequence; a ``cp`` of size 1 changes nothing. With ``ep`` (an
+    ``ExpertParallel`` context of size > 1) an MoE model holds this rank's experts only."""
     tp_size = 1 if tp is None else tp.size
+    ep = None if ep is None or ep.size == 1 else ep
+    check_expert_parallel_config(model_cfg, 1 if ep is None else ep.size)
     cp = None if cp is None or cp.size == 1 else cp   # as models.context_parallel.splitting, without torch
     check_context_parallel_config(model_cfg, 1 if cp is None else cp.size)
     if plugin_target(model_cfg) is not None:   # a plugin (docs/models.md)
@@ -79,11 +103,11 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
                           f"train a small preset instead (e.g. model=gpt_tiny or model=bert_tiny)")
     family = model_family(model_cfg["name"])
     check_tensor_parallel_config(model_cfg, tp_size)
-    return family.build(model_cfg, seed, tp, cp)
+    return family.build(model_cfg, seed, tp, cp, ep)
 
 
 __all__ = ["CoreAttention", "LayerModel", "MODEL_FAMILIES", "PipelineSequential", "TRAINABLE_MODELS", "from_modules", "bert_model",
-           "build_model", "check_context_parallel_config", "check_tensor_parallel_config", "checked_plugin",
+           "build_model", "check_context_parallel_config", "check_expert_parallel_config", "check_tensor_parallel_config", "checked_plugin",
            "gpt_model", "layer_count", "mlp_model", "model_family",
            "pipeline_layer_count", "resnet50_model", "vgg16_model"]
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 if TYPE_CHECKING:
     from models.spec import LayerModel
     from models.context_parallel import ContextParallel
+    from models.expert_parallel import ExpertParallel
     from models.tensor_parallel import TensorParallel
 
 # What the trainer feeds a family (``pipedream.data.datasets``)
@@ -108,10 +109,12 @@ class ModelFamily:
         return self.normalised_values is not None
 
     def build(self, model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
-              cp: ContextParallel | None = None) -> LayerModel:
+              cp: ContextParallel | None = None, ep: ExpertParallel | None = None) -> LayerModel:
         """Imports torch and the family's module. ``cp`` reaches only a context-parallel family
-        (``models.build_model`` refuses it for the others)."""
+        (``models.build_model`` refuses it for the others), ``ep`` only an MoE model."""
         build = resolve(self.builder)
+        if ep is not None:
+            return build(model_cfg, seed, tp, cp, ep)
         if cp is not None:
             return build(model_cfg, seed, tp, cp)
         return build(model_cfg, seed, tp) if self.tensor_parallel else build(model_cfg, seed)

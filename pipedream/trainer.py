@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from models import build_model
 from models.context_parallel import ContextParallel
+from models.expert_parallel import ExpertParallel
 
 from pipedream.checkpoint.store import RunCheckpoints
 from pipedream.data.context_shard import context_shard
@@ -84,7 +85,8 @@ def resolved_config(spec: RunSpec, run_dir: Path) -> dict[str, Any]:
 def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> Engine:
     """This rank's stages; with tensor parallelism its slice of them (boundary shapes stay dense),
     with context parallelism the layers that take its part of every sequence (boundary shapes: the
-    dense model's on that shorter sequence)."""
+    dense model's on that shorter sequence), with expert parallelism its experts only (shapes: the
+    dense model's, which holds every expert and exchanges nothing)."""
     torch.manual_seed(spec.train.seed)
     dense = (build_fused_model(spec.model_config, spec.multi_model) if spec.multi_model
              else build_model(spec.model_config, seed=spec.train.seed))
@@ -94,7 +96,8 @@ def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> E
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
     tp = TensorParallel.from_group(groups.tp, spec.sequence_parallel) if spec.layout.tp > 1 else None
     cp = ContextParallel.from_group(groups.cp) if groups.cp is not None else None
-    model = build_model(spec.model_config, seed=spec.train.seed, tp=tp, cp=cp) if tp or cp else dense
+    ep = ExpertParallel.from_group(groups.ep) if groups.ep is not None else None
+    model = build_model(spec.model_config, seed=spec.train.seed, tp=tp, cp=cp, ep=ep) if tp or cp or ep else dense
     # boundary tensors are dense, except with sequence parallelism: this rank's part of the sequence
     return PipelineEngine(spec, model, ctx.rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout,
                           recorder=recorder, tp=tp, shape_model=model if spec.sequence_parallel else dense)
@@ -284,7 +287,8 @@ def _gather_stats(loop: Loop, spec: RunSpec, ctx: DistContext, run_dir: Path
                       weight_versions=engine.weight_versions,
                       bytes_sent=engine.comm_bytes()[0], bytes_received=engine.comm_bytes()[1],
                       comm={"bytes_sent_per_step": loop.train_bytes[0] / steps,
-                            "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step()},
+                            "bytes_received_per_step": loop.train_bytes[1] / steps, **loop.recorder.totals.per_step(),
+                            **engine.all_to_all()},
                       peak_memory_bytes=peak_memory_bytes(ctx.device),
                       optimizer_state_bytes=optimizer_state_bytes(engine.optimizer),
                       memory=engine.memory_report(), cpu_affinity=sorted(os.sched_getaffinity(0)),
@@ -314,7 +318,7 @@ def _summary(loop: Loop, spec: RunSpec, throughput: Throughput, peak: PeakFlops 
         "schedule": spec.schedule.name,
         "precision": spec.precision.name,
         "parallel": {"pp": spec.layout.pp, "dp": spec.layout.dp, "tp": spec.layout.tp, "vpp": spec.layout.vpp,
-                     "cp": spec.layout.cp},
+                     "cp": spec.layout.cp, **({"ep": spec.layout.ep} if spec.layout.ep > 1 else {})},
         "batch": {"global": spec.global_batch, "micro": spec.micro_batch, "num_microbatches": spec.microbatches},
         "stages": [list(b) for b in spec.bounds],
         "median_step_time_s": median,

@@ -20,6 +20,7 @@ from models.attention import CoreAttention
 from models.context_parallel import ContextParallel, global_positions, splitting
 from models.context_parallel.context import check_context_parallel_model
 from models.errors import ConfigError
+from models.expert_parallel import ExpertParallel
 from models.families.gpt import language_model_loss, parallel_language_model_loss
 from models.families.moe import MoEMLP, MoEStatistics
 from models.families.moe_facts import MoEConfig, moe_config
@@ -230,13 +231,14 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
                 norm_eps: float = OPTIONAL_KEYS["norm_eps"], rope_theta: float = OPTIONAL_KEYS["rope_theta"],
                 rope_scaling: dict[str, float] | None = None, seed: int = 0,
                 tp: TensorParallel | None = None, cp: ContextParallel | None = None,
-                moe: MoEConfig | None = None) -> LayerModel:
+                moe: MoEConfig | None = None, ep: ExpertParallel | None = None) -> LayerModel:
     """Llama as ``num_layers + 2`` pipeline layers, each initialised from its own seed. With tying
     the head starts from (and stays equal to) the token embedding; with ``tp`` every layer is
     this rank's slice of the dense layer and the loss is the vocabulary-parallel cross-entropy.
     With ``cp`` (size > 1) the layers take this rank's zigzag shard of each sequence; the same
     parameters, and the loss is the local mean. With ``moe`` its MoE blocks (``MoEConfig.is_moe_block``)
-    hold an MoE MLP; they report to the model's ``statistics`` (``models.families.moe``)."""
+    hold an MoE MLP; they report to the model's ``statistics`` (``models.families.moe``); with ``ep``
+    (size > 1) each holds this rank's experts and exchanges tokens over the expert-parallel group."""
     last = num_layers + 1
     if tp is not None:
         check_llama_tensor_parallel({"hidden_size": hidden_size, "num_heads": num_heads, "num_kv_heads": num_kv_heads,
@@ -252,7 +254,7 @@ def llama_model(num_layers: int, hidden_size: int, num_heads: int, num_kv_heads:
         if tp is not None:
             raise ConfigError(f"model.moe has no tensor-parallel form but parallel.tp={tp.size}: set parallel.tp=1")
         statistics = MoEStatistics(moe.num_experts)
-        moe_mlp = partial(MoEMLP, hidden_size, moe, statistics, moe.moe_blocks(num_layers), SwiGLU, _linear)
+        moe_mlp = partial(MoEMLP, hidden_size, moe, statistics, moe.moe_blocks(num_layers), SwiGLU, _linear, ep=ep)
 
     def build_dense_layer(i: int) -> nn.Module:
         if i == 0:
@@ -295,6 +297,6 @@ def llama_sizes(model_cfg: Any) -> dict[str, Any]:
 
 
 def llama_from_config(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
-                      cp: ContextParallel | None = None) -> LayerModel:
+                      cp: ContextParallel | None = None, ep: ExpertParallel | None = None) -> LayerModel:
     """``model=llama_*`` (``models.registry``)."""
-    return llama_model(**llama_sizes(model_cfg), seed=seed, tp=tp, cp=cp)
+    return llama_model(**llama_sizes(model_cfg), seed=seed, tp=tp, cp=cp, ep=ep)

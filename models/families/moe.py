@@ -6,6 +6,8 @@ keeps the raw probabilities), SwiGLU experts run one after another on the tokens
 (index_select in, index_add out: exact and deterministic), optional shared experts every token
 goes through (scaled by a sigmoid gate with ``shared_expert_gate``), and with ``capacity_factor``
 at most ``capacity`` token-slots per expert, the overflow dropped by token order.
+With expert parallelism (``models.expert_parallel``) a rank holds ``num_experts / ep`` of the
+experts and the routed token-slots travel to their experts' ranks and back by all-to-all.
 
 The auxiliary objective of one MoE layer, per micro-batch, is ``(aux_loss_coef * aux + z_loss_coef
 * z) / moe_layers``: aux is Switch/Mixtral's load-balancing loss ``num_experts * sum_e f_e P_e``
@@ -27,6 +29,7 @@ from torch import nn
 
 from typing import Callable
 
+from models.expert_parallel import ExchangeTally, ExpertParallel, exchange_counts, splitting, start_exchange
 from models.families.moe_facts import MoEConfig
 
 
@@ -41,6 +44,7 @@ class MoEStatistics:
         self.num_experts = num_experts
         self.loss_scale = 1.0
         self.collected: list[torch.Tensor] | None = None
+        self.exchange = ExchangeTally()   # expert parallelism's all-to-alls over the run (not reset)
         self.reset()
 
     def reset(self) -> None:
@@ -124,17 +128,35 @@ def load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_experts:
     return num_experts * torch.sum(f * probs.mean(dim=0))
 
 
+class ExpertDict(nn.ModuleDict):
+    """A rank's experts under their global indices (``experts[5]`` or ``experts["5"]``): the names
+    of their parameters are those of the whole model whichever rank holds them."""
+
+    def __getitem__(self, key: int | str) -> nn.Module:
+        return super().__getitem__(str(key))
+
+
 class MoEMLP(nn.Module):
     """The MoE MLP of one block (module docstring). ``moe_layers``: MoE blocks in the model (the
     auxiliary objective is their mean). ``expert(hidden, ffn)`` builds one SwiGLU and ``linear(in,
-    out)`` one bias-free Linear, each initialised as the family initialises them."""
+    out)`` one bias-free Linear, each initialised as the family initialises them. With ``ep`` (an
+``ExpertParallel`` of size > 1) this rank holds only its experts, under their global indices
+(``experts.5.…``), so checkpoints and the names of every parameter are those of the whole model."""
 
     def __init__(self, hidden: int, moe: MoEConfig, statistics: MoEStatistics, moe_layers: int,
-                 expert: Callable[[int, int], nn.Module], linear: Callable[[int, int], nn.Module]):
+                 expert: Callable[[int, int], nn.Module], linear: Callable[[int, int], nn.Module],
+                 ep: ExpertParallel | None = None):
         super().__init__()
         self.moe, self.statistics, self.moe_layers = moe, statistics, moe_layers
+        self.ep = splitting(ep)
         self.router = linear(hidden, moe.num_experts)
-        self.experts = nn.ModuleList(expert(hidden, moe.expert_ffn) for _ in range(moe.num_experts))
+        mine = range(moe.num_experts) if self.ep is None else self.ep.local_experts(moe.num_experts)
+        # every expert is drawn, in order, so each starts from the values it has at ep = 1
+        experts = {str(e): expert(hidden, moe.expert_ffn) for e in range(moe.num_experts)}
+        self.experts = ExpertDict({str(e): experts[str(e)] for e in mine})
+        if self.ep is not None:   # reduced over the ranks holding the same experts (pipedream.numerics.expert_grads)
+            for param in self.experts.parameters():
+                param.expert_parallel = True
         self.shared = expert(hidden, moe.shared_experts * moe.shared_ffn) if moe.shared_experts else None
         self.shared_gate = linear(hidden, 1) if moe.shared_expert_gate else None
 
@@ -149,19 +171,62 @@ class MoEMLP(nn.Module):
         keep = capacity_keep(slot_experts, moe.num_experts, moe.capacity(tokens.shape[0]))
         slot_tokens = torch.arange(tokens.shape[0], device=x.device).repeat_interleave(moe.top_k)
         slot_weights = weights.reshape(-1).to(x.dtype)
+        if self.ep is None:
+            out = self._local_experts(tokens, slot_experts, keep, slot_tokens, slot_weights)
+            shared = self._shared_output(tokens)
+        else:
+            out, shared = self._exchanged_experts(tokens, slot_experts, keep, slot_tokens, slot_weights)
+        if shared is not None:
+            out = out + shared.to(out.dtype)
+        out = out.view_as(x)
+        return self._with_auxiliary_objective(out, logits, probs, slot_experts, keep)
+
+    def _local_experts(self, tokens: torch.Tensor, slot_experts: torch.Tensor, keep: torch.Tensor,
+                       slot_tokens: torch.Tensor, slot_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(tokens)
-        for e, expert in enumerate(self.experts):
-            slots = torch.nonzero((slot_experts == e) & keep).squeeze(1)
+        for e, expert in self.experts.items():
+            slots = torch.nonzero((slot_experts == int(e)) & keep).squeeze(1)
             if slots.numel() == 0:
                 continue
             rows = slot_tokens.index_select(0, slots)   # distinct tokens: one slot per (token, expert)
             y = expert(tokens.index_select(0, rows)) * slot_weights.index_select(0, slots)[:, None]
             out = out.index_add(0, rows, y.to(out.dtype))
-        shared = self._shared_output(tokens)
-        if shared is not None:
-            out = out + shared.to(out.dtype)
-        out = out.view_as(x)
-        return self._with_auxiliary_objective(out, logits, probs, slot_experts, keep)
+        return out
+
+    def _exchanged_experts(self, tokens: torch.Tensor, slot_experts: torch.Tensor, keep: torch.Tensor,
+                           slot_tokens: torch.Tensor, slot_weights: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The routed experts over the expert-parallel group, and the shared experts computed while
+        the tokens travel. Rows go out grouped by expert (so by rank), each expert's in token order;
+        a rank runs each (source rank, expert) block through the expert as it arrives, sends the
+        results back in the same order, and the source adds them expert by expert in index order,
+        as ``_local_experts`` does: the same per-row arithmetic and order of accumulation."""
+        ep, num_experts = self.ep, self.moe.num_experts
+        per_rank = num_experts // ep.size
+        slots = [torch.nonzero((slot_experts == e) & keep).squeeze(1) for e in range(num_experts)]
+        counts = torch.bincount(slot_experts[keep], minlength=num_experts).view(ep.size, per_rank)
+        tally = self.statistics.exchange
+        received = exchange_counts(counts, ep, tally)
+        send, receive = counts.sum(1).tolist(), received.sum(1).tolist()
+        order = torch.cat(slots)
+        rows = slot_tokens.index_select(0, order)
+        finish = start_exchange(tokens.index_select(0, rows), send, receive, ep, tally)
+        shared = self._shared_output(tokens)   # overlaps the dispatch
+        arrived = finish()
+        blocks = arrived.split(received.flatten().tolist())
+        local = list(self.experts.values())
+        outputs = [local[i % per_rank](block) for i, block in enumerate(blocks) if block.shape[0]]
+        # an empty result still joins the graph: the backward's exchange must run on every rank
+        results = torch.cat(outputs).to(tokens.dtype) if outputs else arrived[:0]
+        back = start_exchange(results, receive, send, ep, tally)()
+        y = back * slot_weights.index_select(0, order)[:, None]
+        out = torch.zeros_like(tokens)
+        start = 0
+        for count in counts.flatten().tolist():   # expert by expert, in index order
+            if count:
+                out = out.index_add(0, rows[start:start + count], y[start:start + count].to(out.dtype))
+                start += count
+        return out, shared
 
     def _shared_output(self, tokens: torch.Tensor) -> torch.Tensor | None:
         if self.shared is None:
@@ -172,7 +237,8 @@ class MoEMLP(nn.Module):
     def _shapes_only(self, tokens: torch.Tensor) -> torch.Tensor:
         """On the meta device (shape inference, FLOP counting) routing has no values: every token
         goes through the first top_k experts, the shapes and GEMMs of a routed forward."""
-        out = sum(expert(tokens) for expert in list(self.experts)[:self.moe.top_k])
+        local = list(self.experts.values())   # with ep, this rank's experts only: no exchange here
+        out = sum(local[i % len(local)](tokens) for i in range(self.moe.top_k))
         shared = self._shared_output(tokens)
         return out if shared is None else out + shared
 

@@ -38,11 +38,12 @@ class ParallelLayout:
     cp: int = 1
     stage_replicas: tuple[int, ...] = ()
     placement: str = "round-robin"   # how chunks map to virtual stages (``schedules.placement``; zbv: "vshape")
+    ep: int = 1                      # expert-parallel degree, taken from a stage's dp x cp ranks (world unchanged)
 
     def __post_init__(self) -> None:
         if self.placement not in PLACEMENTS:
             raise ConfigError(f"placement {self.placement!r} is unknown: choose one of {', '.join(PLACEMENTS)}")
-        for name in ("pp", "dp", "tp", "vpp", "cp"):
+        for name in ("pp", "dp", "tp", "vpp", "cp", "ep"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name} = {value!r} must be a positive integer")
@@ -53,9 +54,14 @@ class ParallelLayout:
             if len(replicas) != self.pp:
                 raise ConfigError(f"parallel.stage_replicas={replicas} has {len(replicas)} entries but parallel.pp = "
                                   f"{self.pp}: set parallel.pp={len(replicas)} or give one count per stage")
-            if (self.dp, self.tp, self.vpp, self.cp) != (1, 1, 1, 1):
+            if (self.dp, self.tp, self.vpp, self.cp, self.ep) != (1, 1, 1, 1, 1):
                 raise ConfigError(f"parallel.stage_replicas={replicas} replaces parallel.dp and needs tp = vpp = cp = 1 "
-                                  f"(got dp={self.dp}, tp={self.tp}, vpp={self.vpp}, cp={self.cp}): set them to 1")
+                                  f"(got dp={self.dp}, tp={self.tp}, vpp={self.vpp}, cp={self.cp}, ep={self.ep}): "
+                                  f"set them to 1")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"parallel.ep={self.ep} does not divide parallel.dp*cp={self.dp * self.cp} (expert-parallel "
+                              f"ranks are taken from a stage's data- and context-parallel ranks): choose an ep "
+                              f"dividing {self.dp * self.cp}")
 
     @property
     def world_size(self) -> int:
@@ -78,11 +84,12 @@ class ParallelLayout:
         return Coords(rank // (self.tp * self.cp * self.dp), dp_rank, tp_rank, cp_rank)
 
     def degrees(self) -> str:
-        """``pp=2 tp=2 dp=1`` (and ``cp=2`` when the sequence is split; replicated stages: their
-        replica counts), for titles and launch lines."""
+        """``pp=2 tp=2 dp=1`` (and ``cp=2`` when the sequence is split, ``ep=2`` when the experts are;
+        replicated stages: their replica counts), for titles and launch lines."""
         if self.stage_replicas:
             return f"pp={self.pp} tp={self.tp} stage_replicas={list(self.stage_replicas)}"
-        return f"pp={self.pp} tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} dp={self.dp}"
+        return (f"pp={self.pp} tp={self.tp}{f' cp={self.cp}' if self.cp > 1 else ''} dp={self.dp}"
+                f"{f' ep={self.ep}' if self.ep > 1 else ''}")
 
     def rank_label(self, rank: int) -> str:
         """``rank 3 (pp 1, tp 1, dp 0)``: a rank with its coordinates (replicated stages: stage, replica)."""
@@ -169,6 +176,14 @@ class ParallelLayout:
     def stage_replica_count(self, pp_rank: int) -> int:
         """Ranks whose gradients one update of stage ``pp_rank`` averages (dp x cp of them)."""
         return self.stage_replicas[pp_rank] if self.stage_replicas else self.dp * self.cp
+
+    def expert_groups(self, pp_rank: int, tp_rank: int) -> tuple[list[list[int]], list[list[int]]]:
+        """(expert-parallel groups, expert-data-parallel groups) of one stage's tp slice: ep consecutive
+        replicas (``replica``) exchange tokens; the dp*cp/ep replicas at the same place in their
+        expert-parallel group hold the same experts and reduce their gradients together."""
+        ranks = [self.rank_of(pp_rank, r // self.cp, tp_rank, r % self.cp) for r in range(self.dp * self.cp)]
+        exchange = [ranks[start:start + self.ep] for start in range(0, len(ranks), self.ep)]
+        return exchange, [ranks[offset::self.ep] for offset in range(self.ep)]
 
     def replica(self, rank: int) -> int:
         """This rank's index among the ranks whose gradients its stage's update averages."""

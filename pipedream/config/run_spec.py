@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import OmegaConf
 
-from models import check_context_parallel_config, check_tensor_parallel_config, checked_plugin, pipeline_layer_count
+from models import (check_context_parallel_config, check_expert_parallel_config, check_tensor_parallel_config,
+                    checked_plugin, pipeline_layer_count)
 from models.plugin_config import plugin_target
 from models.registry import MODEL_FAMILIES, model_family
 
@@ -281,14 +282,14 @@ def _layout(cfg: Any, info: ScheduleInfo) -> ParallelLayout:
                           f"only schedule=pipedream (1F1B-RR) runs: use schedule=pipedream, or parallel.dp for "
                           f"equal replicas")
     layout = ParallelLayout(pp=cfg.parallel.pp, dp=cfg.parallel.dp, tp=cfg.parallel.tp, vpp=cfg.parallel.vpp,
-                            cp=_context_parallel_degree(cfg), stage_replicas=replicas)
+                            cp=_context_parallel_degree(cfg), stage_replicas=replicas, ep=_expert_parallel_degree(cfg))
     placement = info.placement_for(layout.pp)
     if placement.kind != "round-robin":   # zbv, dualpipev: two chunks per rank in a V (vpp = 1, the default, or 2)
         if layout.vpp not in (1, 2):
             raise ConfigError(f"parallel.vpp = {layout.vpp}: schedule={info.name} holds exactly 2 chunks per rank "
                               f"(a V); set parallel.vpp=2 or leave it at 1")
         return ParallelLayout(pp=layout.pp, dp=layout.dp, tp=layout.tp, vpp=placement.vpp, cp=layout.cp,
-                              placement=placement.kind)
+                              placement=placement.kind, ep=layout.ep)
     if layout.vpp > 1 and not info.interleaves:
         raise ConfigError(f"parallel.vpp = {layout.vpp} needs schedule=interleaved, zbv or dualpipev "
                           f"(got schedule={info.name})")
@@ -299,6 +300,37 @@ def _context_parallel_degree(cfg: Any) -> Any:
     """parallel.cp (1 where an older config has no such key)."""
     cp = config_value(cfg, "parallel.cp")
     return 1 if cp is None else cp
+
+
+def _expert_parallel_degree(cfg: Any) -> Any:
+    """parallel.ep (1 where an older config has no such key), checked against the model first."""
+    ep = config_value(cfg, "parallel.ep")
+    ep = 1 if ep is None else ep
+    if isinstance(ep, int) and not isinstance(ep, bool) and ep > 1:
+        replicas = cfg.parallel.dp * _context_parallel_degree(cfg)
+        check_expert_parallel_config(cfg.model, ep, replicas if isinstance(replicas, int) else None)
+    return ep
+
+
+def _check_expert_parallel(cfg: Any, layout: ParallelLayout, info: ScheduleInfo, optim: OptimSpec) -> None:
+    """What experts split over parallel.ep ranks need beyond the model (``_expert_parallel_degree``):
+    a flush schedule on a grid, and at most zero1 (whose shards keep the experts out)."""
+    ep = layout.ep
+    if ep == 1:
+        return
+    if info.asynchronous or info.memory_virtualised:
+        raise ConfigError(f"schedule={info.name} with parallel.ep={ep} is not supported: use a flush schedule "
+                          f"(gpipe, 1f1b, interleaved, zbv, dualpipev) or parallel.ep=1")
+    if optim.zero >= 2:
+        raise ConfigError(f"optim.distributed=zero{optim.zero} with parallel.ep={ep} is not supported (its shards "
+                          f"span dp x cp, whose ranks hold different experts): use optim.distributed=zero1 (experts "
+                          f"kept whole) or false, or parallel.ep=1")
+    if optim.zero == 1 and config_value(cfg, "precision.name") == "fp16":   # the scaler unscales the shards only
+        raise ConfigError(f"precision=fp16 with optim.distributed=zero1 and parallel.ep={ep} is not supported: use "
+                          f"precision=bf16, optim.distributed=false or parallel.ep=1")
+    if config_value(cfg, "train.models"):
+        raise ConfigError(f"train.models (a fused model set) with parallel.ep={ep} is not supported: set "
+                          f"parallel.ep=1")
 
 
 def _check_context_parallel(cfg: Any, layout: ParallelLayout, info: ScheduleInfo, seq_len: int | None) -> None:
@@ -401,6 +433,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel
     sequence_parallel = _check_sequence_parallel(cfg, _tensor_parallel(cfg), plugin)
     layout = _layout(cfg, info)
     _check_context_parallel(cfg, layout, info, seq_len)
+    _check_expert_parallel(cfg, layout, info, optim)
     vertical_sync = _vertical_sync(cfg, info)
     _check_tied_embedding(cfg, info, layout)
     microbatches = _microbatches(cfg, layout)

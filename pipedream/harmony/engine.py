@@ -179,6 +179,9 @@ class HarmonyEngine:
     def comm_bytes(self) -> tuple[int, int]:
         return 0, 0   # the executor's messages are not counted
 
+    def all_to_all(self) -> dict[str, float]:
+        return {}   # no expert parallelism (refused with Harmony)
+
     def fusion_report(self) -> None:
         return None
 

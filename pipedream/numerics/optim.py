@@ -11,6 +11,7 @@ from torch import nn
 
 from pipedream.errors import ConfigError
 from pipedream.config.specs import OptimSpec, TrainSpec
+from pipedream.numerics.expert_grads import ExpertGradients
 from pipedream.numerics.grad_buckets import BucketedReduction, assign_buckets
 from pipedream.numerics.sharded_optim import ShardedOptimizer
 
@@ -117,12 +118,14 @@ class GradientSync:
     ``grad_buckets``; ``reduction`` may already have launched some during the backward) and
     across the stages that hold copies of a tied parameter (sum, as in the single-process model).
     With ``sharded`` (``optim.distributed``) the replicas' average is reduce-scattered instead: each
-    rank keeps its shard's, and the norm and clipping work on the shards."""
+    rank keeps its shard's, and the norm and clipping work on the shards. With ``experts`` (expert
+    parallelism) ``params`` are the dense parameters and the experts' reduce on their own groups."""
 
     def __init__(self, params: list[nn.Parameter], dp_group: dist.ProcessGroup | None, dp: int,
                  tied: list[TiedCopy], norm_group: dist.ProcessGroup | None, tp_group: dist.ProcessGroup | None = None,
-                 reduction: BucketedReduction | None = None, sharded: ShardedOptimizer | None = None):
-        self.params = params
+                 reduction: BucketedReduction | None = None, sharded: ShardedOptimizer | None = None,
+                 experts: ExpertGradients | None = None):
+        self.params, self.experts = params, experts
         if reduction is None and dp > 1 and sharded is None:   # one bucket, launched at the sync
             reduction = BucketedReduction(params, dp_group, dp, bucket_bytes=1 << 62, overlap=False)
         self.reduction, self.sharded = reduction, sharded
@@ -145,12 +148,16 @@ class GradientSync:
                 self.reduction.finish()
             else:
                 self.sharded.reduce_gradients()
+            if self.experts is not None:   # whole, beside the shards (numerics/expert_optim.py)
+                self.experts.sync()
             return
         for param in self.params:  # parameters that took no part in the loss still sync
             if param.grad is None:
                 param.grad = torch.zeros_like(param)
         if self.reduction is not None:
             self.reduction.finish()
+        if self.experts is not None:
+            self.experts.sync()
         for copy in self.tied:
             dist.all_reduce(copy.param.grad, group=copy.group)
 
@@ -170,6 +177,9 @@ class GradientSync:
         if self.tp_group is not None:  # sharded over tensor-parallel ranks: add every shard
             dist.all_reduce(sharded, group=self.tp_group)
         squares = squares + sharded
+        if self.experts is not None:
+            expert_grads = [p.grad.detach() for p in self.experts.params if p.grad is not None]
+            squares = squares + self.experts.summed_squares(_sum_of_squares(expert_grads, device))
         if self.norm_group is not None:
             dist.all_reduce(squares, group=self.norm_group)
         return math.sqrt(float(squares))
@@ -197,7 +207,10 @@ class GradientSync:
         return norm
 
     def _clipped(self) -> list[torch.Tensor]:
-        return [piece.view for piece in self.sharded.pieces] if self.sharded is not None else self.params
+        experts = self.experts.params if self.experts is not None else []
+        if self.sharded is not None:
+            return [piece.view for piece in self.sharded.pieces] + experts
+        return self.params + experts
 
 
 def _is_sharded(param: nn.Parameter) -> bool:

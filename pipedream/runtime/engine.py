@@ -26,6 +26,8 @@ from pipedream.multi_model.budget import prepare_fused_stage
 from pipedream.multi_model.fused import FusedLayer, FusedLayerModel
 from pipedream.runtime.fused_training import MultiModelRunner, PerModelGradientSync, build_multi_optimizer
 from pipedream.numerics.precision import MixedPrecision
+from pipedream.numerics.expert_grads import ExpertGradients, is_expert_parameter
+from pipedream.numerics.expert_optim import build_sharded_with_experts
 from pipedream.numerics.grad_buckets import BucketedReduction
 from pipedream.numerics.optim import (GradientSync, TiedCopy, build_optimizer, build_scheduler, build_sharded_optimizer,
                                       optimizer_state_bytes)
@@ -143,8 +145,13 @@ class PipelineEngine:
         # fully sharded (reshard_after_forward): one bucket per layer, gathered and freed on its own
         layers = layer_buckets(self.stage.chunks, self.params) if self.fully_sharded else None
         # the shard index among the ranks that average this stage's gradients (groups.dp)
-        optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
-                                            self.spec.layout.replica(self.rank), bucket_bytes, buckets=layers)
+        dense, experts = self._dense_and_expert_params()
+        if experts:   # zero1 under expert parallelism: the experts whole (numerics/expert_optim.py)
+            optimizer = build_sharded_with_experts(optim, dense, experts, float(train.lr), groups.dp, replicas,
+                                                   self.spec.layout.replica(self.rank), bucket_bytes)
+        else:
+            optimizer = build_sharded_optimizer(optim, self.params, float(train.lr), groups.dp, replicas,
+                                                self.spec.layout.replica(self.rank), bucket_bytes, buckets=layers)
         if optim.zero == 3:   # gathered by the layers' forwards; freed at the SYNC or after each layer
             optimizer.shard_parameters(self.stage.chunks)
         # the parameters' all-gather overlaps the next forward, each layer waiting for its buckets
@@ -185,9 +192,17 @@ class PipelineEngine:
         norm_group = groups.pp if layout.pp > 1 and global_grad_norm else None
         sync = partial(PerModelGradientSync, count=multi.settings.count) if multi else GradientSync
         tied = self._tied_copies(built, groups)
-        return sync(self.params, groups.dp, replicas, tied, norm_group,
+        dense, experts = self._dense_and_expert_params()
+        expert_sync = ExpertGradients(experts, groups.expert_dp, replicas, groups.ep) if experts else None
+        return sync(dense, groups.dp, replicas, tied, norm_group,
                     tp_group=groups.tp if layout.tp > 1 else None, sharded=sharded,
-                    reduction=self._reduction(groups, replicas, train, recorder, multi is None, sharded, tied))
+                    reduction=self._reduction(groups, replicas, train, recorder, multi is None, sharded, tied),
+                    **({"experts": expert_sync} if expert_sync is not None else {}))
+
+    def _dense_and_expert_params(self) -> tuple[list[nn.Parameter], list[nn.Parameter]]:
+        """(parameters averaged over dp x cp, experts split over the expert-parallel group)."""
+        experts = [p for p in self.params if is_expert_parameter(p)]
+        return [p for p in self.params if not is_expert_parameter(p)], experts
 
     def _build_parts(self, train: TrainSpec, schedule_rank: int, recorder: Any) -> RankParts:
         """What the runner shares with the engine (its ``comm`` set once connected)."""
@@ -291,6 +306,14 @@ class PipelineEngine:
             return {}
         return statistics.report(self.parts.global_sums(*statistics.sums()))
 
+    def all_to_all(self) -> dict[str, float]:
+        """Expert parallelism's token exchanges on this rank since the run began: bytes sent to other
+        ranks and seconds blocked on them; empty without expert parallelism."""
+        statistics = self.stage.statistics
+        if self.spec.layout.ep == 1 or statistics is None or not hasattr(statistics, "exchange"):
+            return {}
+        return {"all_to_all_bytes": statistics.exchange.bytes_sent, "all_to_all_s": statistics.exchange.seconds}
+
     def comm_bytes(self) -> tuple[int, int]:
         if self.comm is None:   # pp = 1: no stage boundaries
             return 0, 0
@@ -327,8 +350,8 @@ class PipelineEngine:
                 return None
             reduction = ShardedReduction(sharded, {id(copy.param) for copy in tied}, **trace)
         else:
-            reduction = BucketedReduction(self.params, groups.dp, replicas, int(train.grad_bucket_mb * 2 ** 20),
-                                          overlap, **trace)
+            reduction = BucketedReduction(self._dense_and_expert_params()[0], groups.dp, replicas,
+                                          int(train.grad_bucket_mb * 2 ** 20), overlap, **trace)
         if overlap:
             self.stage.weight_grads.after_accumulate = reduction.accumulated
         return reduction

@@ -66,6 +66,9 @@ class Engine(Protocol):
     def comm_bytes(self) -> tuple[int, int]:
         """Bytes this rank has sent and received between stages so far."""
 
+    def all_to_all(self) -> dict[str, float]:
+        """Expert parallelism's token exchanges on this rank so far (summary.json's comm fields), or empty."""
+
     def memory_report(self) -> dict[str, Any] | None:
         """summary.json's per-rank memory record (a memory-virtualised run's device budget and swaps),
         or None."""

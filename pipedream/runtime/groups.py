@@ -39,6 +39,8 @@ class ProcessGroups:
     tied: list[dist.ProcessGroup | None]   # per model.tied group: mine, or None if not split
     p2p: DirectedGroups | None = None      # None when pp = 1
     cp: dist.ProcessGroup | None = None    # ranks holding the parts of the same sequences (cp > 1)
+    ep: dist.ProcessGroup | None = None    # ranks of a stage exchanging tokens with their experts (ep > 1)
+    expert_dp: dist.ProcessGroup | None = None   # ranks holding my experts: they reduce their gradients (ep > 1)
 
 
 def build_p2p_groups(layout: ParallelLayout) -> DirectedGroups | None:
@@ -90,8 +92,27 @@ def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: Lay
                         if (me.dp, me.cp, me.tp) == (dp_rank, cp_rank, tp_rank) and me.pp in pp_ranks:
                             mine = created
         tied.append(mine)
+    ep, expert_dp = build_expert_groups(layout, rank)
     return ProcessGroups(mesh=mesh, pp=mesh.get_group("pp"), dp=gradient_group(layout, mesh), tp=mesh.get_group("tp"),
-                         cp=mesh.get_group("cp") if layout.cp > 1 else None, tied=tied, p2p=build_p2p_groups(layout))
+                         cp=mesh.get_group("cp") if layout.cp > 1 else None, tied=tied, p2p=build_p2p_groups(layout),
+                         ep=ep, expert_dp=expert_dp)
+
+
+def build_expert_groups(layout: ParallelLayout, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """(expert-parallel, expert-data-parallel) groups of this rank (``ParallelLayout.expert_groups``),
+    None at ep = 1; every rank creates every group, in the same order, as new_group requires."""
+    if layout.ep == 1:
+        return None, None
+    mine: dict[str, dist.ProcessGroup] = {}
+    for pp_rank in range(layout.pp):
+        for tp_rank in range(layout.tp):
+            exchange, same_experts = layout.expert_groups(pp_rank, tp_rank)
+            for kind, lists in (("ep", exchange), ("expert_dp", same_experts)):
+                for ranks in lists:
+                    created = dist.new_group(ranks)
+                    if rank in ranks:
+                        mine[kind] = created
+    return mine["ep"], mine["expert_dp"]
 
 
 def gradient_group(layout: ParallelLayout, mesh: DeviceMesh) -> dist.ProcessGroup:
