@@ -106,7 +106,7 @@ def test_the_planner_plans_llama3_70b_on_64_a100s():
     assert inp.cluster.num_devices == 64 and inp.spec.seq_len == 8192
     plan = make_plan(inp, simulate=False).plan
     parallel = plan.parallel
-    assert parallel.pp * parallel.tp * parallel.dp == 64 and 8 % parallel.tp == 0
+    assert parallel.pp * parallel.tp * plan.context_parallel * parallel.dp == 64 and 8 % parallel.tp == 0
     assert plan.batch.global_batch == 1024
     assert plan.model.num_parameters == parameter_count(yaml.safe_load((CONF / "llama3_70b.yaml").read_text()))
     assert plan.predicted.memory_bytes_per_device <= plan.predicted.memory_capacity_bytes
