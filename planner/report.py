@@ -226,8 +226,8 @@ def zero_reason(c: Candidate) -> str:
     return (f"ZeRO-3 with optim.reshard_after_forward (fully sharded): each layer's weights are gathered over the "
             f"{shards} ranks (d x cp) for its forward and again for its backward and freed after, its gradients "
             f"reduce-scattered into the rank's 1/{shards} fp32 shard after each micro-batch; at the peak weights and "
-            f"gradients {held / GIB:.2f} GiB (the shards, and whole: about two layers, the recomputed chunk's weights "
-            f"under full recomputation, the stage under a split backward) instead of "
+            f"gradients {held / GIB:.2f} GiB (the shards, and whole: about two layers, the stage under a split backward) "
+            f"instead of "
             f"{2 * stage / GIB:.2f} GiB for the stage's whole weights and gradients (at ZeRO-1 a rank would need {below / GIB:.1f} GiB > "
             f"{c.capacity_bytes / GIB:.1f} GiB); two all-gathers and a reduce-scatter per layer and micro-batch, "
             f"exposed beyond the neighbouring layer's compute (in the stage time, counted with dp_comm){between}")

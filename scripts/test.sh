@@ -18,7 +18,8 @@ unit_workers=$(.venv/bin/python -c "import os; print(max(1, min(4, len(os.sched_
 unit=(-n "$unit_workers" --dist load tests/unit)
 if [ $# -eq 0 ]; then
     .venv/bin/python -m pytest "${unit[@]}"
-    exec .venv/bin/python -m pytest tests/distributed
+    # the slowest distributed tests are listed at the end: where the tier's time goes
+    exec .venv/bin/python -m pytest --durations=15 tests/distributed
 fi
 if [ "$1" = "--unit" ]; then
     shift

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Callable, Iterable
 
 import torch
@@ -87,10 +86,10 @@ class Stage:
     """Runs forward and backward of this rank's chunks, one micro-batch at a time.
 
     Stage inputs and outputs are kept per in-flight (micro-batch, chunk) and dropped as soon as
-    its backward ends. ``recompute`` keeps only the chunk's input and recomputes the forward
-    inside the backward (torch.utils.checkpoint restores the RNG state so dropout matches);
-    with ``recompute_layers`` = k only the chunk's first k layers are recomputed (one checkpoint
-    around them) and the others keep their activations.
+    its backward ends. ``recompute`` keeps only each layer's input and recomputes the layer's
+    forward inside its backward (torch.utils.checkpoint restores the RNG state so dropout matches);
+    with ``recompute_layers`` = k only the chunk's first k layers are recomputed and the others
+    keep their activations.
     ``weights`` (asynchronous schedules) runs the chunk on one weight version instead of its
     parameters; autograd then accumulates gradients on that version (see ``weights.py``).
     ``weight_grads`` holds the weight-gradient GEMMs of the chunks' Linear layers (when they are
@@ -149,8 +148,9 @@ class Stage:
         nbytes = self._saved_bytes.get(key)
         counter = None if nbytes is not None else self._counter(weights)
         with _counting(counter):
+            kept: list[Boundary] = []
             if self.recompute:
-                outputs = self._recomputed(chunk, inputs, weights)
+                outputs, kept = self._recomputed(chunk, inputs, weights)
             elif weights is not None:
                 outputs = self._run_chunk(chunk, inputs, weights)
             else:   # the layers are called here, not through the chunk's forward (docs/design.md, the call path)
@@ -161,8 +161,9 @@ class Stage:
             loss = self.loss_fn(outputs, target) if self.is_last[chunk] else None
             root = outputs if loss is None else loss * loss_scale   # where the backward starts
         if counter is not None:
-            for held in (*boundary.tensors(inputs), *boundary.tensors(root)):
-                counter.pack(held)   # the stash holds the inputs and outputs too (each storage counted once)
+            held = [inputs, root, *kept]   # the stash and the checkpoints hold these (each storage counted once)
+            for tensor in (t for value in held for t in boundary.tensors(value)):
+                counter.pack(tensor)
             nbytes = self._saved_bytes[key] = counter.total
         self.stash[(microbatch, chunk)] = _Stashed(inputs, root, nbytes)
         self.stats.add(chunk, nbytes)
@@ -173,24 +174,29 @@ class Stage:
         module = self.chunks[chunk]
         return module if isinstance(module, PipelineSequential) else (module,)
 
-    def _recomputed(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None) -> Boundary:
-        """The whole chunk under one checkpoint, or its first ``recompute_layers`` under one and the
-        rest as usual (the flush schedules only: their chunks run on their own parameters)."""
-        k = self.recompute_layers
-        if k is None or k >= len(self.chunks[chunk]):
-            return checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False)
+    def _recomputed(self, chunk: int, inputs: Boundary, weights: dict[str, torch.Tensor] | None
+                    ) -> tuple[Boundary, list[Boundary]]:
+        """Each recomputed layer under its own checkpoint, which keeps only its input (full
+        recomputation as the planner prices it: the recomputation inside a layer's backward
+        rebuilds one layer's activations, and fully sharded zero3 gathers one layer for it); with
+        ``recompute_layers`` = k only the chunk's first k layers, the others keep their activations.
+        A chunk run on a weight version (asynchronous schedules) is one checkpoint: its weights are
+        the chunk's, not its layers'. Returns the outputs and the layer inputs the checkpoints keep."""
         if weights is not None:
-            raise InvariantError("recompute.num_layers with weight versions: the config check refuses it")
-        if k == 0:
-            return self._run_chunk(chunk, inputs, None)
-        head = checkpoint(self._run_layers, chunk, 0, k, inputs, use_reentrant=False)
-        return self._run_layers(chunk, k, len(self.chunks[chunk]), head)
-
-    def _run_layers(self, chunk: int, start: int, end: int, value: Boundary) -> Boundary:
+            if self.recompute_layers is not None:
+                raise InvariantError("recompute.num_layers with weight versions: the config check refuses it")
+            return checkpoint(self._run_chunk, chunk, inputs, weights, use_reentrant=False), [inputs]
+        layers = list(self._layers(chunk))
+        k = len(layers) if self.recompute_layers is None else min(self.recompute_layers, len(layers))
+        value, kept = inputs, []
         with self.autocast():
-            for layer in islice(self.chunks[chunk], start, end):
-                value = call_layer(layer, value)
-        return value
+            for index, layer in enumerate(layers):
+                if index < k:
+                    kept.append(value)
+                    value = checkpoint(call_layer, layer, value, use_reentrant=False)
+                else:
+                    value = call_layer(layer, value)
+        return value, kept
 
     def _counter(self, weights: dict[str, torch.Tensor] | None) -> _SavedBytesCounter:
         def weight_ptrs() -> set[int]:   # zero3 frees and reallocates the parameters' storage

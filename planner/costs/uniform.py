@@ -72,7 +72,6 @@ class RankStats:
     options: MemoryOptions = field(default_factory=lambda: MemoryOptions())
     c: int = 1  # context-parallel degree: each rank holds 1/c of every sequence
     cp_comm: np.ndarray | None = None  # (nb, p) seconds of the context-parallel ring no attention block hides
-    chunk_param_bytes: np.ndarray | None = None  # (v, p) parameter bytes of each chunk (None: one chunk per rank)
     ep: int = 1  # expert-parallel degree: each rank holds 1/ep of every MoE block's routed experts
     expert_param_bytes: np.ndarray | None = None  # (p,) of param_bytes: the routed experts this rank holds
     expert_optimizer_bytes: np.ndarray | None = None  # (p,) their optimizer state, before any ZeRO sharding
@@ -170,7 +169,7 @@ def rank_stats(profile: Profile, cluster: Cluster, t: int, p: int, v: int, d: in
         chunk_forward=c_fwd, chunk_backward=c_bwd,
         boundary_bytes=np.multiply.outer(share, out_bytes), messages=messages_per_microbatch(out_bytes, in_bytes),
         p2p_latency=2 * v * level.latency if p > 1 else 0.0, options=options, c=c, cp_comm=ring,
-        chunk_param_bytes=chunks(params), ep=ep, expert_param_bytes=experts if moe else None,
+        ep=ep, expert_param_bytes=experts if moe else None,
         expert_optimizer_bytes=expert_opt if moe else None, alltoall=alltoall,
         layer_peak_bytes=fsdp.two_largest(params, owner, p), layer_collectives=ranks(fsdp_exposed),
         fp32_per_byte=4.0 / PRECISION_BYTES.get(profile.precision, 4))
@@ -465,16 +464,14 @@ def sharded_peak(stats: RankStats, schedule: str) -> tuple[np.ndarray, np.ndarra
     ``reshard_after_forward``: its 1/(d c) fp32 gradient shard (and, in fp32, its weight shard, the
     master copy that mixed precision counts with the optimizer state) plus about two layers whole
     (the one working and the next one's prefetch or the last one's reduce-scatter: the rank's two
-    largest). Full recomputation holds the recomputed chunk whole until its backward (the largest
-    chunk); a split backward (zb_h2, zbv, dualpipev) keeps each layer whole from its B to its
+    largest; full recomputation checkpoints each layer on its own, so its recomputation adds nothing
+    whole beyond the layer recomputed); a split backward (zb_h2, zbv, dualpipev) keeps each layer whole from its B to its
     deferred W, so the whole stage is counted, as without resharding."""
     shard = stats.param_bytes * stats.fp32_per_byte / stats.options.optimizer_shards
     master = shard if stats.fp32_per_byte <= 1 else 0.0
     if schedule_info(schedule).split_backward or stats.layer_peak_bytes is None:
         return stats.param_bytes + master, stats.param_bytes + shard
     whole = stats.layer_peak_bytes
-    if stats.recompute and stats.chunk_param_bytes is not None:
-        return np.maximum(whole, stats.chunk_param_bytes.max(axis=0)) + master, whole + shard
     return whole + master, whole + shard
 
 

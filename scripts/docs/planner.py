@@ -29,11 +29,10 @@ TABLE_4_1 = [("gpt_1.7b", 32, 512, 1, 1, 137), ("gpt_3.6b", 64, 512, 2, 1, 138),
              ("gpt_1t", 3072, 3072, 8, 64, 163)]
 DRY_RUN = ["model=gpt3_175b", "cluster=dgx_a100", "cluster.nodes=12", "train.global_batch_size=1536",
            "planner.out=plan.json"]
-LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=48",
+LONG_CONTEXT = ["model=llama3_405b", "model.seq_len=131072", "cluster=h100_x8", "cluster.nodes=16",
                 "train.global_batch_size=64", "planner.out=plan.json"]
 MOE_RUNS = (["model=mixtral_8x7b", "cluster=h100_x8", "cluster.nodes=2", "planner.out=plan.json"],
             ["model=qwen2_moe_a2.7b", "cluster=h100_x8", "cluster.nodes=1", "planner.out=plan.json"])
-LONG_CONTEXT_SMALL = "cluster.nodes=16"   # 128 H100s: 126 blocks leave p = 1 or 2
 
 
 def dry_run_section(argv: list[str] = DRY_RUN) -> str:
@@ -46,42 +45,26 @@ def dry_run_section(argv: list[str] = DRY_RUN) -> str:
     return f"```\n$ python -m planner {' '.join(argv)}\n{text.rstrip()}\n```"
 
 
-def _refusal(argv: list[str]) -> str | None:
-    """The planner's one-line refusal for ``argv`` as a shell block, or None where a plan fits."""
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        code = planner_main(argv)
-    return f"```\n$ python -m planner {' '.join(argv)}\n{err.getvalue().rstrip()}\n```" if code else None
-
-
 def long_context_section() -> str:
-    """The 405B / 128K plan: on 16 nodes (its refusal), on 48 without context parallelism (its best, in
-    a line) and with it (the plan)."""
+    """The 405B / 128K plan on 16 nodes, and the best plan without context parallelism (in a line)."""
     base = [a for a in LONG_CONTEXT if not a.startswith("planner.out=")]
-    small = [LONG_CONTEXT_SMALL if a.startswith("cluster.nodes=") else a for a in base]
-    refusal = _refusal(small) or "(a plan fits on 16 nodes too)"
-    try:
-        make_plan(inputs_from_config(compose(small)), simulate=False)
-        closest = ""
-    except DoesNotFitError as err:
-        closest = _closest(err.smallest)
     without = base + ["planner.context_parallel=false"]
     try:
         best = make_plan(inputs_from_config(compose(without)), simulate=False).result.best
         with_cp = make_plan(inputs_from_config(compose(base)), simulate=False).result.best
-        alone = (f"Without context parallelism (`planner.context_parallel=false`) the best on 48 nodes is pp={best.pp} "
+        alone = (f"Without context parallelism (`planner.context_parallel=false`) the best is pp={best.pp} "
                  f"tp={best.tp} dp={best.dp} at {best.iteration_time:.4g} s per iteration, "
-                 f"{best.iteration_time / with_cp.iteration_time:.2g} x the plan below"
-                 + (f": its activations fit only with tensor parallelism across {best.tp // 8} nodes "
-                    f"(tensor-parallel all-reduces {best.breakdown['tp_comm']:.3g} s)." if best.tp > 8 else "."))
+                 f"{best.iteration_time / with_cp.iteration_time:.2g} x the plan above.")
+    except DoesNotFitError as err:
+        alone = (f"Without context parallelism (`planner.context_parallel=false`) nothing fits: "
+                 f"{_closest(err.smallest)}")
     except PlannerError as err:
-        alone = f"Without context parallelism on 48 nodes: {err}"
-    return (f"On 16 nodes (128 H100s) no configuration fits:\n\n{refusal}\n\n{closest}{alone}\n\n"
-            f"With it (the default), on 48 nodes:\n\n{dry_run_section(LONG_CONTEXT)}")
+        alone = f"Without context parallelism: {err}"
+    return f"{dry_run_section(LONG_CONTEXT)}\n\n{alone.rstrip()}"
 
 
 def _closest(c) -> str:
-    """What the configuration closest to fitting holds per rank, as a paragraph (empty if unknown)."""
+    """What the configuration closest to fitting holds per rank, as a sentence (empty if unknown)."""
     if c is None or not c.memory_parts:
         return ""
     parts = ", ".join(f"{name} {c.memory_parts[key] / GIB:.2f}" for key, name in (
@@ -89,8 +72,8 @@ def _closest(c) -> str:
         ("activations", "activations")))
     zero = (f"ZeRO-{c.zero}" + (" with `optim.reshard_after_forward` (fully sharded)" if c.reshard_after_forward else "")
             if c.zero > 1 else f"ZeRO-{c.zero}")
-    return (f"The closest, pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} vpp={c.vpp} at {zero}, holds per rank {parts} GiB: "
-            f"{c.memory_bytes / GIB:.1f} GiB with the reserve, over the {c.capacity_bytes / GIB:.1f} GiB of a device.\n\n")
+    return (f"the closest, pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} vpp={c.vpp} at {zero}, holds per rank {parts} GiB: "
+            f"{c.memory_bytes / GIB:.1f} GiB with the reserve, over the {c.capacity_bytes / GIB:.1f} GiB of a device.")
 
 
 def moe_section() -> str:
