@@ -2,7 +2,7 @@
 ranks in zigzag chunks trains exactly like single-process training of whole sequences (fp32;
 gpt_tiny and llama_tiny at seq_len 128), with pp (1f1b and zbv), tp with sequence parallelism, dp,
 ZeRO-2 and ZeRO-3 over the dp x cp ranks, clipping, full and selective recomputation, and in bf16
-close to the bf16 scheme; each rank stashes about half the activations of cp = 1 at the same
+close to the bf16 scheme; 2BW at cp = 2 makes the updates 2BW makes at cp = 1; each rank stashes about half the activations of cp = 1 at the same
 global batch; a cp = 2 checkpoint resumes at cp = 1."""
 from __future__ import annotations
 
@@ -37,6 +37,8 @@ RUNS = {   # on 4 ranks; each compared with single-process training of the whole
     "gpt_cp2_dp2_zero3": GPT + ["parallel.pp=1", "parallel.cp=2", "parallel.dp=2", "optim.distributed=zero3"],
     "gpt_pp2_cp2_zero2_zbv": GPT + PP2_CP2 + ["schedule=zbv", "optim.distributed=zero2"],
 }
+# the asynchronous schedules: no single-process training to equal, so cp = 2 must keep cp = 1's updates
+TWO_BW = GPT + ["parallel.pp=2", "schedule=2bw", "train.steps=4", "model.tie_embeddings=false"]
 STASH_BASELINE = GPT + ["parallel.pp=2", "parallel.dp=2"]   # cp = 1 at the same global batch and layout size
 BF16 = LLAMA + PP2_CP2 + ["precision=bf16"]
 
@@ -44,8 +46,8 @@ BF16 = LLAMA + PP2_CP2 + ["precision=bf16"]
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> tuple[list[str], list[list[dict]]]:
     root = tmp_path_factory.mktemp("cp")
-    names = [*RUNS, "stash_baseline", "bf16"]
-    overrides = [*RUNS.values(), STASH_BASELINE, BF16]
+    names = [*RUNS, "stash_baseline", "bf16", "2bw_cp2"]
+    overrides = [*RUNS.values(), STASH_BASELINE, BF16, TWO_BW + ["parallel.cp=2"]]
     per_rank = run_workers(train_rank, 4, [(o, str(root / n)) for n, o in zip(names, overrides)], timeout=600)
     return names, per_rank
 
@@ -76,6 +78,17 @@ def test_context_parallel_in_bf16_matches_the_bf16_scheme(trained):
 
     torch.testing.assert_close(torch.tensor(result["losses"]), torch.tensor(bf16["losses"]), rtol=1e-4, atol=0)
     assert distance(result["params"], bf16["params"]) < 0.75 * distance(fp32["params"], bf16["params"])
+
+
+@pytest.mark.slow
+def test_2bw_at_cp2_makes_the_updates_of_cp1(trained, tmp_path):
+    per_rank = run_workers(train_rank, 2, [(TWO_BW, str(tmp_path / "2bw_cp1"))], timeout=300)
+    cp1 = {"params": merge_params([r[0] for r in per_rank]), "losses": per_rank[0][0]["losses"]}
+    cp2 = result_of(trained, "2bw_cp2")
+    torch.testing.assert_close(torch.tensor(cp2["losses"]), torch.tensor(cp1["losses"]), rtol=1e-5, atol=0)
+    assert cp1["params"].keys() == cp2["params"].keys()
+    for name, value in cp1["params"].items():
+        torch.testing.assert_close(cp2["params"][name], value, rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.slow
