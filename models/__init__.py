@@ -92,7 +92,7 @@ def build_model(model_cfg: Any, seed: int = 0, tp: TensorParallel | None = None,
     tp_size = 1 if tp is None else tp.size
     ep = None if ep is None or ep.size == 1 else ep
     check_expert_parallel_config(model_cfg, 1 if ep is None else ep.size)
-    cp = None if cp is None or cp.size == 1 else cp   # as models.context_parallel.splitting, without torch
+    cp = None if cp is None or cp.size == 1 else cp   # as models.group_context.splitting, without torch
     check_context_parallel_config(model_cfg, 1 if cp is None else cp.size)
     if plugin_target(model_cfg) is not None:   # a plugin (docs/models.md)
         from models.plugins import plugin_model

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from models.context_parallel import ContextParallel, ring_attention, splitting
+from models.context_parallel import ContextParallel, ring_attention
+from models.group_context import splitting
 from models.context_parallel.context import check_no_dropout
 
 

@@ -22,19 +22,10 @@ class ExpertParallel(GroupContext):
 
     KIND: ClassVar[str] = "expert-parallel"
 
-    @classmethod
-    def from_group(cls, group: dist.ProcessGroup) -> "ExpertParallel":
-        return cls(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
-
     def local_experts(self, num_experts: int) -> range:
         """The global indices of this rank's experts (consecutive)."""
         per_rank = num_experts // self.size
         return range(self.rank * per_rank, (self.rank + 1) * per_rank)
-
-
-def splitting(ep: ExpertParallel | None) -> ExpertParallel | None:
-    """``ep`` when it splits the experts (size > 1), else None."""
-    return ep if ep is not None and ep.size > 1 else None
 
 
 @dataclass

@@ -7,7 +7,6 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-import torch.distributed as dist
 
 from models.context_parallel.layout import check_divisible, zigzag_indices
 from models.errors import ConfigError
@@ -19,16 +18,6 @@ class ContextParallel(GroupContext):
     """A context-parallel group (``GroupContext``); ``size == 1`` splits nothing."""
 
     KIND: ClassVar[str] = "context-parallel"
-
-    @classmethod
-    def from_group(cls, group: dist.ProcessGroup) -> "ContextParallel":
-        """This rank's context in ``group``."""
-        return cls(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group))
-
-
-def splitting(cp: ContextParallel | None) -> ContextParallel | None:
-    """``cp`` when it splits the sequence (size > 1), else None: a group of one builds the plain model."""
-    return cp if cp is not None and cp.size > 1 else None
 
 
 def global_positions(local_len: int, cp: ContextParallel | None, device: torch.device) -> torch.Tensor:

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.attention import CoreAttention
-from models.context_parallel import ContextParallel, global_positions, splitting
+from models.context_parallel import ContextParallel, global_positions
+from models.group_context import splitting
 from models.context_parallel.context import check_context_parallel_model
 from models.errors import ConfigError
 from models.tensor_parallel import (RNGTracker, ShardSpec, TensorParallel, VocabParallelEmbedding, divide,

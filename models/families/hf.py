@@ -21,7 +21,8 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from models.context_parallel import ContextParallel, global_positions, splitting
+from models.context_parallel import ContextParallel, global_positions
+from models.group_context import splitting
 from models.errors import ConfigError
 from models.families.gpt import language_model_loss
 from models.families.hf_facts import (INSTALL_HINT, HFLayout, config_from_files, hf_stage_keys, layout_of,

@@ -29,7 +29,8 @@ from torch import nn
 
 from typing import Callable
 
-from models.expert_parallel import ExchangeTally, ExpertParallel, exchange_counts, splitting, start_exchange
+from models.expert_parallel import ExchangeTally, ExpertParallel, exchange_counts, start_exchange
+from models.group_context import splitting
 from models.families.moe_facts import MoEConfig
 
 

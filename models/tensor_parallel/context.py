@@ -26,8 +26,7 @@ class TensorParallel(GroupContext):
     @classmethod
     def from_group(cls, group: dist.ProcessGroup, sequence_parallel: bool = False) -> "TensorParallel":
         """This rank's context in ``group`` (e.g. ``ProcessGroups.tp`` or ``mesh.get_group("tp")``)."""
-        return cls(group=group, rank=dist.get_rank(group), size=dist.get_world_size(group),
-                   sequence_parallel=sequence_parallel)
+        return super().from_group(group, sequence_parallel=sequence_parallel)
 
 
 def divide(value: int, tp: int, key: str, hint: str) -> int:

@@ -21,7 +21,7 @@ parameter that had a gradient in the first step but was never reported keeps its
 since buckets go in order, the later ones) for ``finish``.
 
 The distributed optimizer reuses this machinery with a reduce-scatter per bucket into its shard
-(``sharded_optim.ShardedReduction``).
+(``sharded_reduction.ShardedReduction``).
 
 Without ``overlap`` (``train.overlap_grad_reduce=false``), and for the asynchronous schedules,
 whose gradients arrive on weight versions (``runtime/weights.py``) rather than through these

@@ -27,11 +27,7 @@ With ``train.overlap_grad_reduce`` the flat order is cut into the gradient bucke
 ``ShardedReduction`` reduce-scatters each bucket during the backward, as soon as its gradients
 are final, instead of the whole stage at the SYNC.
 
-Checkpoints see a whole-model optimizer: ``state_dict`` all-gathers each moment into the
-per-parameter form that an undistributed optimizer of the same kind saves, and ``load_state_dict``
-takes the own shard from that form, so DCP saves and resumes into any dp degree, distributed or
-not (the gathered copy exists only while a checkpoint is written or read). ``state`` lists, per
-parameter, the names of its state (the values live in the shard): DCP reads the names.
+Checkpoints see a whole-model optimizer (``sharded_state.WholeModelState``).
 
 The levels differ in what a rank holds between steps (docs/design.md, ZeRO-2 and ZeRO-3):
 
@@ -54,19 +50,18 @@ The levels differ in what a rank holds between steps (docs/design.md, ZeRO-2 and
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Any, Callable, Iterable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.tensor_parallel.flat_collectives import all_gather_flat, reduce_scatter_flat
+from models.tensor_parallel.flat_collectives import reduce_scatter_flat
 
 from pipedream.errors import ConfigError
-from pipedream.numerics.grad_buckets import Bucket, BucketedReduction, ReductionRecorder, make_bucket
+from pipedream.numerics.param_gathers import ParameterGathers
+from pipedream.numerics.sharded_state import WholeModelState
 
 
 @dataclass(frozen=True)
@@ -93,7 +88,7 @@ class Piece:
     view: nn.Parameter    # a 1-D leaf sharing the parameter's storage (what the inner optimizer updates)
 
 
-class ShardedOptimizer(torch.optim.Optimizer):
+class ShardedOptimizer(ParameterGathers, WholeModelState, torch.optim.Optimizer):
     """``param_groups`` hold the whole parameters (the scheduler and checkpoints use them);
     ``local`` is the optimizer of this rank's pieces. ``buckets`` (lists of parameters) set the
     flat order and cut it into ranges that are sharded one by one, so each can be reduce-scattered
@@ -165,98 +160,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._reducing: tuple[dist.Work, torch.Tensor, torch.Tensor, ShardedBucket] | None = None
         if level == 3:
             self.release(range(len(self.buckets)))
-
-    def gather_before(self, layers: Iterable[nn.Module]) -> None:
-        """From now on ``step`` leaves the parameters' all-gather in flight: each of ``layers`` (every
-        parameter of the optimizer belongs to one) waits, before its forward, for the buckets holding
-        its parameters. The layers' forwards must go through ``Module.__call__`` (hooks)."""
-        bucket_of = {id(p): index for index, bucket in enumerate(self.buckets) for p in bucket.params}
-        layers = list(layers)
-        covered = {id(p) for layer in layers for p in layer.parameters()}
-        if any(id(p) not in covered for p in self.params):
-            raise ValueError("gather_before: every parameter of the optimizer must belong to one of the layers")
-        for layer in layers:
-            needed = tuple(sorted({bucket_of[id(p)] for p in layer.parameters() if id(p) in bucket_of}))
-            if needed:
-                self._hooks.append(layer.register_forward_pre_hook(partial(self._before_forward, needed, ())))
-        self._overlap_gather = True
-
-    def shard_parameters(self, chunks: Iterable[Iterable[nn.Module]]) -> None:
-        """zero3: each layer of ``chunks`` (every parameter of the optimizer belongs to one) gathers,
-        before its forward, the buckets holding its parameters that are not whole, and launches
-        those of the next layer of its chunk (prefetch)."""
-        chunks = [list(chunk) for chunk in chunks]
-        bucket_of = {id(p): index for index, bucket in enumerate(self.buckets) for p in bucket.params}
-        covered = {id(p) for chunk in chunks for layer in chunk for p in layer.parameters()}
-        if any(id(p) not in covered for p in self.params):
-            raise ValueError("shard_parameters: every parameter of the optimizer must belong to one of the layers")
-        for chunk in chunks:
-            needs = [tuple(sorted({bucket_of[id(p)] for p in layer.parameters() if id(p) in bucket_of}, reverse=True))
-                     for layer in chunk]
-            for layer, needed, following in zip(chunk, needs, needs[1:] + [()]):
-                if needed or following:
-                    self._hooks.append(layer.register_forward_pre_hook(
-                        partial(self._before_forward, needed, following)))
-
-    def _before_forward(self, needed: tuple[int, ...], following: tuple[int, ...] = (), module: nn.Module | None = None,
-                        args: Any = None) -> None:
-        if self.level == 3:   # buckets in forward order (they are cut in reverse order of use)
-            for index in (*needed, *following):
-                self._launch_gather(index)
-        if self._gathers:
-            for index in needed:
-                self._land_gather(index)
-
-    def wait_parameters(self) -> None:
-        """Every parameter holds the last step's update (no all-gather left in flight)."""
-        for index in list(self._gathers):
-            self._land_gather(index)
-
-    def whole_parameters(self) -> None:
-        """Collective over the group: every parameter whole and holding the last update (checkpoints,
-        the end of training; zero3 keeps them whole until the next step's SYNC frees them)."""
-        observe, self.observe = self.observe, None   # outside the steps: not a step's peak (held_bytes)
-        try:
-            if self.level == 3:
-                self.acquire(range(len(self.buckets)))
-            self.wait_parameters()
-        finally:
-            self.observe = observe
-
-    def parameters_loaded(self) -> None:
-        """The whole parameters were written (a checkpoint loaded into them): zero3 takes its shard
-        from them (zero1/2's pieces are views of the parameters already)."""
-        if self.level == 3:
-            for piece in self.pieces:
-                piece.view.data.copy_(piece.param.data.view(-1)[piece.begin:piece.end])
-
-    def acquire(self, indices: Iterable[int]) -> None:
-        """Collective over the group: the buckets ``indices`` whole (launched together, then landed)."""
-        indices = list(indices)
-        for index in indices:
-            self._launch_gather(index)
-        for index in indices:
-            self._land_gather(index)
-
-    def whole(self, indices: Iterable[int]) -> bool:
-        """Whether every bucket of ``indices`` is gathered (a gather in flight is not)."""
-        return all(index in self._present for index in indices)
-
-    def prefetch(self, indices: Iterable[int]) -> None:
-        """zero3: launches the gathers of ``indices`` (landed by the next ``acquire`` or forward)."""
-        for index in indices:
-            self._launch_gather(index)
-
-    def release(self, indices: Iterable[int]) -> None:
-        """zero3: frees the parameters of buckets ``indices`` (the storage, not the tensors: shapes,
-        names and autograd's references stay); the rank keeps its shard in ``_master``."""
-        if self.level != 3:
-            return
-        for index in indices:
-            self._land_gather(index)   # a gather in flight would write into freed storage
-            for param in self.buckets[index].params:
-                param.untyped_storage().resize_(0)
-            self._present.discard(index)
 
     def gradients_reduced(self) -> None:
         """The SYNC is done: the pieces hold the averaged gradients; zero3's parameters have served
@@ -393,85 +296,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "grads": sum(t.numel() * t.element_size() for t in grads),
                 "optimizer": self.state_bytes()}
 
-    def state_dict(self) -> dict[str, Any]:
-        """Collective over the group: the whole-model form (per parameter, full shapes)."""
-        self.wait_parameters()
-        self._ensure_local_state()
-        states = [self.local.state[piece.view] for piece in self.pieces]
-        per_element = [k for k, v in states[0].items() if torch.is_tensor(v) and v.dim() > 0]
-        scalars = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in states[0].items() if k not in per_element}
-        full = {name: self._gathered(name) for name in per_element}
-        state = {}
-        for index, param in enumerate(self.params):
-            offset = self.offsets[id(param)]
-            state[index] = {**{k: (v.clone() if torch.is_tensor(v) else v) for k, v in scalars.items()},
-                            **{name: flat[offset:offset + param.numel()].view_as(param).clone()
-                               for name, flat in full.items()}}
-        groups, index = [], 0
-        for inner, outer in zip(self.local.param_groups, self.param_groups):
-            count = len(outer["params"])
-            groups.append({**{k: v for k, v in inner.items() if k != "params"},
-                           **{k: v for k, v in outer.items() if k != "params"},
-                           "params": list(range(index, index + count))})
-            index += count
-        return {"state": state, "param_groups": groups}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Takes this rank's shard of a whole-model state (keys matched by position, as torch does)."""
-        self.wait_parameters()
-        self._ensure_local_state()
-        saved_groups = state_dict["param_groups"]
-        key_of: dict[int, Any] = {}
-        for saved, outer, inner in zip(saved_groups, self.param_groups, self.local.param_groups):
-            for key, param in zip(saved["params"], outer["params"]):
-                key_of[id(param)] = key
-            for name, value in saved.items():
-                if name == "params":
-                    continue
-                if name in outer:
-                    outer[name] = value
-                if name in inner:
-                    inner[name] = value
-        for piece in self.pieces:
-            saved = state_dict["state"].get(key_of[id(piece.param)], {})
-            mine = self.local.state[piece.view]
-            for name, value in saved.items():
-                if torch.is_tensor(value) and value.dim() > 0:
-                    mine[name].copy_(value.reshape(-1)[piece.begin:piece.end])
-                elif torch.is_tensor(value) and torch.is_tensor(mine.get(name)):
-                    mine[name].copy_(value)
-                else:
-                    mine[name] = value
-        self._name_state()
-
-    def _gathered(self, name: str) -> torch.Tensor:
-        mine = torch.zeros(self.shard_numel, dtype=self._dtype, device=self._device)
-        for piece in self.pieces:
-            mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(
-                self.local.state[piece.view][name])
-        return self._all_gathered(mine)
-
-    def _launch_gathers(self) -> None:
-        """Starts every bucket's all-gather of the updated shards, in the forward's order of use
-        (the buckets are cut in reverse order of use)."""
-        for piece in self.pieces:
-            self._mine[piece.shard_offset:piece.shard_offset + piece.end - piece.begin].copy_(piece.view)
-        for index in reversed(range(len(self.buckets))):
-            bucket = self.buckets[index]
-            gathered = torch.empty(bucket.per_rank * self.dp, dtype=self._mine.dtype, device=self._mine.device)
-            mine = self._mine[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
-            self._gathers[index] = (all_gather_flat(gathered, mine, group=self.group, async_op=True), gathered)
-
-    def _launch_gather(self, index: int) -> None:
-        """zero3: starts bucket ``index``'s all-gather from the shards, unless it is whole or on its way."""
-        if index in self._present or index in self._gathers:
-            return
-        bucket = self.buckets[index]
-        gathered = torch.empty(bucket.per_rank * self.dp, dtype=self._dtype, device=self._device)
-        mine = self._master[bucket.shard_offset:bucket.shard_offset + bucket.per_rank]
-        self._gathers[index] = (all_gather_flat(gathered, mine, group=self.group, async_op=True), gathered)
-
-    @torch.no_grad()   # called from a forward pre-hook, inside a graph being recorded
     def _land_gather(self, index: int) -> None:
         """Waits for bucket ``index``'s all-gather and writes it into the parameters."""
         pending = self._gathers.pop(index, None)
@@ -490,97 +314,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self.observe is not None and self.level == 3:
             self.observe()
 
-    def _all_gathered(self, mine: torch.Tensor | None = None) -> torch.Tensor:
-        """Every rank's ``mine`` (default ``_mine``), in the flat order: rank r's part of each bucket
-        back in its place."""
-        gathered = self._new_flat()
-        all_gather_flat(gathered, self._mine if mine is None else mine, group=self.group)
-        if len(self.buckets) == 1:   # one range: the ranks' parts are already in order
-            return gathered
-        per_rank = gathered.view(self.dp, self.shard_numel)
-        flat = torch.empty(self.total, dtype=gathered.dtype, device=gathered.device)
-        for bucket in self.buckets:
-            parts = per_rank[:, bucket.shard_offset:bucket.shard_offset + bucket.per_rank].reshape(-1)
-            flat[bucket.begin:bucket.begin + bucket.numel].copy_(parts[:bucket.numel])
-        return flat
-
-    def _ensure_local_state(self) -> None:
-        """Creates the shard's state as DCP does for a fresh optimizer: one step at learning rate 0
-        with zero gradients (local: no collective)."""
-        if self.local.state:
-            return
-        lrs = [g["lr"] for g in self.local.param_groups]
-        for g in self.local.param_groups:
-            g["lr"] = 0.0
-        for piece in self.pieces:
-            piece.view.grad = torch.zeros_like(piece.view)
-        self.local.step()
-        for g, lr in zip(self.local.param_groups, lrs):
-            g["lr"] = lr
-        self.local.zero_grad(set_to_none=True)
-        self._name_state()
-
-    def _name_state(self) -> None:
-        names = list(next(iter(self.local.state.values())).keys()) if self.local.state else []
-        self.state.clear()
-        if names:
-            for param in self.params:
-                self.state[param] = dict.fromkeys(names)
-
-
-class ShardedReduction(BucketedReduction):
-    """``optim.distributed`` with ``train.overlap_grad_reduce``: each of the optimizer's buckets is
-    reduce-scattered into the shard as soon as the step's backwards have finished its gradients
-    (``BucketedReduction``'s hooks and launch order), and ``finish`` (the SYNC) waits for all of
-    them before the sharded step. Buckets holding ``deferred`` parameters (tied copies, summed
-    across stages at the SYNC first) go last, on every replica alike, so the collectives match."""
-
-    def __init__(self, optimizer: ShardedOptimizer, deferred: set[int], recorder: ReductionRecorder | None = None,
-                 clock: Callable[[], float] = time.perf_counter):
-        self.optimizer = optimizer
-        order = sorted(optimizer.buckets, key=lambda b: any(id(p) in deferred for p in b.params))
-        self._sharded = {}
-        buckets = []
-        for sharded in order:
-            bucket = make_bucket(sharded.params)
-            self._sharded[id(bucket)] = sharded
-            buckets.append(bucket)
-        super().__init__([p for b in optimizer.buckets for p in b.params], optimizer.group, optimizer.dp, 0,
-                         overlap=True, recorder=recorder, clock=clock, buckets=buckets, held=frozenset(deferred))
-
-    def accumulated(self, param: torch.Tensor) -> None:
-        super().accumulated(param)
-        if self.optimizer.level >= 2:   # whole gradients go as soon as their shard has arrived
-            self._land_completed()
-
-    def _land_completed(self) -> None:
-        for bucket in self.buckets[:self._next]:
-            if not bucket.landed and bucket.work.is_completed():
-                bucket.work.wait()   # done already; orders the result's stream where there is one
-                bucket.completed_at = self.clock()
-                self._land(bucket)
-                bucket.landed = True
-
-    def finish(self) -> None:
-        super().finish()
-        self.optimizer.gradients_reduced()
-
-    def _fill_missing(self) -> None:
-        """Nothing: a missing gradient reduces as zeros (``_launch``), and a landed bucket's whole
-        gradients must stay dropped."""
-
-    def held_bytes(self) -> int:
-        return sum(b.buffer.numel() * b.buffer.element_size() for b in self.buckets if b.buffer is not None)
-
-    def _new_buffer(self, bucket: Bucket) -> torch.Tensor:
-        return self.optimizer.bucket_buffer(self._sharded[id(bucket)])
-
-    def _collective(self, bucket: Bucket) -> dist.Work:
-        return self.optimizer.reduce_scatter(self._sharded[id(bucket)], bucket.buffer)
-
-    def _land(self, bucket: Bucket) -> None:
-        self.optimizer.land(self._sharded[id(bucket)])
-        bucket.buffer = None   # a gradient-sized buffer only while the buckets are in flight
 
 
 def _check_own_storage(params: list[nn.Parameter]) -> None:

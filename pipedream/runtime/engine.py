@@ -33,7 +33,8 @@ from pipedream.numerics.optim import (GradientSync, TiedCopy, build_optimizer, b
                                       optimizer_state_bytes)
 from pipedream.numerics.held_bytes import HeldBytes
 from pipedream.numerics.param_residency import LayerResidency, layer_buckets
-from pipedream.numerics.sharded_optim import ShardedOptimizer, ShardedReduction
+from pipedream.numerics.sharded_optim import ShardedOptimizer
+from pipedream.numerics.sharded_reduction import ShardedReduction
 from pipedream.config.run_spec import RunSpec
 from pipedream.runtime.async_runner import AsyncRunner
 from models.boundary import dtypes

@@ -82,7 +82,7 @@ def test_buckets_are_sharded_one_by_one_and_gathered_back_in_place(monkeypatch) 
     """train.overlap_grad_reduce: the flat order is the buckets' (reverse order of use), each bucket
     cut into dp parts of ceil(numel / dp); every element is owned once, and the all-gather of the
     ranks' shards puts every element back where it belongs."""
-    from pipedream.numerics import sharded_optim
+    from pipedream.numerics import param_gathers
 
     params = list(_model().parameters())   # buckets of >= 12 bytes, last layer first: [2, 10], [5], [15]
     ranks = [build_sharded_optimizer(ADAMW, params, 1e-2, None, 3, rank, bucket_bytes=12) for rank in range(3)]
@@ -99,7 +99,7 @@ def test_buckets_are_sharded_one_by_one_and_gathered_back_in_place(monkeypatch) 
 
     def all_gather(out, _mine, group=None, async_op=False):
         out.copy_(torch.cat([opt._mine for opt in ranks]))
-    monkeypatch.setattr(sharded_optim, "all_gather_flat", all_gather)
+    monkeypatch.setattr(param_gathers, "all_gather_flat", all_gather)
     flat = ranks[1]._all_gathered()
     for param in params:
         offset = ranks[1].offsets[id(param)]
@@ -110,7 +110,7 @@ def test_buckets_are_sharded_one_by_one_and_gathered_back_in_place(monkeypatch) 
 def test_overlapped_reduce_scatter_trains_as_plain_adamw(tied: bool) -> None:
     """ShardedReduction: buckets leave as the backward finishes them (a held one waits for the sync);
     the updates are plain AdamW's."""
-    from pipedream.numerics.sharded_optim import ShardedReduction
+    from pipedream.numerics.sharded_reduction import ShardedReduction
 
     plain_model, sharded_model = _model(), _model()
     plain = build_optimizer(ADAMW, list(plain_model.parameters()), 1e-2)

@@ -12,7 +12,7 @@ from torch import nn
 
 from pipedream.config.specs import OptimSpec
 from pipedream.errors import ConfigError
-from pipedream.numerics import sharded_optim
+from pipedream.numerics import param_gathers
 from pipedream.numerics.optim import build_optimizer, build_sharded_optimizer
 from pipedream.numerics.param_residency import LayerResidency, added_everywhere, layer_buckets
 from tests.support.single_process import world_of_one as one_rank_world
@@ -35,12 +35,12 @@ def world_of_one():
 def gathers(monkeypatch) -> list[int]:
     """The sizes of the parameters' all-gathers, in order."""
     calls: list[int] = []
-    real = sharded_optim.all_gather_flat
+    real = param_gathers.all_gather_flat
 
     def counted(out, mine, group=None, async_op=False):
         calls.append(out.numel())
         return real(out, mine, group=group, async_op=async_op)
-    monkeypatch.setattr(sharded_optim, "all_gather_flat", counted)
+    monkeypatch.setattr(param_gathers, "all_gather_flat", counted)
     return calls
 
 
