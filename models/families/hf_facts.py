@@ -47,6 +47,9 @@ LAYOUTS = MappingProxyType({
     "llama": HFLayout("LlamaForCausalLM", **LLAMA_LAYOUT),
     "mistral": HFLayout("MistralForCausalLM", **LLAMA_LAYOUT),
     "qwen2": HFLayout("Qwen2ForCausalLM", **LLAMA_LAYOUT),
+    # mixture-of-experts decoders: their MoE blocks are models.families.moe's (models.families.hf_moe)
+    "mixtral": HFLayout("MixtralForCausalLM", **LLAMA_LAYOUT),
+    "qwen2_moe": HFLayout("Qwen2MoeForCausalLM", **LLAMA_LAYOUT),
     "gpt2": HFLayout("GPT2LMHeadModel", embed="transformer.wte", layers="transformer.h", norm="transformer.ln_f",
                      positions="transformer.wpe", dropout="transformer.drop", attention="attn"),
 })
