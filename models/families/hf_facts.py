@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from models.errors import ConfigError
+from models.families.hf_moe_facts import hf_moe_config
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -121,6 +122,7 @@ def check_hf_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
     hf_config = read_hf_config(model_cfg)
     layout_of(hf_config, f"model.path={model_cfg.get('path')}: ")
     weight_files(model_folder(model_cfg))
+    hf_moe_config(hf_config)   # what an MoE decoder's model=hf cannot reproduce
     context = int(hf_config.get(SIZE_NAMES.get(hf_config["model_type"], STANDARD_SIZE_NAMES)["seq_len"]))
     seq_len = model_cfg.get("seq_len")
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 0 < seq_len <= context:
