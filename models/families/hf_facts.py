@@ -186,13 +186,16 @@ def hf_flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: 
                            seq_len: int | None = None) -> float:
     """2 FLOPs per multiply-add of every GEMM weight (the decoder layers' matrices and the LM head, not
     the embedding lookups) per token, plus attention's two s x s products (4 s^2 h per layer and
-    sequence); backward twice the forward, and a recomputed forward when the run recomputes."""
+    sequence); backward twice the forward, and a recomputed forward when the run recomputes. A token
+    goes through top_k of a mixture-of-experts layer's routed experts: they count top_k / num_experts."""
     sizes = config_from_files(model_cfg)
     hf_config = read_hf_config(model_cfg)
     layout = layout_of(hf_config)
     shapes = tensor_shapes(model_cfg)
     h, vocab, layers = int(sizes["hidden_size"]), int(sizes["vocab_size"]), int(sizes["num_layers"])
-    gemm = sum(_numel(shape) for name, shape in shapes.items()
+    moe = hf_moe_config(hf_config)
+    routed_share = 1.0 if moe is None else moe.top_k / moe.num_experts
+    gemm = sum(_numel(shape) * (routed_share if ".experts." in name else 1.0) for name, shape in shapes.items()
                if name.startswith(layout.layers + ".") and len(shape) == 2) + vocab * h
     s = int(seq_len or model_cfg.get("seq_len") or sizes["seq_len"])
     forward = 2 * s * gemm + 4 * layers * s * s * h

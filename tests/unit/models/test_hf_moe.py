@@ -2,7 +2,8 @@
 top-k weights and MoE in every second layer): the layers' logits, loss with the load-balancing
 term, and gradients are transformers' own (output_router_logits=True); a stage reads only its
 layers' tensors and an expert-parallel rank only its experts'; the export gives back the stored
-tensors; what cannot be reproduced is refused in one line."""
+tensors; a token counts the FLOPs of its top-k experts; what cannot be reproduced is refused
+in one line."""
 from __future__ import annotations
 
 import json
@@ -135,3 +136,11 @@ def test_what_cannot_be_reproduced_is_refused_in_one_line(folders, tmp_path):
     check_expert_parallel_config(model_cfg(folders["mixtral"]), 2)
     with pytest.raises(ConfigError, match=r"parallel.cp=2 with a mixture-of-experts model"):
         hf_model(model_cfg(folders["mixtral"]), cp=ContextParallel(group=object(), rank=0, size=2))
+
+
+def test_a_token_counts_the_flops_of_its_top_k_experts(folders):
+    from models.families.hf_facts import hf_flops_per_iteration
+    # per layer: q, o 32 x 32, k, v 16 x 32, the router 4 x 32, and top-2 of 4 SwiGLU experts 3 x 24 x 32
+    layer = 2 * 32 * 32 + 2 * 16 * 32 + 4 * 32 + 2 * 3 * 24 * 32
+    forward = 2 * 16 * (3 * layer + 64 * 32) + 4 * 3 * 16 * 16 * 32   # + the head; attention's s x s products
+    assert hf_flops_per_iteration({"path": str(folders["mixtral"]), "seq_len": 16}, 1, False) == 3 * forward
