@@ -64,8 +64,8 @@ def check_context_parallel_config(model_cfg: Any, cp: int) -> None:
 
 def check_expert_parallel_config(model_cfg: Any, ep: int, replicas: int | None = None) -> None:
     """One-line ConfigErrors if ``ep`` > 1 expert-parallel ranks cannot split the model's experts
-    (an MoE llama model or Hugging Face MoE decoder, ``num_experts`` divisible by ep) or, with ``replicas`` (dp x cp of a stage),
-    cannot be taken from those ranks. Needs no process group."""
+    (an MoE llama model or a Hugging Face MoE decoder, ``num_experts`` divisible by ep) or, with
+    ``replicas`` (dp x cp of a stage), cannot be taken from those ranks. Needs no process group."""
     if ep == 1:
         return
     from models.families.moe_facts import moe_config   # torch-free

@@ -103,7 +103,8 @@ class HFMoEHead(HFHead):
         aux = self.moe.num_experts * torch.sum((routing[0].detach() / rows) * (routing[1] / rows))
         if counting_forward(self):
             no_slots = torch.zeros(self.moe.num_experts, dtype=torch.int64, device=hidden.device)
-            self.statistics.record(no_slots, torch.zeros((), device=hidden.device), aux, torch.zeros(()))
+            zero = torch.zeros((), dtype=torch.float64, device=hidden.device)
+            self.statistics.record(no_slots, zero, aux, zero)
         if not (torch.is_grad_enabled() and self.training) or self.moe.aux_loss_coef == 0:
             return logits
         return attach_auxiliary_objective(logits, self.moe.aux_loss_coef * aux, self.statistics)

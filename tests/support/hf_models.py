@@ -41,7 +41,8 @@ def _config(kind: str):
 
 
 def save_tiny(kind: str, folder: Path, seed: int = 0, max_shard_size: str | None = "20KB") -> Path:
-    """A random ``kind`` (llama, mistral, qwen2, gpt2, mixtral, qwen2_moe) model saved under ``folder`` (sharded by default)."""
+    """A random ``kind`` (llama, mistral, qwen2, gpt2, mixtral, qwen2_moe) model saved under
+    ``folder`` (sharded by default)."""
     import transformers
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
