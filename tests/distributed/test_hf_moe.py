@@ -4,7 +4,8 @@ renormalised) train through model=hf at pp=2 x dp=2 with ep=2 (each rank two of 
 of each MoE layer) as single-process training does; the first step's loss plus the load-balancing
 term equals transformers' own loss (output_router_logits=True, router_aux_loss_coef) on the same
 micro-batches; the trained run exported with format=hf loads in transformers with the logits of
-the trained model's own forward. One launch of 4 ranks trains both."""
+the trained model's own forward. model=mixtral_tiny trained alike exports as a MixtralForCausalLM
+with its logits. One launch of 4 ranks trains the three."""
 from __future__ import annotations
 
 import json
@@ -25,6 +26,7 @@ from tests.support.workers import run_workers   # noqa: E402
 
 LAYOUT = ["parallel.pp=2", "parallel.dp=2", "parallel.ep=2", "schedule=1f1b", "train.steps=2", "checkpoint.every=2",
           "optim=sgd", "train.lr=0.05"]
+MIXTRAL_TINY = ["model=mixtral_tiny", *HF_RUN, *LAYOUT]
 
 
 def transformers_first_step_loss(folder: Path, overrides: list[str]) -> float:
@@ -51,8 +53,18 @@ def transformers_first_step_loss(folder: Path, overrides: list[str]) -> float:
 def test_hf_moe_models_train_with_expert_parallelism_and_export_back(tmp_path):
     folders = {kind: save_tiny(kind, tmp_path / kind) for kind in MOE_CONFIGS}
     runs = {kind: ["model=hf", f"model.path={folder}", *HF_RUN, *LAYOUT] for kind, folder in folders.items()}
-    per_rank = run_workers(train_rank, 4, [(config, str(tmp_path / f"{kind}-run")) for kind, config in runs.items()])
+    launches = [(config, str(tmp_path / f"{kind}-run")) for kind, config in runs.items()]
+    per_rank = run_workers(train_rank, 4, launches + [(MIXTRAL_TINY, str(tmp_path / "mixtral_tiny-run"))])
     tokens = torch.randint(64, (2, 16), generator=torch.Generator().manual_seed(0))
+
+    # model=llama's MoE preset exports as a Mixtral with the trained model's logits
+    out = tmp_path / "mixtral_tiny-hf"
+    assert export_main([f"run_dir={tmp_path / 'mixtral_tiny-run'}", "format=hf", f"out={out}"]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["MixtralForCausalLM"]
+    params = merge_params([rank_results[-1] for rank_results in per_rank])
+    torch.testing.assert_close(exported_logits(out, tokens), sequential_logits(MIXTRAL_TINY, params, tokens),
+                               rtol=0, atol=1e-5)
+
     for index, (kind, config) in enumerate(runs.items()):
         params = merge_params([rank_results[index] for rank_results in per_rank])
         reference = reference_training(config)

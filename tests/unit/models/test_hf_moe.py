@@ -1,5 +1,5 @@
-"""model=hf with mixture-of-experts decoders (Mixtral, Qwen2-MoE, the latter also with renormalised
-top-k weights and MoE in every second layer): the layers' logits, loss with the load-balancing
+"""model=hf with mixture-of-experts decoders (Mixtral, also with a sliding window, Qwen2-MoE, also
+with renormalised top-k weights and MoE in every second layer): the layers' logits, loss with the load-balancing
 term, and gradients are transformers' own (output_router_logits=True); a stage reads only its
 layers' tensors and an expert-parallel rank only its experts'; the export gives back the stored
 tensors; a token counts the FLOPs of its top-k experts; what cannot be reproduced is refused
@@ -23,6 +23,7 @@ from pipedream.config.loading import compose_config   # noqa: E402
 from tests.support.hf_models import MOE_CONFIGS   # noqa: E402
 
 VARIANTS = {"mixtral": ("mixtral", {}), "qwen2_moe": ("qwen2_moe", {}),
+            "mixtral_sliding_window": ("mixtral", {"sliding_window": 4}),   # shorter than the 12 tokens
             "qwen2_moe_renormalised_every2": ("qwen2_moe", {"norm_topk_prob": True, "decoder_sparse_step": 2,
                                                             "mlp_only_layers": []})}
 
