@@ -122,7 +122,10 @@ def check_hf_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
     hf_config = read_hf_config(model_cfg)
     layout_of(hf_config, f"model.path={model_cfg.get('path')}: ")
     weight_files(model_folder(model_cfg))
-    hf_moe_config(hf_config)   # what an MoE decoder's model=hf cannot reproduce
+    try:   # what an MoE decoder's model=hf cannot reproduce
+        hf_moe_config(hf_config)
+    except ConfigError as problem:
+        raise ConfigError(f"model.path={model_cfg.get('path')}: {problem}") from None
     context = int(hf_config.get(SIZE_NAMES.get(hf_config["model_type"], STANDARD_SIZE_NAMES)["seq_len"]))
     seq_len = model_cfg.get("seq_len")
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 0 < seq_len <= context:
