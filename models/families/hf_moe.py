@@ -9,12 +9,12 @@ checkpoint's per-expert tensors (``hf_moe_facts.moe_layer_keys``).
 transformers' load-balancing loss is taken over all MoE layers' routing at once: num_experts *
 sum_e (slots routed to e / rows) * (sum of e's router probability / rows), rows = MoE layers x
 tokens, which is not the mean of per-layer losses. Its layers sit in different pipeline stages,
-so the per-expert sums travel with the hidden states: every layer passes (hidden, routing sums
-[2, E]) on, each MoE layer adding its slot counts (row 0, no gradient) and router probabilities
-(row 1), and the head computes the loss from them. The gradient flows back to every layer's
-router through row 1, across the stage boundaries like the hidden states' gradient
-(``models.boundary``).
-"""
+so the per-expert sums travel with the hidden states: every layer passes (hidden, slot counts
+[E], probability shares [E]) on, each MoE layer adding its own, and the head computes the loss
+from them. The counts are integers (no gradient; exact under any precision); the gradient flows
+back to every layer's router through the shares, across the stage boundaries like the hidden
+states' gradient (``models.boundary``). Under bf16 or fp16 the shares travel in that precision,
+as every floating-point boundary does (``pipedream.numerics.precision``)."""
 from __future__ import annotations
 
 from typing import Any
@@ -46,61 +46,72 @@ def counting_forward(module: nn.Module) -> bool:
     return module.training and torch._C._current_graph_task_id() == -1
 
 
-class HFRoutedMLP(MoEMLP):
-    """An ``MoEMLP`` that leaves its load-balancing term to the head: each forward keeps its
-    per-expert slot counts and router probability sums in ``routing`` ([2, E]) for its decoder layer."""
+Routing = tuple[torch.Tensor, torch.Tensor]   # (slot counts [E] int64, probability shares [E])
 
-    routing: torch.Tensor | None = None
+
+class HFRoutedMLP(MoEMLP):
+    """An ``MoEMLP`` that leaves its load-balancing term to the head: each forward keeps, for its
+    decoder layer, its per-expert slot counts (integers: exact whatever the precision, and without
+    gradient) and its router probabilities summed over tokens / (MoE layers x tokens): summed over
+    the layers, transformers' mean router probability per expert, a number at most one that a
+    half-precision boundary carries without overflow."""
+
+    routing: Routing | None = None
 
     def _with_auxiliary_objective(self, out: torch.Tensor, logits: torch.Tensor, probs: torch.Tensor,
                                   slot_experts: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
         counts = torch.bincount(slot_experts, minlength=self.moe.num_experts)
         if counting_forward(self):
             self.statistics.record_counts(counts)
-        self.routing = torch.stack((counts.to(probs.dtype), probs.sum(dim=0)))
+        self.routing = (counts, probs.sum(dim=0) / (self.moe_layers * probs.shape[0]))
         return out
 
 
 class HFMoEEmbedding(HFEmbedding):
-    """The embedding, and the routing sums (zero) the MoE layers add to."""
+    """The embedding, and the routing (zero) the MoE layers add to."""
 
     def __init__(self, *args: Any, num_experts: int, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.num_experts = num_experts
 
-    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         hidden = super().forward(tokens)
-        return hidden, hidden.new_zeros((2, self.num_experts), dtype=torch.float32)
+        return (hidden, hidden.new_zeros(self.num_experts, dtype=torch.int64),
+                hidden.new_zeros(self.num_experts, dtype=torch.float32))
 
 
 class HFMoEDecoderLayer(HFDecoderLayer):
-    """A decoder layer taking and passing on (hidden, routing sums); an MoE layer adds its own."""
+    """A decoder layer taking and passing on (hidden, slot counts, probability shares); an MoE
+    layer adds its own."""
 
-    def forward(self, hidden: torch.Tensor, routing: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, hidden: torch.Tensor, counts: torch.Tensor,
+                shares: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         mlp = self.layer.mlp
         if not isinstance(mlp, HFRoutedMLP):   # a dense layer (Qwen2-MoE's mlp_only_layers)
-            return super().forward(hidden), routing.view_as(routing)
+            return super().forward(hidden), counts, shares.view_as(shares)
         mlp.routing = None
         hidden = super().forward(hidden)
         added, mlp.routing = mlp.routing, None   # none on the meta device (shape inference)
-        return hidden, routing if added is None else routing + added
+        if added is None:
+            return hidden, counts, shares.view_as(shares)
+        return hidden, counts + added[0], shares + added[1].to(shares.dtype)
 
 
 class HFMoEHead(HFHead):
     """The final norm and LM head; in training, transformers' load-balancing loss of the whole
-    model from the routing sums, times ``router_aux_loss_coef``, joins the objective."""
+    model from the routing, times ``router_aux_loss_coef``, joins the objective."""
 
     def __init__(self, norm: nn.Module, lm_head: nn.Module, moe: MoEConfig, moe_layers: int,
                  statistics: WholeModelMoEStatistics):
         super().__init__(norm, lm_head)
         self.moe, self.moe_layers, self.statistics = moe, moe_layers, statistics
 
-    def forward(self, hidden: torch.Tensor, routing: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, counts: torch.Tensor, shares: torch.Tensor) -> torch.Tensor:
         logits = super().forward(hidden)
         if hidden.is_meta:
             return logits
         rows = self.moe_layers * hidden.shape[0] * hidden.shape[1]
-        aux = self.moe.num_experts * torch.sum((routing[0].detach() / rows) * (routing[1] / rows))
+        aux = self.moe.num_experts * torch.sum((counts.float() / rows) * shares.float())
         if counting_forward(self):
             no_slots = torch.zeros(self.moe.num_experts, dtype=torch.int64, device=hidden.device)
             zero = torch.zeros((), dtype=torch.float64, device=hidden.device)

@@ -2,8 +2,8 @@
 with renormalised top-k weights and MoE in every second layer): the layers' logits, loss with the load-balancing
 term, and gradients are transformers' own (output_router_logits=True); a stage reads only its
 layers' tensors and an expert-parallel rank only its experts'; the export gives back the stored
-tensors; a token counts the FLOPs of its top-k experts; what cannot be reproduced is refused
-in one line."""
+tensors; a token counts the FLOPs of its top-k experts; under bf16 the slot counts cross the
+layers as integers; what cannot be reproduced is refused in one line."""
 from __future__ import annotations
 
 import json
@@ -145,3 +145,20 @@ def test_a_token_counts_the_flops_of_its_top_k_experts(folders):
     layer = 2 * 32 * 32 + 2 * 16 * 32 + 4 * 32 + 2 * 3 * 24 * 32
     forward = 2 * 16 * (3 * layer + 64 * 32) + 4 * 3 * 16 * 16 * 32   # + the head; attention's s x s products
     assert hf_flops_per_iteration({"path": str(folders["mixtral"]), "seq_len": 16}, 1, False) == 3 * forward
+
+
+def test_under_bf16_the_slot_counts_cross_the_layers_exact(folders):
+    from pipedream.numerics.precision import MixedPrecision
+    model = build_model(model_cfg(folders["mixtral"]))
+    network = model.build_sequential().train()
+    precision = MixedPrecision("bf16", "cpu")
+    precision.apply(list(network))   # every floating-point output leaves in bf16, as on a stage boundary
+    arrived = []
+    network[-1].register_forward_pre_hook(lambda module, inputs: arrived.append(inputs))
+    inputs, _ = model.make_batch(32, torch.Generator().manual_seed(3))   # 32 x 12 tokens: > 256 slots per expert
+    with precision.autocast():
+        network(inputs)
+    hidden, counts, shares = arrived[0]
+    assert hidden.dtype == shares.dtype == torch.bfloat16 and counts.dtype == torch.int64
+    assert int(counts.sum()) == 3 * 32 * 12 * 2 and int(counts.max()) > 256   # 3 MoE layers, top-2
+    assert float(shares.detach().float().sum()) == pytest.approx(1.0, abs=1e-2)   # the mean router probabilities
