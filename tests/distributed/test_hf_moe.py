@@ -77,6 +77,8 @@ def test_hf_moe_models_train_with_expert_parallelism_and_export_back(tmp_path):
         coef = json.loads((folders[kind] / "config.json").read_text())["router_aux_loss_coef"]
         ours = first["loss"] + coef * first["moe_aux_loss"]
         assert first["moe_aux_loss"] > 0
+        moe_layers = {"mixtral": 3, "qwen2_moe": 2}[kind]   # Qwen2-MoE's layer 1 is dense
+        assert sum(first["moe_tokens_per_expert"]) == moe_layers * 8 * 16 * 2   # x global batch x sequence x top-2
         assert ours == pytest.approx(transformers_first_step_loss(folders[kind], config), abs=1e-5)
 
         out = tmp_path / f"{kind}-hf"
