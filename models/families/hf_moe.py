@@ -24,7 +24,7 @@ from torch import nn
 
 from models.expert_parallel import ExpertParallel, splitting
 from models.families.hf_layers import HFDecoderLayer, HFEmbedding, HFHead
-from models.families.llama import SwiGLU, _linear
+from models.families.llama import SwiGLU
 from models.families.moe import MoEMLP, MoEStatistics, attach_auxiliary_objective
 from models.families.moe_facts import MoEConfig
 
@@ -125,8 +125,11 @@ def routed_mlp(config: Any, moe: MoEConfig, statistics: WholeModelMoEStatistics,
                ep: ExpertParallel | None) -> HFRoutedMLP:
     """An MoE block holding this rank's experts, on the meta device: the caller materialises it
     (then fills it from the checkpoint), so the experts other ranks hold never take memory."""
+    def linear(in_features: int, out_features: int) -> nn.Linear:   # its values come from the checkpoint
+        return nn.Linear(in_features, out_features, bias=False)
+
     with torch.device("meta"):
-        mlp = HFRoutedMLP(int(config.hidden_size), moe, statistics, moe_layers, SwiGLU, _linear, ep=ep)
+        mlp = HFRoutedMLP(int(config.hidden_size), moe, statistics, moe_layers, SwiGLU, linear, ep=ep)
     return mlp
 
 
