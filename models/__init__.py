@@ -64,13 +64,17 @@ def check_context_parallel_config(model_cfg: Any, cp: int) -> None:
 
 def check_expert_parallel_config(model_cfg: Any, ep: int, replicas: int | None = None) -> None:
     """One-line ConfigErrors if ``ep`` > 1 expert-parallel ranks cannot split the model's experts
-    (an MoE llama model, ``num_experts`` divisible by ep) or, with ``replicas`` (dp x cp of a stage),
-    cannot be taken from those ranks. Needs no process group."""
+    (an MoE llama model or a Hugging Face MoE decoder, ``num_experts`` divisible by ep) or, with
+    ``replicas`` (dp x cp of a stage), cannot be taken from those ranks. Needs no process group."""
     if ep == 1:
         return
     from models.families.moe_facts import moe_config   # torch-free
     name = model_cfg.get("name") or f"{model_cfg.get('_target_')} (a plugin)"
-    moe = moe_config(model_cfg) if model_cfg.get("name") == "llama" else None   # the family with MoE layers
+    moe = moe_config(model_cfg) if model_cfg.get("name") == "llama" else None   # the families with MoE layers
+    if model_cfg.get("name") == "hf":
+        from models.families.hf_facts import read_hf_config
+        from models.families.hf_moe_facts import hf_moe_config
+        moe = hf_moe_config(read_hf_config(model_cfg))
     if moe is None:
         raise ConfigError(f"parallel.ep={ep} but model={name} has no MoE layers: set parallel.ep=1 or use an MoE "
                           f"model (model.moe.num_experts > 0, e.g. model=mixtral_tiny)")

@@ -21,13 +21,18 @@ from typing import Any, Iterable
 import torch
 from torch import nn
 
-from models.context_parallel import ContextParallel, global_positions
+from models.context_parallel import ContextParallel
+from models.expert_parallel import ExpertParallel
 from models.group_context import splitting
 from models.errors import ConfigError
 from models.families.gpt import language_model_loss
 from models.families.hf_facts import (INSTALL_HINT, HFLayout, config_from_files, hf_stage_keys, layout_of,
                                       model_folder, read_hf_config, weight_files)
 from models.families.hf_context_parallel import check_hf_context_parallel, use_ring_attention
+from models.families.hf_layers import HFDecoderLayer, HFEmbedding, HFHead, sliding_layer
+from models.families.hf_moe import (HFMoEDecoderLayer, HFMoEEmbedding, HFMoEHead, WholeModelMoEStatistics,
+                                    mark_experts, read_fused, routed_mlp)
+from models.families.hf_moe_facts import hf_moe_config, is_moe_layer, moe_layer_count, moe_layer_keys
 from models.spec import LayerModel
 
 
@@ -65,113 +70,69 @@ class SafetensorsCheckpoint:
         return tensors
 
 
-class HFEmbedding(nn.Module):
-    """Token embedding, plus a learned position table where the model has one (GPT-2), read at
-    the tokens' global positions (``cp``: this rank's zigzag shard)."""
-
-    def __init__(self, embed: nn.Module, positions: nn.Module | None, dropout: nn.Module | None,
-                 cp: ContextParallel | None = None):
-        super().__init__()
-        self.embed = embed
-        self.positions = positions
-        self.drop = dropout if dropout is not None else nn.Identity()
-        self.cp = cp
-
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        hidden = self.embed(tokens)
-        if self.positions is not None:
-            hidden = hidden + self.positions(global_positions(tokens.shape[1], self.cp, tokens.device))
-        return self.drop(hidden)
-
-
-class HFDecoderLayer(nn.Module):
-    """One decoder layer; computes its own positions, rotary cos/sin and causal (or sliding-window) mask
-    the way the model's own forward does for a batch without padding. ``cp``: ``hidden`` is this
-    rank's zigzag shard, at its global positions; the ring attention masks, so no mask is built."""
-
-    def __init__(self, layer: nn.Module, config: Any, rotary: nn.Module | None, sliding: bool,
-                 cp: ContextParallel | None = None):
-        super().__init__()
-        self.layer = layer
-        self.rotary = rotary
-        self.sliding = sliding
-        self.cp = cp
-        self._config = config   # not a module: kept out of the state dict
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
-        positions = global_positions(hidden.shape[1], self.cp, hidden.device).unsqueeze(0)
-        make_mask = create_sliding_window_causal_mask if self.sliding else create_causal_mask
-        # shape inference runs on the meta device, where a mask cannot be built (nor changes a shape);
-        # under context parallelism the ring attention masks
-        unmasked = hidden.is_meta or self.cp is not None
-        mask = None if unmasked else make_mask(config=self._config, inputs_embeds=hidden, attention_mask=None,
-                                               cache=None, position_ids=positions)
-        extra = {}
-        if self.rotary is not None:
-            extra = dict(position_embeddings=self.rotary(hidden, positions), position_ids=positions)
-        return self.layer(hidden, attention_mask=mask, **extra)
-
-
-class HFHead(nn.Module):
-    def __init__(self, norm: nn.Module, lm_head: nn.Module):
-        super().__init__()
-        self.norm = norm
-        self.lm_head = lm_head
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(hidden))
-
-
-def sliding_layer(config: Any, index: int) -> bool:
-    """Whether decoder layer ``index`` attends through a sliding window (Mistral; Qwen2's layer_types)."""
-    layer_types = getattr(config, "layer_types", None)
-    if layer_types:
-        return layer_types[index] == "sliding_attention"
-    return getattr(config, "sliding_window", None) is not None
-
-
 def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | None = None,
-             cp: ContextParallel | None = None) -> LayerModel:
+             cp: ContextParallel | None = None, ep: ExpertParallel | None = None) -> LayerModel:
     """The model folder ``model_cfg["path"]`` as a ``LayerModel``. ``checkpoint`` reads the tensors
     (one per model by default; pass one to see what was read). ``seed`` is unused: the weights are
     the checkpoint's. With ``cp`` (size > 1) the layers take this rank's zigzag shard of each
-    sequence (``split_zigzag``) and the loss is the local mean, as the gpt and llama families'."""
+    sequence (``split_zigzag``) and the loss is the local mean, as the gpt and llama families'.
+    A mixture-of-experts decoder's MoE blocks are ``models.families.moe``'s (``hf_moe``); with
+    ``ep`` (size > 1) each holds, and reads, only this rank's experts."""
     transformers = require_transformers()
     folder = model_folder(model_cfg)
-    layout = layout_of(read_hf_config(model_cfg), f"model.path={model_cfg.get('path')}: ")
+    hf_config = read_hf_config(model_cfg)
+    where = f"model.path={model_cfg.get('path')}: "
+    layout = layout_of(hf_config, where)
     sizes = config_from_files(model_cfg)
     num_blocks, vocab_size = int(sizes["num_layers"]), int(sizes["vocab_size"])
     seq_len = int(model_cfg.get("seq_len") or sizes["seq_len"])
     tie = bool(sizes["tie_embeddings"])
     config = transformers.AutoConfig.from_pretrained(str(folder), local_files_only=True)
     cp = splitting(cp)
+    moe = hf_moe_config(hf_config)
     if cp is not None:
-        check_hf_context_parallel(config, num_blocks, seq_len, cp, f"model.path={model_cfg.get('path')}: ",
-                                  sliding_layer)
+        if moe is not None:
+            raise ConfigError(f"{where}parallel.cp={cp.size} with a mixture-of-experts model: its load-balancing "
+                              f"loss is over every token of a sequence; set parallel.cp=1")
+        check_hf_context_parallel(config, num_blocks, seq_len, cp, where, sliding_layer)
+    ep = splitting(ep)
     reader = checkpoint or SafetensorsCheckpoint(folder)
     last = num_blocks + 1
+    statistics = None if moe is None else WholeModelMoEStatistics(moe.num_experts)
+    moe_layers = 0 if moe is None else moe_layer_count(hf_config, moe, num_blocks)
 
     @cache
     def skeleton() -> nn.Module:
         with torch.device("meta"):
             return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
-    def part(name: str | None) -> nn.Module | None:
-        if name is None:
-            return None
-        module = copy.deepcopy(skeleton().get_submodule(name))
+    def materialise(module: nn.Module) -> nn.Module:
         device = torch.get_default_device()
         return module if device.type == "meta" else module.to_empty(device=device)
 
+    def part(name: str | None) -> nn.Module | None:
+        return None if name is None else materialise(copy.deepcopy(skeleton().get_submodule(name)))
+
+    def decoder_layer(block: int) -> nn.Module:
+        if moe is None or not is_moe_layer(hf_config, moe, block):
+            return part(f"{layout.layers}.{block}")
+        layer = copy.deepcopy(skeleton().get_submodule(f"{layout.layers}.{block}"))
+        layer.mlp = routed_mlp(config, moe, statistics, moe_layers, ep)
+        materialise(layer)
+        mark_experts(layer.mlp, ep)
+        return layer
+
     def build_layer(i: int) -> nn.Module:
         if i == 0:
-            layer = HFEmbedding(part(layout.embed), part(layout.positions), part(layout.dropout), cp)
+            parts = (part(layout.embed), part(layout.positions), part(layout.dropout), cp)
+            layer = HFEmbedding(*parts) if moe is None else HFMoEEmbedding(*parts, num_experts=moe.num_experts)
         elif i == last:
-            layer = HFHead(part(layout.norm), part(layout.head))
+            layer = (HFHead(part(layout.norm), part(layout.head)) if moe is None else
+                     HFMoEHead(part(layout.norm), part(layout.head), moe, moe_layers, statistics))
         else:
             rotary = type(skeleton().get_submodule(layout.rotary))(config=config) if layout.rotary else None
-            layer = HFDecoderLayer(part(f"{layout.layers}.{i - 1}"), config, rotary, sliding_layer(config, i - 1), cp)
+            wrapper = HFDecoderLayer if moe is None else HFMoEDecoderLayer
+            layer = wrapper(decoder_layer(i - 1), config, rotary, sliding_layer(config, i - 1), cp)
             if cp is not None:
                 use_ring_attention(layer.layer.get_submodule(layout.attention), cp)
         if torch.get_default_device().type != "meta":
@@ -179,6 +140,12 @@ def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | 
         return layer
 
     def load_layer(layer: nn.Module, layout: HFLayout, i: int) -> None:
+        if moe is not None and 0 < i < last and is_moe_layer(hf_config, moe, i - 1):
+            experts = range(moe.num_experts) if ep is None else ep.local_experts(moe.num_experts)
+            keys = moe_layer_keys(hf_config, moe, f"{layout.layers}.{i - 1}", reader.files, experts)
+            tensors = reader.read(sorted({name for names in keys.values() for name in names}))
+            layer.load_state_dict(read_fused(tensors, keys), strict=True)
+            return
         keys = hf_stage_keys(layout, num_blocks, i, reader.files, tie)
         tensors = reader.read(sorted(set(keys.values())))
         layer.load_state_dict({local: tensors[stored] for local, stored in keys.items()}, strict=True)
@@ -189,12 +156,13 @@ def hf_model(model_cfg: Any, seed: int = 0, checkpoint: SafetensorsCheckpoint | 
 
     tied = (((0, "embed.weight"), (last, "lm_head.weight")),) if tie else ()
     return LayerModel(name="hf", num_layers=num_blocks + 2, build_layer=build_layer, loss_fn=language_model_loss,
-                      make_batch=make_batch, tied=tied)
+                      make_batch=make_batch, tied=tied, statistics=statistics)
 
 
-def hf_from_config(model_cfg: Any, seed: int = 0, tp: Any = None, cp: ContextParallel | None = None) -> LayerModel:
+def hf_from_config(model_cfg: Any, seed: int = 0, tp: Any = None, cp: ContextParallel | None = None,
+                   ep: ExpertParallel | None = None) -> LayerModel:
     """``model=hf`` (``models.registry``); ``tp`` is always None (the family has no tensor-parallel form)."""
-    return hf_model(model_cfg, seed, cp=cp)
+    return hf_model(model_cfg, seed, cp=cp, ep=ep)
 
 
 def to_hf(model_state: dict[str, torch.Tensor], model_cfg: Any) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
@@ -205,8 +173,14 @@ def to_hf(model_state: dict[str, torch.Tensor], model_cfg: Any) -> tuple[dict[st
     sizes = config_from_files(model_cfg)
     num_blocks, tie = int(sizes["num_layers"]), bool(sizes["tie_embeddings"])
     stored = weight_files(model_folder(model_cfg))
+    moe = hf_moe_config(hf_config)
     state: dict[str, torch.Tensor] = {}
     for i in range(num_blocks + 2):
+        if moe is not None and 0 < i <= num_blocks and is_moe_layer(hf_config, moe, i - 1):
+            keys = moe_layer_keys(hf_config, moe, f"{layout.layers}.{i - 1}", stored, range(moe.num_experts))
+            for local, names in keys.items():   # a fused [gate; up] goes back as its two halves
+                state.update(zip(names, model_state[f"{i}.{local}"].chunk(len(names), dim=0)))
+            continue
         for local, name in hf_stage_keys(layout, num_blocks, i, stored, tie).items():
             if tie and local == "lm_head.weight":
                 continue

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from models.errors import ConfigError
+from models.families.hf_moe_facts import hf_moe_config
 
 CONFIG_FILE = "config.json"
 INDEX_FILE = "model.safetensors.index.json"
@@ -47,6 +48,9 @@ LAYOUTS = MappingProxyType({
     "llama": HFLayout("LlamaForCausalLM", **LLAMA_LAYOUT),
     "mistral": HFLayout("MistralForCausalLM", **LLAMA_LAYOUT),
     "qwen2": HFLayout("Qwen2ForCausalLM", **LLAMA_LAYOUT),
+    # mixture-of-experts decoders: their MoE blocks are models.families.moe's (models.families.hf_moe)
+    "mixtral": HFLayout("MixtralForCausalLM", **LLAMA_LAYOUT),
+    "qwen2_moe": HFLayout("Qwen2MoeForCausalLM", **LLAMA_LAYOUT),
     "gpt2": HFLayout("GPT2LMHeadModel", embed="transformer.wte", layers="transformer.h", norm="transformer.ln_f",
                      positions="transformer.wpe", dropout="transformer.drop", attention="attn"),
 })
@@ -118,6 +122,10 @@ def check_hf_config(model_cfg: Mapping[str, Any], micro_batch: Any) -> None:
     hf_config = read_hf_config(model_cfg)
     layout_of(hf_config, f"model.path={model_cfg.get('path')}: ")
     weight_files(model_folder(model_cfg))
+    try:   # what an MoE decoder's model=hf cannot reproduce
+        hf_moe_config(hf_config)
+    except ConfigError as problem:
+        raise ConfigError(f"model.path={model_cfg.get('path')}: {problem}") from None
     context = int(hf_config.get(SIZE_NAMES.get(hf_config["model_type"], STANDARD_SIZE_NAMES)["seq_len"]))
     seq_len = model_cfg.get("seq_len")
     if not isinstance(seq_len, int) or isinstance(seq_len, bool) or not 0 < seq_len <= context:
@@ -181,13 +189,16 @@ def hf_flops_per_iteration(model_cfg: Mapping[str, Any], batch: int, recompute: 
                            seq_len: int | None = None) -> float:
     """2 FLOPs per multiply-add of every GEMM weight (the decoder layers' matrices and the LM head, not
     the embedding lookups) per token, plus attention's two s x s products (4 s^2 h per layer and
-    sequence); backward twice the forward, and a recomputed forward when the run recomputes."""
+    sequence); backward twice the forward, and a recomputed forward when the run recomputes. A token
+    goes through top_k of a mixture-of-experts layer's routed experts: they count top_k / num_experts."""
     sizes = config_from_files(model_cfg)
     hf_config = read_hf_config(model_cfg)
     layout = layout_of(hf_config)
     shapes = tensor_shapes(model_cfg)
     h, vocab, layers = int(sizes["hidden_size"]), int(sizes["vocab_size"]), int(sizes["num_layers"])
-    gemm = sum(_numel(shape) for name, shape in shapes.items()
+    moe = hf_moe_config(hf_config)
+    routed_share = 1.0 if moe is None else moe.top_k / moe.num_experts
+    gemm = sum(_numel(shape) * (routed_share if ".experts." in name else 1.0) for name, shape in shapes.items()
                if name.startswith(layout.layers + ".") and len(shape) == 2) + vocab * h
     s = int(seq_len or model_cfg.get("seq_len") or sizes["seq_len"])
     forward = 2 * s * gemm + 4 * layers * s * s * h

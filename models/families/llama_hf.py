@@ -1,4 +1,5 @@
-"""Llama weights in Hugging Face ``transformers`` form (``LlamaForCausalLM``) and back.
+"""Llama weights in Hugging Face ``transformers`` form (``LlamaForCausalLM``; an MoE model as
+``MixtralForCausalLM``) and back (dense).
 
 The single-process state dict names parameters ``<layer index>.<name>`` (``pipedream.export``'s
 consolidated checkpoint): layer 0 the embedding, 1..L the blocks, L+1 the head. The computation
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from models.errors import ConfigError
+from models.families.hf_moe_facts import mixtral_config
 from models.families.moe_facts import moe_config
 from models.families.llama_facts import REQUIRED_KEYS, llama_option, rope_scaling
 
@@ -44,12 +46,11 @@ def hf_config(model_cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def to_hf(model_state: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(config_dict, hf_state) for a consolidated single-process state dict (dense models: an MoE
-    model is refused in one line)."""
-    if moe_config(model_cfg) is not None:
-        raise ConfigError("model.moe is set: the Hugging Face export writes dense Llama checkpoints only; "
-                          "export a model with model.moe.num_experts=0")
-    config = hf_config(model_cfg)
+    """(config_dict, hf_state) for a consolidated single-process state dict: a dense model as
+    ``LlamaForCausalLM``, an MoE one as ``MixtralForCausalLM`` (an MoE form Mixtral cannot hold is
+    refused in one line, ``hf_moe_facts.mixtral_config``)."""
+    moe = moe_config(model_cfg)
+    config = hf_config(model_cfg) if moe is None else mixtral_config(model_cfg, moe, hf_config(model_cfg))
     layers = config["num_hidden_layers"]
     head = layers + 1
     hf_state = {"model.embed_tokens.weight": _get(model_state, "0.embed_tokens.weight"),
@@ -58,12 +59,30 @@ def to_hf(model_state: Mapping[str, Any], model_cfg: Mapping[str, Any]) -> tuple
         hf_state["lm_head.weight"] = _get(model_state, f"{head}.weight")
     for block in range(layers):
         prefix, hf_prefix = f"{block + 1}.", f"model.layers.{block}."
+        if moe is not None:
+            hf_state.update(_mixtral_block(model_state, prefix, hf_prefix, moe.num_experts))
+            continue
         for name, hf_name in BLOCK_NAMES.items():
             hf_state[hf_prefix + hf_name] = _get(model_state, prefix + name)
         gate, up = _get(model_state, prefix + GATE_UP).chunk(2, dim=0)
         hf_state[hf_prefix + "mlp.gate_proj.weight"] = gate.contiguous()
         hf_state[hf_prefix + "mlp.up_proj.weight"] = up.contiguous()
     return config, hf_state
+
+
+def _mixtral_block(model_state: Mapping[str, Any], prefix: str, hf_prefix: str, num_experts: int) -> dict[str, Any]:
+    """An MoE block under Mixtral's names: the router is ``block_sparse_moe.gate``, expert E's fused
+    [gate; up] its ``w1`` and ``w3``, its down projection ``w2``."""
+    block = {hf_name: _get(model_state, prefix + name) for name, hf_name in BLOCK_NAMES.items()
+             if not name.startswith("mlp.")}
+    moe_prefix = "block_sparse_moe."
+    block[moe_prefix + "gate.weight"] = _get(model_state, prefix + "mlp.router.weight")
+    for e in range(num_experts):
+        expert, hf_expert = f"{prefix}mlp.experts.{e}.", f"{moe_prefix}experts.{e}."
+        w1, w3 = _get(model_state, expert + "gate_up_proj.weight").chunk(2, dim=0)
+        block |= {hf_expert + "w1.weight": w1.contiguous(), hf_expert + "w3.weight": w3.contiguous(),
+                  hf_expert + "w2.weight": _get(model_state, expert + "down_proj.weight")}
+    return {hf_prefix + name: tensor for name, tensor in block.items()}
 
 
 def from_hf(hf_state: Mapping[str, Any], hf_config: Any) -> tuple[dict[str, Any], dict[str, Any]]:

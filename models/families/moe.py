@@ -103,6 +103,16 @@ class _WithAuxiliaryObjective(torch.autograd.Function):
         return grad_output, torch.full(shape, ctx.scale, dtype=dtype, device=device), None
 
 
+def attach_auxiliary_objective(out: torch.Tensor, objective: torch.Tensor, statistics: MoEStatistics) -> torch.Tensor:
+    """``out``, whose backward also sends the gradient of ``objective`` (times the micro-batch's loss
+    scale); with ``statistics.collected`` the objective goes there instead, for a loop adding it
+    to the loss itself (the llama family's layers do the same in ``_with_auxiliary_objective``)."""
+    if statistics.collected is not None:
+        statistics.collected.append(objective)
+        return out
+    return _WithAuxiliaryObjective.apply(out, objective, statistics.loss_scale)
+
+
 def route(logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(softmax probabilities [T, E] in fp32, each token's top_k weights [T, k], their experts [T, k])."""
     probs = torch.softmax(logits.float(), dim=-1)

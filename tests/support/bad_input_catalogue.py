@@ -163,6 +163,8 @@ CATALOGUE = [
          "describes BertForMaskedLM, which model=hf cannot split into pipeline layers"),
     case("hf-tensor-parallel", "model=hf model.path={tmp}/llama_header_only data=synthetic parallel.tp=2 parallel.pp=1",
          "model=hf has no tensor-parallel form but parallel.tp=2"),
+    case("hf-moe-router-jitter", "model=hf model.path={tmp}/mixtral_jitter data=synthetic",
+         "router_jitter_noise=0.1: model=hf routes without jitter"),
     # device and optional packages
     case("device-tpu", "cluster.device=tpu", "cluster.device='tpu' is not supported"),
     case("device-cuda-missing", "cluster.device=cuda", "no usable CUDA device"),
@@ -212,6 +214,13 @@ def make_fixtures(tmp: Path, other_model_checkpoint: bool = True) -> Path:
         "model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 2, "hidden_size": 32,
         "num_attention_heads": 4, "max_position_embeddings": 32, "vocab_size": 64, "tie_word_embeddings": False}))
     (llama / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
+    mixtral = tmp / "mixtral_jitter"   # a Mixtral that routes with jitter noise
+    mixtral.mkdir()
+    (mixtral / "config.json").write_text(json.dumps({
+        "model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "num_hidden_layers": 2, "hidden_size": 32,
+        "num_attention_heads": 4, "max_position_embeddings": 32, "vocab_size": 64, "tie_word_embeddings": False,
+        "intermediate_size": 16, "num_local_experts": 4, "num_experts_per_tok": 2, "router_jitter_noise": 0.1}))
+    (mixtral / "model.safetensors").write_bytes(struct.pack("<Q", 2) + b"{}")
     (tmp / "used_run").mkdir()
     (tmp / "used_run" / "metrics.jsonl").write_text('{"step": 1}\n')
     files = {".metadata": bytes(range(200)), "shard.distcp": bytes(range(256)) * 40}

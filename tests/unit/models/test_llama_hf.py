@@ -1,8 +1,11 @@
 """model=llama computes exactly what Hugging Face's LlamaForCausalLM computes: the state dict
 mapped by ``to_hf`` loads strictly into it and the logits agree, tied and untied, with and without
-Llama 3's RoPE scaling, with grouped-query attention; ``from_hf`` maps back."""
+Llama 3's RoPE scaling, with grouped-query attention; ``from_hf`` maps back. An MoE model
+(mixtral_tiny) exports as MixtralForCausalLM with the same logits; MoE forms Mixtral cannot hold
+are refused in one line."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -60,3 +63,37 @@ def test_the_registry_names_to_hf_as_the_family_export():
     from models.registry import model_family
 
     assert resolve(model_family("llama").hf_export) is to_hf
+
+
+MIXTRAL = yaml.safe_load((Path(__file__).resolve().parents[3] / "conf/model/mixtral_tiny.yaml").read_text())
+
+
+def test_an_moe_llama_exports_as_mixtral_with_the_same_logits(tmp_path):
+    from safetensors.torch import save_file
+    cfg = {**MIXTRAL, "seq_len": 16}
+    network = build_model(cfg, seed=3).build_sequential().eval()
+    with torch.no_grad():   # routers far from uniform, so a swapped expert or projection would show
+        for name, param in network.named_parameters():
+            if name.endswith("mlp.router.weight"):
+                param.normal_(0.0, 1.0)
+    config, hf_state = to_hf(_state(network), cfg)
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["router_aux_loss_coef"] == 0.01
+    # one tensor per expert and projection, as save_pretrained writes them and from_pretrained reads them
+    save_file(dict(hf_state), str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf_model = transformers.MixtralForCausalLM.from_pretrained(str(tmp_path), local_files_only=True).eval()
+    tokens = torch.randint(cfg["vocab_size"], (2, cfg["seq_len"]), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = network(tokens), hf_model(input_ids=tokens).logits
+    torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("moe, match", [({"shared_experts": 1}, r"model.moe.shared_experts=1: .*Mixtral"),
+                                        ({"renormalize": False}, r"model.moe.renormalize=False"),
+                                        ({"every": 2}, r"model.moe.every=2"),
+                                        ({"capacity_factor": 1.0}, r"capacity_factor=1.0: Mixtral routes without")])
+def test_moe_forms_mixtral_cannot_hold_are_refused(moe, match):
+    from models.errors import ConfigError
+    cfg = {**MIXTRAL, "moe": {**MIXTRAL["moe"], **moe}}
+    with pytest.raises(ConfigError, match=match):
+        to_hf({}, cfg)

@@ -116,9 +116,10 @@ def test_a_recomputed_forward_is_counted_once():
     assert statistics.sums()[-1] == 0   # evaluation is not counted
 
 
-def test_the_hugging_face_export_refuses_an_moe_model_in_one_line():
+def test_the_hugging_face_export_refuses_what_mixtral_cannot_hold_in_one_line():
     from models.errors import ConfigError
     from models.families.llama_hf import to_hf
-    with pytest.raises(ConfigError, match=r"^model.moe is set: the Hugging Face export writes dense") as error:
-        to_hf({}, TINY)
+    with pytest.raises(ConfigError, match=r"^model.moe.shared_experts=2: the Hugging Face export writes Mixtral") \
+            as error:
+        to_hf({}, config(shared_experts=2))
     assert "\n" not in str(error.value)
