@@ -94,6 +94,9 @@ def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> E
         from pipedream.harmony.engine import HarmonyEngine
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
     pairs = spec.ep_overlap and ctx.device.type == "cpu"   # pairs run on Gloo (runtime.paired_compute)
+    if spec.ep_overlap and not pairs and ctx.rank == 0:
+        print(f"parallel.ep_overlap: forward/backward pairs run together on cpu (Gloo) only; on "
+              f"{ctx.device.type} they run one after the other", flush=True)
     groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds), ep_backward=pairs)
     tp = TensorParallel.from_group(groups.tp, spec.sequence_parallel) if spec.layout.tp > 1 else None
     cp = ContextParallel.from_group(groups.cp) if groups.cp is not None else None
