@@ -32,3 +32,13 @@ def forward_backward_pairs(order: list[Action]) -> dict[int, Pair]:
                       and (order[k].microbatch, order[k].chunk) == (forward.microbatch, forward.chunk))
         pairs[i] = Pair(i, j, sends)
     return pairs
+
+
+def pair_partners(order: list[Action]) -> dict[Action, Action]:
+    """Each paired FWD -> its BWD and each paired BWD -> its FWD (``forward_backward_pairs``); the
+    compute order, and so the pairs, are the same in a schedule's list and in its issue order."""
+    partners: dict[Action, Action] = {}
+    for pair in forward_backward_pairs(order).values():
+        forward, backward = order[pair.forward], order[pair.backward]
+        partners[forward], partners[backward] = backward, forward
+    return partners
