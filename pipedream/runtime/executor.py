@@ -108,6 +108,7 @@ class Executor:
 
     def __post_init__(self) -> None:
         self._paired = PairedCompute()
+        self._exchanges = None   # the model's ``ExchangeTally`` (expert parallelism), told who runs
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
         self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
@@ -128,23 +129,17 @@ class Executor:
         prepared = self._issue_order(actions)
         timing = WeightGradTiming.choose(prepared.split, self.weight_grads_after_send, weights is not None)
         run = _Run(batches, loss_scale, train, weights, timing)
-        handlers, order = self._handlers, prepared.order
-        exchanges = getattr(self.stage.statistics, "exchange", None)   # MoE with expert parallelism
-
-        def handle(i: int) -> None:
-            action = order[i]
-            with running(exchanges, action):
-                handlers[action.kind](action, prepared.held[i], run)
-
+        handlers, order, held = self._handlers, prepared.order, prepared.held
+        self._exchanges = getattr(self.stage.statistics, "exchange", None)   # MoE with expert parallelism
         pairs = prepared.pairs if self.pair_forward_backward and train and weights is None else {}
         i = 0
         while i < len(order):
             pair = pairs.get(i)
-            if pair is not None and not any(prepared.held[k] for k in pair.forward_sends):
-                self._paired.run(pair, order, handle)
+            if pair is not None and not any(held[k] for k in pair.forward_sends):
+                self._paired.run(pair, order, lambda k: handlers[order[k].kind](order[k], held[k], run))
                 i = pair.backward + 1
             else:
-                handle(i)
+                handlers[order[i].kind](order[i], held[i], run)
                 i += 1
         self._run_weight_grads(keep=0)
         if self.comm is not None:
@@ -205,7 +200,8 @@ class Executor:
         target = run.batches[mb][1] if self.stage.is_last[chunk] else None
         if run.train:
             version = run.weights.weights_for(action) if run.weights is not None else None
-            out = self.stage.forward(mb, chunk, inputs, target, run.loss_scale, version)
+            with running(self._exchanges, action):
+                out = self.stage.forward(mb, chunk, inputs, target, run.loss_scale, version)
             if run.weights is not None:
                 run.weights.after_forward(action)
         else:
@@ -231,9 +227,10 @@ class Executor:
             if self.recorder is not None:
                 wait = self.clock() - before
         timing = run.weight_grads
-        grad_input = self.stage.backward(mb, chunk, grad_output,
-                                         defer_weight_grads=timing.defers(self.stage.is_first[chunk], bool(held)),
-                                         split=timing.splits_backward)
+        with running(self._exchanges, action):
+            grad_input = self.stage.backward(mb, chunk, grad_output,
+                                             defer_weight_grads=timing.defers(self.stage.is_first[chunk], bool(held)),
+                                             split=timing.splits_backward)
         if run.weights is not None:
             run.weights.after_backward(action)
         if grad_input is not None:
@@ -242,7 +239,8 @@ class Executor:
 
     def _weight(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
         start = self._now()
-        self.stage.weight_grad(action.microbatch, action.chunk)
+        with running(self._exchanges, action):   # a first chunk's W runs its whole backward
+            self.stage.weight_grad(action.microbatch, action.chunk)
         self._record_weight_grads(action.microbatch, action.chunk, start)
 
     def _send_activation(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:

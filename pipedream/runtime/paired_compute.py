@@ -14,10 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
-from pipedream.schedules import Action, Kind
+from pipedream.schedules import Action
 from pipedream.schedules.paired import Pair
-
-LABELLED = frozenset({Kind.FWD, Kind.BWD, Kind.WEIGHT})   # the actions that may exchange tokens
 
 
 class PairedCompute:
@@ -50,7 +48,7 @@ class PairedCompute:
 def running(exchanges, action: Action) -> Iterator[None]:
     """Names ``action`` to the model's exchange tally (``ExchangeTally.running``) on this thread
     while it runs, so a trace can tell whose all-to-all each one is; nothing without a tally."""
-    if exchanges is None or action.kind not in LABELLED:
+    if exchanges is None:
         yield
         return
     exchanges.running(str(action))

@@ -2,15 +2,10 @@
 their group spans, and the part no compute hides under the schedule."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from pipedream.schedules import schedule_info
 from planner.inputs.hardware import Cluster
-
-if TYPE_CHECKING:
-    from planner.costs.uniform import RankStats
 
 
 def alltoall_seconds(col: dict[str, np.ndarray], cluster: Cluster, t: int, c: int, ep: int, share: np.ndarray,
@@ -37,8 +32,8 @@ def ep_span(t: int, ep: int) -> int:
     return t * ep
 
 
-def alltoall_exposed(stats: RankStats, schedule: str, compute_scale: float | np.ndarray = 1.0) -> np.ndarray:
-    """(nb, p) all-to-all seconds per micro-batch that no compute hides. A schedule whose runtime pairs
+def alltoall_exposed(stats, schedule: str, compute_scale: float | np.ndarray = 1.0) -> np.ndarray:
+    """(nb, p) all-to-all seconds per micro-batch that no compute hides (``stats``: a ``RankStats``). A schedule whose runtime pairs
     a forward with another micro-batch's backward (``ScheduleInfo.overlaps_all_to_all``, the
     runtime's ``paired_compute``) hides the forward's all-to-alls behind up to the backward's
     compute and the backward's behind the forward's; other schedules wait for all of them."""
