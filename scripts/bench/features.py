@@ -87,7 +87,9 @@ COMPARISONS = (
 
 
 def one_run(overrides: list[str], steps: int, run_dir: Path, processes: int = 2) -> dict[str, Any]:
-    per_rank = run_workers(train_rank, processes, [(overrides + [f"train.steps={steps}"], str(run_dir))], timeout=1800)
+    # fresh processes: peak RSS is a process's high-water mark, which a reused worker carries over
+    per_rank = run_workers(train_rank, processes, [(overrides + [f"train.steps={steps}"], str(run_dir))], timeout=1800,
+                           fresh=True)
     summary = per_rank[0][0]["summary"]
     ranks = summary["ranks"]
     return {"step_time_s": summary["median_step_time_s"],
