@@ -93,10 +93,14 @@ def _build_engine(spec: RunSpec, ctx: DistContext, recorder: TraceRecorder) -> E
     if spec.harmony is not None:
         from pipedream.harmony.engine import HarmonyEngine
         return HarmonyEngine(spec, dense, ctx.rank, ctx.device, spec.optim, spec.train, ctx.timeout, recorder)
-    groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds))
+    pairs = spec.ep_overlap and ctx.device.type == "cpu"   # pairs run on Gloo (runtime.paired_compute)
+    if spec.ep_overlap and not pairs and ctx.rank == 0:
+        print(f"parallel.ep_overlap: forward/backward pairs run together on cpu (Gloo) only; on "
+              f"{ctx.device.type} they run one after the other", flush=True)
+    groups = build_groups(spec.layout, ctx.rank, ctx.device.type, dense, list(spec.bounds), ep_backward=pairs)
     tp = TensorParallel.from_group(groups.tp, spec.sequence_parallel) if spec.layout.tp > 1 else None
     cp = ContextParallel.from_group(groups.cp) if groups.cp is not None else None
-    ep = ExpertParallel.from_group(groups.ep) if groups.ep is not None else None
+    ep = ExpertParallel.from_group(groups.ep, backward_group=groups.ep_backward) if groups.ep is not None else None
     model = build_model(spec.model_config, seed=spec.train.seed, tp=tp, cp=cp, ep=ep) if tp or cp or ep else dense
     # boundary tensors are dense, except with sequence parallelism: this rank's part of the sequence
     return PipelineEngine(spec, model, ctx.rank, ctx.device, groups, spec.optim, spec.train, ctx.timeout,

@@ -221,7 +221,7 @@ class MoEMLP(nn.Module):
         send, receive = counts.sum(1).tolist(), received.sum(1).tolist()
         order = torch.cat(slots)
         rows = slot_tokens.index_select(0, order)
-        finish = start_exchange(tokens.index_select(0, rows), send, receive, ep, tally)
+        finish = start_exchange(tokens.index_select(0, rows), send, receive, ep, tally, "dispatch")
         shared = self._shared_output(tokens)   # overlaps the dispatch
         arrived = finish()
         blocks = arrived.split(received.flatten().tolist())
@@ -229,7 +229,7 @@ class MoEMLP(nn.Module):
         outputs = [local[i % per_rank](block) for i, block in enumerate(blocks) if block.shape[0]]
         # an empty result still joins the graph: the backward's exchange must run on every rank
         results = torch.cat(outputs).to(tokens.dtype) if outputs else arrived[:0]
-        back = start_exchange(results, receive, send, ep, tally)()
+        back = start_exchange(results, receive, send, ep, tally, "combine")()
         y = back * slot_weights.index_select(0, order)[:, None]
         out = torch.zeros_like(tokens)
         start = 0

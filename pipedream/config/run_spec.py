@@ -20,6 +20,7 @@ from models.registry import MODEL_FAMILIES, model_family
 from pipedream.config.apex_check import check_apex
 from pipedream.config.balance import estimated_seconds
 from pipedream.config.data_choice import check_data_section
+from pipedream.config.ep_overlap import ep_overlap_enabled
 from pipedream.config.harmony import HarmonySpec, harmony_spec
 from pipedream.config.layout import ParallelLayout, split_layers
 from pipedream.config.multi_model import check_multi_model
@@ -66,6 +67,7 @@ class RunSpec:
     harmony: HarmonySpec | None = None   # schedule=harmony_pp: packs, groups, device budget
     sequence_parallel: bool = False      # parallel.sequence_parallel: 1/t of the sequence between the TP GEMMs
     plugin_forward_flops: float | None = None   # a plugin model's forward FLOPs per sample (counted when checked)
+    ep_overlap: bool = False             # parallel.ep_overlap resolved: F+B pairs hide the all-to-all
 
     @property
     def model_config(self) -> dict[str, Any]:
@@ -434,6 +436,7 @@ def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel
     layout = _layout(cfg, info)
     _check_context_parallel(cfg, layout, info, seq_len)
     _check_expert_parallel(cfg, layout, info, optim)
+    ep_overlap = ep_overlap_enabled(cfg, layout, info)
     vertical_sync = _vertical_sync(cfg, info)
     _check_tied_embedding(cfg, info, layout)
     microbatches = _microbatches(cfg, layout)
@@ -456,4 +459,5 @@ def build_run_spec(cfg: Any, world_size: int | None = None, plugin: CheckedModel
                    checkpoint=CheckpointSpec.from_config(cfg), trace=TraceSpec.from_config(cfg), harmony=harmony,
                    sequence_parallel=sequence_parallel, preemption=PreemptionSpec.from_config(cfg),
                    multi_model=multi_model, config=OmegaConf.to_container(cfg, resolve=True),
-                   plugin_forward_flops=plugin.forward_flops_per_sample if plugin is not None else None)
+                   plugin_forward_flops=plugin.forward_flops_per_sample if plugin is not None else None,
+                   ep_overlap=ep_overlap)

@@ -40,6 +40,11 @@ GRAD_REDUCE = "R"
 """Event kind of one data-parallel gradient bucket's all-reduce, from its launch to when the rank
 saw it complete (``numerics/grad_buckets.py``): event ``R0`` is bucket 0. Drawn on its own row,
 so its overlap with the backward shows."""
+ALL_TO_ALL = "A2A"
+"""Event kind of one expert-parallel all-to-all, from its issue to the end of its wait: event
+``dispatch F3.1`` sends the tokens of F3.1 to their experts, ``combine F3.1`` brings the results
+back (``dispatch B3.1`` and ``combine B3.1``: their gradients, in B3.1). Drawn on its own row, so
+its overlap with other micro-batches' compute shows."""
 TRACE_AUTO_MAX_STEPS = 2000   # trace.enabled=auto traces runs up to this many steps
 TRACED_ITERATIONS = 3         # trace.steps=null traces this many iterations right after warm-up
 
@@ -143,6 +148,11 @@ class TraceRecorder:
         if self._in_step and self._raw is not None:
             self._raw.append((f"{GRAD_REDUCE}{bucket}", start, end, 0.0))
 
+    def record_exchange(self, name: str, start: Reading, end: Reading) -> None:
+        """An all-to-all's interval (``ALL_TO_ALL``); ``name``: "dispatch F3.1" and the like."""
+        if self._in_step and self._raw is not None:
+            self._raw.append((f"{ALL_TO_ALL} {name}", start, end, 0.0))
+
     def end_step(self) -> None:
         end = self.clock()
         self._in_step = False
@@ -162,6 +172,10 @@ class TraceRecorder:
 
 
 def _event(action: Action | str, start: float, end: float, wait: float) -> TraceEvent:
+    if isinstance(action, str) and action.startswith(ALL_TO_ALL + " "):   # "A2A dispatch F3.1"
+        name = action[len(ALL_TO_ALL) + 1:]
+        microbatch, _, chunk = name.split(" ")[1][1:].partition(".")
+        return TraceEvent(name, ALL_TO_ALL, int(microbatch), int(chunk or 0), start, end, wait)
     if isinstance(action, str) and action.startswith(GRAD_REDUCE):   # a gradient bucket: "R0"
         return TraceEvent(action, GRAD_REDUCE, -1, int(action[1:]), start, end, wait)
     if isinstance(action, str):    # weight gradients: "W3" or "W3.1"
@@ -209,6 +223,8 @@ def _category(kind: str) -> str:
         return "backward"
     if kind == GRAD_REDUCE:
         return "grad_reduce"
+    if kind == ALL_TO_ALL:
+        return "all_to_all"
     return next((name for k, name in _CATEGORY.items() if k.value == kind), "other")
 
 
@@ -230,6 +246,9 @@ def chrome_trace(traces: list[RankTrace], metadata: dict[str, Any] | None = None
         if any(e.kind == GRAD_REDUCE for step in trace.steps for e in step.events):
             events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 1,
                            "args": {"name": "gradient all-reduce"}})
+        if any(e.kind == ALL_TO_ALL for step in trace.steps for e in step.events):
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": 2,
+                           "args": {"name": "expert all-to-all"}})
         for step in trace.steps:
             base = offsets.get(step.step, 0.0)
 
@@ -242,6 +261,10 @@ def chrome_trace(traces: list[RankTrace], metadata: dict[str, Any] | None = None
             for e in step.events:
                 if e.kind == GRAD_REDUCE:
                     events.append(complete(e.action, _category(e.kind), e.start, e.end, tid=1, bucket=e.chunk))
+                    continue
+                if e.kind == ALL_TO_ALL:
+                    events.append(complete(e.action, _category(e.kind), e.start, e.end, tid=2,
+                                           microbatch=e.microbatch, chunk=e.chunk))
                     continue
                 args = {"microbatch": e.microbatch, "chunk": e.chunk} if e.microbatch >= 0 else {}
                 if e.wait > 0:

@@ -70,6 +70,9 @@ class PipelineEngine:
         built = self._build_layers(precision, optim, train)
         self.stage = self._build_stage(built, precision, train, fused=multi is not None)
         self.stage.statistics = getattr(model, "statistics", None)   # a fused model set has none
+        exchanges = getattr(self.stage.statistics, "exchange", None)   # expert parallelism's all-to-alls
+        if exchanges is not None and hasattr(recorder, "record_exchange"):
+            exchanges.observe(recorder.record_exchange, recorder.clock)
         self.params = self.stage.parameters()
         self.topology = layout.replicated()
         schedule_rank = rank if layout.stage_replicas else self.coords.pp

@@ -9,7 +9,11 @@ When a backward's weight-gradient GEMMs run is one ``WeightGradTiming``, chosen 
 with WEIGHT actions (``ScheduleInfo.split_backward``) splits every backward: BWD computes the
 input gradient only and leaves the Linear weight-gradient GEMMs of that (micro-batch, chunk) in
 the stage's ``WeightGradQueue``; its WEIGHT runs them. Such a list holds nothing back by itself
-(``weight_grads_delay`` does not apply)."""
+(``weight_grads_delay`` does not apply).
+
+With ``pair_forward_backward`` (``parallel.ep_overlap``) a forward whose next compute is a backward
+of another chunk runs at the same time as it (``paired_compute``), so that each one's
+expert-parallel all-to-all waits while the other computes."""
 from __future__ import annotations
 
 import time
@@ -19,8 +23,10 @@ from typing import Callable, NamedTuple, Protocol
 import torch
 
 from pipedream.runtime.comm import PipeComm
+from pipedream.runtime.paired_compute import PairedCompute, running
 from pipedream.schedules import Action, Kind
 from pipedream.schedules.issue_order import issue_order
+from pipedream.schedules.paired import Pair, forward_backward_pairs
 from pipedream.schedules.weight_hold import held_until_activation_send
 from pipedream.runtime.stage import Stage
 from pipedream.runtime.weight_grad_timing import WeightGradTiming
@@ -45,6 +51,7 @@ class _Order(NamedTuple):
     order: list[Action]
     split: bool
     held: list[tuple[Action, ...]]
+    pairs: dict[int, Pair]
 
 
 @dataclass
@@ -95,8 +102,13 @@ class Executor:
     # chunk -> the chunk of this rank whose output is its input (the bottom of a V placement):
     # the tensor and its gradient change chunk here without a message
     handover: dict[int, int] = field(default_factory=dict)
+    # run each forward whose next compute is a backward of another chunk at the same time as that
+    # backward (training without weight versions): ``paired_compute``
+    pair_forward_backward: bool = False
 
     def __post_init__(self) -> None:
+        self._paired = PairedCompute()
+        self._exchanges = None   # the model's ``ExchangeTally`` (expert parallelism), told who runs
         self._last_input_grads: dict[tuple[int, int], torch.Tensor] = {}
         self._outputs: dict[tuple[int, int], torch.Tensor] = {}   # forward outputs awaiting their send
         self._handed_to = {producer: consumer for consumer, producer in self.handover.items()}
@@ -117,9 +129,18 @@ class Executor:
         prepared = self._issue_order(actions)
         timing = WeightGradTiming.choose(prepared.split, self.weight_grads_after_send, weights is not None)
         run = _Run(batches, loss_scale, train, weights, timing)
-        handlers = self._handlers
-        for action, held in zip(prepared.order, prepared.held):
-            handlers[action.kind](action, held, run)
+        handlers, order, held = self._handlers, prepared.order, prepared.held
+        self._exchanges = getattr(self.stage.statistics, "exchange", None)   # MoE with expert parallelism
+        pairs = prepared.pairs if self.pair_forward_backward and train and weights is None else {}
+        i = 0
+        while i < len(order):
+            pair = pairs.get(i)
+            if pair is not None and not any(held[k] for k in pair.forward_sends):
+                self._paired.run(pair, order, lambda k: handlers[order[k].kind](order[k], held[k], run))
+                i = pair.backward + 1
+            else:
+                handlers[order[i].kind](order[i], held[i], run)
+                i += 1
         self._run_weight_grads(keep=0)
         if self.comm is not None:
             self.comm.wait_sends()
@@ -138,7 +159,8 @@ class Executor:
                 released[send] = (*released.get(send, ()), backward)
             order = issue_order(actions)
             cached = self._orders[id(actions)] = _Order(
-                key, order, split, [(a,) if a in held else released.get(a, ()) for a in order])
+                key, order, split, [(a,) if a in held else released.get(a, ()) for a in order],
+                forward_backward_pairs(order))
             if len(self._orders) > 4:   # the training and evaluation lists, and a few asynchronous windows
                 del self._orders[next(iter(self._orders))]
         return cached
@@ -178,7 +200,8 @@ class Executor:
         target = run.batches[mb][1] if self.stage.is_last[chunk] else None
         if run.train:
             version = run.weights.weights_for(action) if run.weights is not None else None
-            out = self.stage.forward(mb, chunk, inputs, target, run.loss_scale, version)
+            with running(self._exchanges, action):
+                out = self.stage.forward(mb, chunk, inputs, target, run.loss_scale, version)
             if run.weights is not None:
                 run.weights.after_forward(action)
         else:
@@ -204,9 +227,10 @@ class Executor:
             if self.recorder is not None:
                 wait = self.clock() - before
         timing = run.weight_grads
-        grad_input = self.stage.backward(mb, chunk, grad_output,
-                                         defer_weight_grads=timing.defers(self.stage.is_first[chunk], bool(held)),
-                                         split=timing.splits_backward)
+        with running(self._exchanges, action):
+            grad_input = self.stage.backward(mb, chunk, grad_output,
+                                             defer_weight_grads=timing.defers(self.stage.is_first[chunk], bool(held)),
+                                             split=timing.splits_backward)
         if run.weights is not None:
             run.weights.after_backward(action)
         if grad_input is not None:
@@ -215,7 +239,8 @@ class Executor:
 
     def _weight(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:
         start = self._now()
-        self.stage.weight_grad(action.microbatch, action.chunk)
+        with running(self._exchanges, action):   # a first chunk's W runs its whole backward
+            self.stage.weight_grad(action.microbatch, action.chunk)
         self._record_weight_grads(action.microbatch, action.chunk, start)
 
     def _send_activation(self, action: Action, held: tuple[Action, ...], run: _Run) -> None:

@@ -41,6 +41,7 @@ class ProcessGroups:
     cp: dist.ProcessGroup | None = None    # ranks holding the parts of the same sequences (cp > 1)
     ep: dist.ProcessGroup | None = None    # ranks of a stage exchanging tokens with their experts (ep > 1)
     expert_dp: dist.ProcessGroup | None = None   # ranks holding my experts: they reduce their gradients (ep > 1)
+    ep_backward: dist.ProcessGroup | None = None   # ep's ranks again, for the backwards' exchanges (ep_overlap)
 
 
 def build_p2p_groups(layout: ParallelLayout) -> DirectedGroups | None:
@@ -72,7 +73,9 @@ def build_replicated_groups(layout: ParallelLayout, rank: int, model: LayerModel
 
 
 def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: LayerModel,
-                 bounds: list[tuple[int, int]]) -> ProcessGroups:
+                 bounds: list[tuple[int, int]], ep_backward: bool = False) -> ProcessGroups:
+    """``ep_backward``: also a second expert-parallel group for the exchanges of backwards
+    (``ExpertParallel.backward_group``)."""
     if layout.stage_replicas:
         return build_replicated_groups(layout, rank, model)
     mesh = init_device_mesh(device_type, (layout.pp, layout.dp, layout.cp, layout.tp),
@@ -92,27 +95,30 @@ def build_groups(layout: ParallelLayout, rank: int, device_type: str, model: Lay
                         if (me.dp, me.cp, me.tp) == (dp_rank, cp_rank, tp_rank) and me.pp in pp_ranks:
                             mine = created
         tied.append(mine)
-    ep, expert_dp = build_expert_groups(layout, rank)
+    ep, expert_dp, ep_back = build_expert_groups(layout, rank, ep_backward)
     return ProcessGroups(mesh=mesh, pp=mesh.get_group("pp"), dp=gradient_group(layout, mesh), tp=mesh.get_group("tp"),
                          cp=mesh.get_group("cp") if layout.cp > 1 else None, tied=tied, p2p=build_p2p_groups(layout),
-                         ep=ep, expert_dp=expert_dp)
+                         ep=ep, expert_dp=expert_dp, ep_backward=ep_back)
 
 
-def build_expert_groups(layout: ParallelLayout, rank: int) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None]:
-    """(expert-parallel, expert-data-parallel) groups of this rank (``ParallelLayout.expert_groups``),
-    None at ep = 1; every rank creates every group, in the same order, as new_group requires."""
+def build_expert_groups(layout: ParallelLayout, rank: int, ep_backward: bool = False
+                        ) -> tuple[dist.ProcessGroup | None, dist.ProcessGroup | None, dist.ProcessGroup | None]:
+    """(expert-parallel, expert-data-parallel, with ``ep_backward`` the backwards' expert-parallel)
+    groups of this rank (``ParallelLayout.expert_groups``), None at ep = 1; every rank creates every
+    group, in the same order, as new_group requires."""
     if layout.ep == 1:
-        return None, None
+        return None, None, None
     mine: dict[str, dist.ProcessGroup] = {}
     for pp_rank in range(layout.pp):
         for tp_rank in range(layout.tp):
             exchange, same_experts = layout.expert_groups(pp_rank, tp_rank)
-            for kind, lists in (("ep", exchange), ("expert_dp", same_experts)):
+            kinds = [("ep", exchange), ("expert_dp", same_experts)] + ([("ep_backward", exchange)] if ep_backward else [])
+            for kind, lists in kinds:
                 for ranks in lists:
                     created = dist.new_group(ranks)
                     if rank in ranks:
                         mine[kind] = created
-    return mine["ep"], mine["expert_dp"]
+    return mine["ep"], mine["expert_dp"], mine.get("ep_backward")
 
 
 def gradient_group(layout: ParallelLayout, mesh: DeviceMesh) -> dist.ProcessGroup:

@@ -66,7 +66,8 @@ class RankParts:
                         weight_grads_after_send=self.train.weight_grads_after_send,
                         weight_grads_delay=self.train.weight_grads_delay, recorder=self.recorder,
                         handover=local_handovers(self.spec.layout, self.pp_rank),
-                        clock=getattr(self.recorder, "clock", time.perf_counter))
+                        clock=getattr(self.recorder, "clock", time.perf_counter),
+                        pair_forward_backward=self.spec.ep_overlap and self.device.type == "cpu")
 
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]

@@ -6,8 +6,8 @@ The placement is zbv's: rank r holds virtual stages r and 2p-1-r. Every rank wal
 B1 W F1 steps, the main phase of F0 B1 F1 B0 pairs, then backwards whose second half is split into
 B and W so the Ws fill the drain. DualPipe runs each F+B pair of the main phase at the same time on
 two streams so each one's communication (expert-parallel all-to-all in DeepSeek-V3) hides behind
-the other's compute; this IR runs one compute at a time per rank, so a pair is its forward then its
-backward (torch's runtime does the same without an overlap hook). A whole backward is BWD followed
+the other's compute; in this IR a pair is its forward then its backward, which the runtime runs at
+the same time under expert parallelism (``parallel.ep_overlap``, ``schedules.paired``). A whole backward is BWD followed
 at once by its WEIGHT, since a list with WEIGHT actions splits every backward.
 """
 from __future__ import annotations
@@ -87,6 +87,7 @@ def dualpipev(pp: int, microbatches: int, vpp: int = CHUNKS) -> list[list[Action
 
 INFO = ScheduleInfo(
     name="dualpipev", build=dualpipev, split_backward=True, placement="vshape", fixed_chunks=CHUNKS,
+    overlaps_all_to_all=True,
     refuses=(v_shape_rule("dualpipev"),
              SizeRule(lambda p, m, v: m >= 2 * p,
                       lambda p, m, v: f"schedule dualpipev needs microbatches >= 2 * pp = {2 * p} (got {m}): "

@@ -69,6 +69,7 @@ class ScheduleInfo:
     memory_virtualised: bool = False    # layer packs swapped through the devices (harmony_pp, harmony_dp)
     replicated_packs: bool = False      # every device runs every pack on its own micro-batches (harmony_dp)
     not_planned: str | None = None      # why planner.schedules cannot include it; None: it can
+    overlaps_all_to_all: bool = False   # F+B pairs of two chunks run together, hiding each one's all-to-all
 
     def chunks(self, vpp: int = 1) -> int:
         """Chunks per rank under ``parallel.vpp = vpp``."""

@@ -17,6 +17,7 @@ from pipedream.schedules.channels import PeerFn, check_channel_order, checked_pe
 from pipedream.schedules.common import needed_receive
 from pipedream.schedules.placement import Placement
 from pipedream.schedules.actions import ScheduleError
+from pipedream.schedules.paired import pair_partners
 from pipedream.schedules.weight_hold import held_until_activation_send
 from pipedream.schedules.simulation_model import (  # noqa: F401 (Costs ... SimResult re-exported)
     Costs, DeadlockError, Interval, NeedsFn, SimResult, SyncGroupFn, Value, overlapped_reduction_end)
@@ -126,6 +127,11 @@ class _Simulation:
         self.forward_cost, self.backward_cost = _PerChunk(costs, "forward"), _PerChunk(costs, "backward")
         self.weight_cost, self.stash_cost = _PerChunk(costs, "weight_grad"), _PerChunk(costs, "stash_bytes")
         self.act_bytes, self.grad_bytes = _PerChunk(costs, "act_bytes"), _PerChunk(costs, "grad_bytes")
+        self.all_to_all = _PerChunk(costs, "all_to_all")
+        exchanges = isinstance(costs.all_to_all, Mapping) or costs.all_to_all > 0
+        # per rank: paired FWD <-> BWD, each hiding the other's all-to-all behind its compute
+        self.partners = [pair_partners(actions) if exchanges and costs.pairs_hide_all_to_all else {}
+                         for actions in schedule]
         self.ranks = [_Rank() for _ in schedule]
         self.arrivals: dict[tuple[int, int], list[float]] = {}  # channel -> arrival time of each sent message
         self.channel_free: dict[tuple[int, int], float] = {}    # channel -> when its link is free again
@@ -250,14 +256,29 @@ class _Simulation:
         state.stash += self.stash_cost[(rank, action.chunk)]
         state.peak = max(state.peak, len(state.in_flight))
         state.peak_stash = max(state.peak_stash, state.stash)
-        return self.forward_cost[(rank, action.chunk)]
+        return self.forward_cost[(rank, action.chunk)] + self._exposed_all_to_all(rank, action)
+
+    def _exposed_all_to_all(self, rank: int, action: Action) -> float:
+        """The part of ``action``'s all-to-alls its pair partner's compute does not hide (all of it
+        without a partner)."""
+        seconds = self.all_to_all[(rank, action.chunk)]
+        partner = self.partners[rank].get(action)
+        if partner is None or seconds == 0:
+            return seconds
+        if partner.kind is Kind.FWD:
+            hiding = self.forward_cost[(rank, partner.chunk)]
+        else:   # a split backward's B computes without its weight-gradient part
+            hiding = self.backward_cost[(rank, partner.chunk)]
+            if (rank, partner.microbatch, partner.chunk) in self.explicit_weight:
+                hiding -= self.weight_cost[(rank, partner.chunk)]
+        return max(0.0, seconds - hiding)
 
     def _backward(self, rank: int, action: Action) -> float:
         """The backward's duration now; its weight-gradient part is held back if it sends a gradient."""
         state, key = self.ranks[rank], (action.microbatch, action.chunk)
         if key not in state.in_flight:
             raise ScheduleError(f"rank {rank}: {action} runs without an earlier forward")
-        duration = self.backward_cost[(rank, action.chunk)]
+        duration = self.backward_cost[(rank, action.chunk)] + self._exposed_all_to_all(rank, action)
         weight_grad = self.weight_cost[(rank, action.chunk)]
         if (rank, *key) in self.explicit_weight:
             state.backed.add(key)

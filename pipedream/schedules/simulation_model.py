@@ -40,6 +40,10 @@ class Costs:
     last BWD, held-back weight gradients or WEIGHT) and run one at a time per rank; SYNC_GRADS then
     ends at max(its start, the last bucket's end) + ``sync``. 0 (the default): no overlapped part,
     ``sync`` is the whole (blocking) reduction.
+    ``all_to_all``: per (rank, chunk) seconds of expert parallelism's all-to-alls in one micro-batch's
+    FWD, and again in its BWD, which wait for them. With ``pairs_hide_all_to_all`` (a runtime that
+    runs a FWD with the next BWD of another chunk at once, ``schedules.paired``) each of the two
+    waits only for the part its partner's compute does not hide.
     """
 
     forward: Value = 1.0
@@ -54,6 +58,8 @@ class Costs:
     weight_grad: Value = 0.0
     grad_reduce: Value = 0.0
     grad_buckets: Value = 1
+    all_to_all: Value = 0.0
+    pairs_hide_all_to_all: bool = False
 
     def __post_init__(self) -> None:
         buckets = self.grad_buckets.values() if isinstance(self.grad_buckets, Mapping) else [self.grad_buckets]

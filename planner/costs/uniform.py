@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pipedream.schedules import schedule_info
+from planner.costs.all_to_all import alltoall_exposed, alltoall_seconds, ep_span  # noqa: F401 (their home before)
 
 from planner.costs import closed_form as cost
 from planner.inputs.cluster_sheet import optimizer_seconds
@@ -179,36 +180,6 @@ def sharded_optimizer(dense: np.ndarray, experts: np.ndarray, shards: int, ep: i
     """A rank's optimizer state: ZeRO shards the dense part over the ``shards`` = d c ranks and the
     experts it holds over the d c / ep ranks holding the same ones."""
     return dense / shards + experts / max(1, shards // ep)
-
-
-def alltoall_seconds(col: dict[str, np.ndarray], cluster: Cluster, t: int, c: int, ep: int, share: np.ndarray,
-                     again: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """(nb, N) seconds of the MoE blocks' all-to-alls per micro-batch, forward and backward: a
-    dispatch and a combine each way (a recomputed forward, ``again``, runs its two again), each
-    sending (ep - 1)/ep of the tokens' top_k copies off the rank. The ep ranks are consecutive among
-    a stage's d c ranks, so the exchange crosses the link of a t x c x ep span."""
-    level = cluster.level_for_span(t * c * ep)
-    moved = np.outer(share, col["alltoall_bytes"]) * (ep - 1) / ep
-    one = np.where(col["alltoall_bytes"] > 0, moved / level.bandwidth + level.latency, 0.0) if ep > 1 \
-        else np.zeros_like(moved)
-    forward = 2 * one
-    return forward + (forward * again if again is not None else 0.0), 2 * one
-
-
-OVERLAPPED_ALLTOALL = ("dualpipev",)   # schedules that run one micro-batch's F beside another's B
-
-
-def alltoall_exposed(stats: RankStats, schedule: str, compute_scale: float | np.ndarray = 1.0) -> np.ndarray:
-    """(nb, p) all-to-all seconds per micro-batch that no compute hides. DualPipe-V pairs a forward
-    with another micro-batch's backward, so the forward's all-to-alls hide behind up to the
-    backward's compute and the backward's behind the forward's; other schedules wait for them."""
-    if stats.alltoall is None:
-        return np.zeros_like(stats.forward)
-    forward, backward = stats.alltoall
-    if schedule not in OVERLAPPED_ALLTOALL:
-        return forward + backward
-    return (np.maximum(0.0, forward - stats.backward * compute_scale)
-            + np.maximum(0.0, backward - stats.forward * compute_scale))
 
 
 def reduction_seconds(stats: RankStats, cluster: Cluster, d: int, nbytes: np.ndarray | None = None) -> np.ndarray:

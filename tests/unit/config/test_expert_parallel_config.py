@@ -19,6 +19,14 @@ def test_the_degree_reaches_the_layout_and_leaves_the_world_size() -> None:
     assert (spec.layout.ep, spec.layout.world_size) == (2, 2)
 
 
+@pytest.mark.parametrize("overrides, overlaps", [
+    ([], False), (["schedule=dualpipev", "parallel.pp=2"], True),
+    (["schedule=dualpipev", "parallel.pp=2", "parallel.ep_overlap=false"], False),
+    (["schedule=dualpipev", "parallel.pp=2", "parallel.ep=1"], False)])
+def test_the_overlap_is_on_where_the_schedule_pairs_and_experts_split(overrides, overlaps) -> None:
+    assert build_run_spec(compose_config(BASE + ["train.global_batch_size=16"] + overrides)).ep_overlap is overlaps
+
+
 def test_expert_groups_are_taken_from_a_stages_data_and_context_parallel_ranks() -> None:
     layout = ParallelLayout(pp=2, dp=2, cp=2, tp=1, ep=2)   # stage 1: ranks 4..7 (dp-major, cp-minor)
     assert layout.expert_groups(1, 0) == ([[4, 5], [6, 7]], [[4, 6], [5, 7]])
@@ -36,6 +44,9 @@ def test_expert_groups_are_taken_from_a_stages_data_and_context_parallel_ranks()
     (["optim.distributed=zero1", "precision=fp16"], "precision=fp16 with optim.distributed=zero1 and parallel.ep=2"),
     (["schedule=pipedream", "parallel.pp=2"], "schedule=pipedream with parallel.ep=2 is not supported"),
     (["parallel.ep=0"], "parallel.ep = 0 must be a positive integer"),
+    (["parallel.ep_overlap=true"], "parallel.ep_overlap=true needs a schedule that pairs a forward with another "
+                                   "chunk's backward (dualpipev; got schedule=1f1b)"),
+    (["parallel.ep_overlap=sometimes"], "parallel.ep_overlap='sometimes' must be auto, true or false"),
 ])
 def test_what_cannot_run_is_refused_in_one_line(overrides, rule) -> None:
     base = [o for o in BASE if not o.startswith(("model=", "model.moe."))] if "model=gpt_tiny" in overrides else BASE

@@ -17,7 +17,9 @@ from planner.__main__ import run
 from planner.config import cluster_for, compose, inputs_from_config
 from planner.costs.collectives import allreduce_time
 from planner.errors import PlannerError
-from planner.costs.uniform import alltoall_exposed, alltoall_seconds, rank_stats, reduction_seconds
+from pipedream.config.layout import ParallelLayout
+from planner.costs.all_to_all import alltoall_exposed, alltoall_seconds, ep_span
+from planner.costs.uniform import rank_stats, reduction_seconds
 from planner.inputs.model_specs import LlamaSpec
 from planner.inputs.profile import analytic_profile
 from planner.search.auto import make_plan
@@ -65,7 +67,8 @@ def test_the_alltoall_crosses_the_link_the_ep_group_spans():
     moved = col["alltoall_bytes"].max()
     assert moved == 4096 * 2 * 4096 * 2   # s x top_k x h x bf16, per sample and direction
     intra, inter = H100.levels[0], H100.levels[-1]
-    for ep, c, level in ((8, 1, intra), (4, 2, intra), (8, 2, inter)):   # t c ep <= 8: inside a node
+    # the group covers t ep consecutive ranks whatever c is (``test_the_ep_span_is_the_runtimes``)
+    for ep, c, level in ((8, 1, intra), (4, 2, intra), (8, 2, intra), (2, 8, intra), (16, 1, inter)):
         forward, backward = alltoall_seconds(col, H100, 1, c, ep, share, None)
         one = moved * (ep - 1) / ep / level.bandwidth + level.latency
         assert forward.max() == pytest.approx(2 * one) and backward.max() == pytest.approx(2 * one)
@@ -75,10 +78,28 @@ def test_the_alltoall_crosses_the_link_the_ep_group_spans():
     assert forward.max() == pytest.approx(2 * alltoall_seconds(col, H100, 1, 1, 8, share, None)[0].max())
 
 
+@pytest.mark.parametrize("t, c, d, ep", [(1, 1, 8, 8), (1, 2, 4, 2), (1, 2, 4, 4), (1, 4, 2, 8), (2, 2, 2, 4),
+                                        (2, 1, 8, 4), (1, 8, 2, 16), (4, 2, 1, 2)])
+def test_the_ep_span_is_the_runtimes(t, c, d, ep):
+    """The runtime's expert-parallel groups (``ParallelLayout.expert_groups``) are blocks of t ep
+    consecutive ranks aligned to their size, so with 8 devices a node one lies inside a node exactly
+    when t ep <= 8, which is the link ``alltoall_seconds`` prices."""
+    layout = ParallelLayout(pp=2, dp=d, cp=c, tp=t, ep=ep)
+    for pp_rank in range(2):
+        for tp_rank in range(t):
+            for group in layout.expert_groups(pp_rank, tp_rank)[0]:
+                first = min(group) - tp_rank
+                assert max(group) - first + 1 <= ep_span(t, ep) and first % ep_span(t, ep) == 0
+                assert (first // 8 == max(group) // 8) == (ep_span(t, ep) <= 8)
+    level = H100.level_for_span(ep_span(t, ep))
+    assert level is (H100.levels[0] if t * ep <= 8 else H100.levels[-1])
+
+
 def test_dualpipev_hides_the_alltoall_behind_the_other_directions_compute():
     st = stats(8)
     forward, backward = st.alltoall
     np.testing.assert_allclose(alltoall_exposed(st, "1f1b"), forward + backward)
+    np.testing.assert_allclose(alltoall_exposed(st, "zbv"), forward + backward)   # zbv pairs nothing
     assert not alltoall_exposed(st, "dualpipev").any()   # NVLink's exchange is shorter than the compute
     slow = replace(st, alltoall=(forward + 2 * st.backward, backward + st.forward / 2))
     np.testing.assert_allclose(alltoall_exposed(slow, "dualpipev"), forward + st.backward)
