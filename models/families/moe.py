@@ -195,10 +195,10 @@ class MoEMLP(nn.Module):
     def _local_experts(self, tokens: torch.Tensor, slot_experts: torch.Tensor, keep: torch.Tensor,
                        slot_tokens: torch.Tensor, slot_weights: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(tokens)
+        # every expert runs, on no rows if no token chose it: each of its parameters then takes one
+        # gradient per micro-batch (a zero one), the count the overlapped reduction's buckets expect
         for e, expert in self.experts.items():
             slots = torch.nonzero((slot_experts == int(e)) & keep).squeeze(1)
-            if slots.numel() == 0:
-                continue
             rows = slot_tokens.index_select(0, slots)   # distinct tokens: one slot per (token, expert)
             y = expert(tokens.index_select(0, rows)) * slot_weights.index_select(0, slots)[:, None]
             out = out.index_add(0, rows, y.to(out.dtype))
@@ -226,9 +226,11 @@ class MoEMLP(nn.Module):
         arrived = finish()
         blocks = arrived.split(received.flatten().tolist())
         local = list(self.experts.values())
-        outputs = [local[i % per_rank](block) for i, block in enumerate(blocks) if block.shape[0]]
-        # an empty result still joins the graph: the backward's exchange must run on every rank
-        results = torch.cat(outputs).to(tokens.dtype) if outputs else arrived[:0]
+        # every block runs, empty or not: an expert's parameters take one gradient per source rank and
+        # micro-batch (as ``_local_experts``), and an empty result still joins the graph, so the
+        # backward's exchange runs on every rank
+        outputs = [local[i % per_rank](block) for i, block in enumerate(blocks)]
+        results = torch.cat(outputs).to(tokens.dtype)
         back = start_exchange(results, receive, send, ep, tally, "combine")()
         y = back * slot_weights.index_select(0, order)[:, None]
         out = torch.zeros_like(tokens)

@@ -37,8 +37,8 @@ QUICK_MODEL = ["model=gpt_tiny", "model.num_layers=2", "model.hidden_size=32", "
 MOE_MODEL = ["model=mixtral_tiny", "model.hidden_size=256", "model.ffn_hidden_size=512", "model.num_heads=8",
              "model.num_kv_heads=4", "model.seq_len=128"]
 QUICK_MOE_MODEL = ["model=mixtral_tiny", "model.seq_len=16"]
-# An expert that gets no tokens in a step takes no gradient then, which the overlapped reduction's
-# bucket counts (fixed at the first step) refuse: the MoE rows reduce after the backward.
+# The MoE rows reduce gradients after the backward: they compare expert layouts and the all-to-all's
+# overlap, which the data-parallel reduction's own overlap would blur on two cores.
 MOE_RUN = ("train.global_batch_size=16", "train.overlap_grad_reduce=false")
 RUN = ["train.global_batch_size=8", "train.micro_batch_size=2", "train.eval_every=0", "train.eval_batches=1",
        "train.progress=false", "train.log_every=1000", "trace.enabled=false", "optim=adamw"]

@@ -1,6 +1,6 @@
 """model=mixtral_tiny in the pipeline runtime: at pp=2 under 1f1b and dualpipev, and with a gated
 shared expert, unrenormalised weights, MoE in every second block, a capacity that drops tokens, a
-z-loss and full recomputation, the losses and parameters equal single-process training of the same objective (the mean
+z-loss and full recomputation, and at dp=2 with experts that some micro-batches leave idle, the losses and parameters equal single-process training of the same objective (the mean
 over micro-batches of loss + the MoE layers' auxiliary loss; fp32), whose auxiliary loss visibly
 changes the parameters, so its gradient reaches the first stage too; a bf16 pipeline matches
 single-process bf16 training. metrics.jsonl counts every routed token-slot per expert and the
@@ -22,7 +22,11 @@ SHARED = ["model.moe.shared_experts=2", "model.moe.shared_expert_ffn_hidden_size
 RUNS = {"1f1b": ["schedule=1f1b"],
         "dualpipev": ["schedule=dualpipev"],   # m = 4 >= 2p: two chunks per rank, the aux gradient in both
         # recomputed forwards (inside the backward) are not counted again
-        "shared_capacity_every2_recompute": ["schedule=1f1b", *SHARED, "recompute.granularity=full"]}
+        "shared_capacity_every2_recompute": ["schedule=1f1b", *SHARED, "recompute.granularity=full"],
+        # 16 tokens per micro-batch over 16 top-1 experts: some get none in a micro-batch, and how many
+        # differs from step to step, under the overlapped reduction's buckets (dp = 2)
+        "idle_experts_dp2": ["parallel.pp=1", "parallel.dp=2", "train.micro_batch_size=1", "model.moe.num_experts=16",
+                             "model.moe.top_k=1", "train.overlap_grad_reduce=true"]}
 BF16 = ["schedule=1f1b", "precision=bf16"]
 SLOTS_PER_STEP = 8 * 16 * 2   # global batch x sequence x top_k, per MoE layer
 
