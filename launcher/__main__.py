@@ -11,6 +11,7 @@ from typing import Any
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from pipedream.config.elastic import check_elastic
 from pipedream.config.loading import compose_config, describe_composition_error, group_choice
 from pipedream.errors import ConfigError
 
@@ -19,6 +20,7 @@ from pipedream.runtime.affinity import ENV as CORE_SETS, format_core_sets
 from launcher.advice import launch_warnings, layout_line
 from launcher.binding import core_sets
 from launcher.commands import build_launch
+from launcher.elastic_agent import elastic_agent_options
 from launcher.memory_check import check_memory
 from launcher.prechecks import check_before_launch, check_launch_keys
 from launcher.preempt import agent_options, job_exit_code, relayed_signals
@@ -53,6 +55,7 @@ def main(argv: list[str]) -> int:
         label = model_label(cfg, argv)
         run_dir = str(cfg.train.run_dir)
         check_launch_keys(cfg)
+        elastic = check_elastic(cfg)
         plan = build_launch(cfg, overrides, run_dir)
         plugin = checked_plugin(cfg.model)   # a model plugin is imported, built and checked once, here
         spec = build_run_spec(apply_plan(cfg, plugin, label), plan.world_size, plugin)
@@ -99,7 +102,8 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.train.threads))
     print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node), {layout_line(spec)}; "
           f"run dir {run_dir}{bound}", flush=True)
-    runnable = [sys.executable, "-m", "launcher.agent", *agent_options(preemption), *command[1:]]
+    runnable = [sys.executable, "-m", "launcher.agent", *elastic_agent_options(cfg, elastic), *agent_options(preemption),
+                *command[1:]]
     code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
     return job_exit_code(code, Path(run_dir), preemption)
 

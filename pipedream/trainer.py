@@ -36,6 +36,8 @@ from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_t
 from pipedream.observe.peak_flops import PeakFlops, peak_flops
 from pipedream.numerics.optim import optimizer_state_bytes
 from pipedream.lifecycle.preemption_watch import PreemptionWatch
+from pipedream.lifecycle.elastic_run import ElasticRun, ReformRequested
+from pipedream.config.elastic import ElasticSpec
 from pipedream.config.run_spec import RunSpec
 from models.tensor_parallel import TensorParallel
 from pipedream.observe.trace import TraceRecorder, gather_traces, traced_steps
@@ -147,6 +149,7 @@ class Loop:
     times: StepTimes = field(default_factory=StepTimes)
     train_bytes: list[int] = field(default_factory=lambda: [0, 0])
     last_loss: float = math.nan
+    steps_done: int = 0
     val_loss: float = math.nan
     models: list[dict[str, float]] | None = None   # a fused model set: each model's last record
     model_totals: dict[str, int] = field(default_factory=dict)   # model statistics' counters over the run
@@ -181,19 +184,22 @@ class Loop:
         self.train_bytes[1] += self.engine.comm_bytes()[1] - received
         self.times.add(elapsed)
         self.last_loss = result.loss
+        self.steps_done = step
         self.models = result.models
         return result, elapsed
 
 
 def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, writer: RunWriter | None,
-               throughput: Throughput, preemption: PreemptionWatch) -> int | None:
-    """Runs the remaining steps; returns the step after which a preemption stopped the run, else None."""
+               throughput: Throughput, preemption: PreemptionWatch, elastic: ElasticRun) -> int | None:
+    """Runs the remaining steps; returns the step after which a preemption stopped the run, else None
+    (an elastic run asked to re-form raises ReformRequested once its checkpoint is saved)."""
     steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
     to_trace = traced_steps(spec.trace, steps, warmup_steps(steps))
     # closed on an error too, so the error line starts on a line of its own; off in a pipe or a log file
     bar = progress_bar_wanted(spec.loop.progress, ctx.rank, sys.stderr)
     with tqdm(total=steps, desc="train", disable=not bar, file=sys.stderr, dynamic_ncols=True) as progress:
-        start_step = checkpoints.resume()
+        start_step = loop.steps_done = checkpoints.resume()
+        elastic.started(start_step)
         progress.update(start_step)
         for step in range(start_step + 1, steps + 1):
             evaluating = eval_every > 0 and (step % eval_every == 0 or step == steps)
@@ -211,6 +217,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 record["val_loss"] = loop.evaluate()
             if loop.models is not None:
                 record["models"] = loop.models
+            if elastic.enabled:   # which layout ran this step
+                record["layout"] = elastic.layout
             if writer and logged:
                 writer.log_step(record)
                 progress.set_postfix(loss=f"{result.loss:.3f}",
@@ -218,6 +226,10 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 progress.write(format_step_line(record, steps), file=sys.stdout)
                 sys.stdout.flush()   # a line at a time in a pipe or a log too
             checkpoints.after_step(step)
+            elastic.step_done(step)
+            if step < steps and elastic.enabled and elastic.reform_requested():
+                checkpoints.save(step)
+                elastic.reform(step)
             if step < steps and preemption.requested():
                 preemption.stop(step, checkpoints)
                 return step
@@ -242,8 +254,15 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     throughput, peak = _throughput(spec, ctx)
     checkpoints = RunCheckpoints(spec.checkpoint, _checkpoint_record(spec, config), engine, ctx.rank, run_dir)
     preemption = PreemptionWatch(spec.preemption, ctx, run_dir)
+    elastic = ElasticRun(ElasticSpec.from_config(spec.config).enabled, run_dir, ctx.rank, ctx.world_size,
+                         {"pp": spec.layout.pp, "tp": spec.layout.tp, "cp": spec.layout.cp, "dp": spec.layout.dp},
+                         ctx.timeout)
     try:
-        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption)
+        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption, elastic)
+    except Exception as error:
+        if not isinstance(error, ReformRequested):
+            elastic.failed(loop.steps_done)   # the record of when, and after which step, the world broke
+        raise
     finally:
         preemption.close()
     if stopped_after is not None:   # no evaluation or summary: the requeued run finishes them
@@ -259,7 +278,8 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     if fusion is not None:
         fused_stages = [None] * ctx.world_size
         dist.all_gather_object(fused_stages, fusion)
-    summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
+    summary = {**_summary(loop, spec, throughput, peak, gathered, report, config, fused_stages),
+               **elastic.summary(spec.train.steps)}   # elastic: layouts and recoveries
     if writer:
         path = writer.write_summary(summary)
         writer.close()
