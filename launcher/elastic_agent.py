@@ -22,6 +22,7 @@ from typing import Any
 from pipedream.config.elastic import REFORM_SIGNAL, WORLD_ROUND, ElasticSpec
 
 OPTION = "--elastic-last-call="
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # a rank ignores the signal until its handler is installed (the agent ignores it, the ranks inherit
 # that): repeated until the ranks end (the handler only sets a flag)
 RESEND_S = 1.0
@@ -50,6 +51,10 @@ def _shorten_last_call(handler: Any, seconds: float) -> None:
 
 def make_elastic(last_call_s: float) -> None:
     """Patches torchrun's local agent (this process runs one torchrun) as the module describes."""
+    # torch shares one store for the ranks across rounds, made when a node first forms a world: a node
+    # joining later waits for its address under the new round, where nobody writes it. Without sharing,
+    # every round's rank 0 publishes a store of its own (a documented opt-out)
+    os.environ[UNSHARED_STORE] = "1"
     from torch.distributed.elastic.agent.server.api import WorkerState
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
