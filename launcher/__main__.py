@@ -11,6 +11,7 @@ from typing import Any
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from pipedream.checkpoint.memory_folders import NODE_ENV, clear_node
 from pipedream.config.elastic import check_elastic
 from pipedream.config.loading import compose_config, describe_composition_error, group_choice
 from pipedream.errors import ConfigError
@@ -94,6 +95,9 @@ def main(argv: list[str]) -> int:
             print(prefix + shlex.join(command))
         return 0
     command = plan.commands[int(node_rank or 0)]
+    if elastic.enabled:   # this node's in-memory copies start empty, as a (re)started machine's memory does
+        os.environ[NODE_ENV] = str(int(node_rank or 0))
+        clear_node(Path(run_dir), int(node_rank or 0))
     bound = ""
     if cores is not None:   # each rank pins itself to its set before torch starts (pipedream.runtime.affinity)
         os.environ[CORE_SETS] = format_core_sets(cores)

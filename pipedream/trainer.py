@@ -20,6 +20,8 @@ from models import build_model
 from models.context_parallel import ContextParallel
 from models.expert_parallel import ExpertParallel
 
+from pipedream.checkpoint.memory_folders import clear_all
+from pipedream.checkpoint.peer_copies import PeerCopies
 from pipedream.checkpoint.store import RunCheckpoints
 from pipedream.data.context_shard import context_shard
 from pipedream.data.datasets import build_datasets
@@ -190,7 +192,8 @@ class Loop:
 
 
 def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, writer: RunWriter | None,
-               throughput: Throughput, preemption: PreemptionWatch, elastic: ElasticRun) -> int | None:
+               throughput: Throughput, preemption: PreemptionWatch, elastic: ElasticRun,
+               peers: PeerCopies | None = None) -> int | None:
     """Runs the remaining steps; returns the step after which a preemption stopped the run, else None
     (an elastic run asked to re-form raises ReformRequested once its checkpoint is saved)."""
     steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
@@ -198,6 +201,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
     # closed on an error too, so the error line starts on a line of its own; off in a pipe or a log file
     bar = progress_bar_wanted(spec.loop.progress, ctx.rank, sys.stderr)
     with tqdm(total=steps, desc="train", disable=not bar, file=sys.stderr, dynamic_ncols=True) as progress:
+        if peers is not None and checkpoints.resume_from:   # a snapshot newer than the disk's, held in memory
+            peers.recover(checkpoints.root, checkpoints.extra)
         start_step = loop.steps_done = checkpoints.resume()
         elastic.started(start_step)
         progress.update(start_step)
@@ -226,6 +231,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 progress.write(format_step_line(record, steps), file=sys.stdout)
                 sys.stdout.flush()   # a line at a time in a pipe or a log too
             checkpoints.after_step(step)
+            if peers is not None:
+                peers.after_step(step)
             elastic.step_done(step)
             if step < steps and elastic.enabled and elastic.reform_requested():
                 checkpoints.save(step)
@@ -258,7 +265,8 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
                          {"pp": spec.layout.pp, "tp": spec.layout.tp, "cp": spec.layout.cp, "dp": spec.layout.dp},
                          ctx.timeout)
     try:
-        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption, elastic)
+        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption, elastic,
+                                   _peer_copies(spec, ctx, checkpoints, run_dir))
     except Exception as error:
         if not isinstance(error, ReformRequested):
             elastic.failed(loop.steps_done)   # the record of when, and after which step, the world broke
@@ -273,6 +281,8 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     if math.isnan(loop.val_loss):
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
+    if ctx.rank == 0:   # every rank is past its last step: the in-memory copies are no longer needed
+        clear_all(run_dir)
     fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
     fusion = engine.fusion_report()
     if fusion is not None:
@@ -286,6 +296,17 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
         print(f"final train loss {loop.last_loss:.4f}, validation loss {loop.val_loss:.4f}, "
               f"{summary['samples_per_s']:.1f} samples/s; wrote {path}", flush=True)
     return TrainOutcome(summary, engine)
+
+
+def _peer_copies(spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, run_dir: Path) -> PeerCopies | None:
+    """checkpoint.in_memory_every > 0: this rank's copies in host memory (pipedream/checkpoint/peer_copies.py)."""
+    every = int(spec.config["checkpoint"].get("in_memory_every") or 0)
+    if every <= 0:
+        return None
+    group = dist.new_group(backend="gloo", timeout=ctx.timeout) if ctx.world_size > 1 else None
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    return PeerCopies(every, run_dir, ctx.rank, ctx.world_size, local_world, checkpoints.module, checkpoints.engine,
+                      group)
 
 
 def _checkpoint_record(spec: RunSpec, config: dict[str, Any]) -> dict[str, Any]:

@@ -48,6 +48,10 @@ class ElasticSpec:
 def check_elastic(cfg: Any) -> ElasticSpec:
     """The elastic settings, refused in one line where a re-formed run could not continue exactly."""
     spec = ElasticSpec.from_config(cfg)
+    every = OmegaConf.select(cfg, "checkpoint.in_memory_every")
+    if every is not None and (not isinstance(every, int) or isinstance(every, bool) or every < 0):
+        raise ConfigError(f"checkpoint.in_memory_every = {every!r} must be an integer >= 0 (steps between in-memory "
+                          f"copies on a peer node; 0: off)")
     if not spec.enabled:
         return spec
     schedule = str(OmegaConf.select(cfg, "schedule.name"))

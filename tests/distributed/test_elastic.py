@@ -1,12 +1,15 @@
 """Elastic training through the loss of a node: two launchers as two nodes (one process each, pp=2),
 the second one SIGKILLed with its rank after step 12; the first re-forms alone, re-lays the run as
-pp=1, resumes from the newest checkpoint and ends with the loss of a run that never failed. CPU, Gloo."""
+pp=1, resumes from the newest checkpoint and ends with the loss of a run that never failed; with
+checkpoint.in_memory_every=1 it resumes from the copies the peer node kept in memory instead, losing no
+step. CPU, Gloo."""
 from __future__ import annotations
 
 import math
 
 import pytest
 
+from pipedream.checkpoint.memory_folders import memory_root
 from tests.support.elastic_harness import ElasticJob, last_step, records, reference_run, wait_until
 
 STEPS = 30
@@ -42,3 +45,24 @@ def test_a_lost_node_leaves_the_other_training_alone_with_the_same_losses(tmp_pa
     assert {r["layout"]["pp"] for r in by_step.values()} == {1, 2}
     for step, loss in reference["losses"].items():
         assert math.isclose(by_step[step]["loss"], loss, rel_tol=1e-5), step
+
+
+def test_in_memory_copies_on_the_peer_node_spare_the_steps_since_the_disk_checkpoint(tmp_path, reference):
+    job = ElasticJob(tmp_path, ["parallel.pp=2", f"train.steps={STEPS}", "checkpoint.in_memory_every=1"])
+    try:
+        job.start(0)
+        job.start(1)
+        wait_until(lambda: last_step(job.run_dir) >= 12, 180, "step 12")
+        job.kill(1)
+        assert job.wait(0) == 0, job.output(0)[-3000:]
+    finally:
+        job.stop()
+    summary = job.summary()
+    (recovery,) = summary["recoveries"]
+    lost_after = recovery["interrupted_after_step"]
+    assert recovery["resumed_after_step"] == lost_after and recovery["steps_redone"] == 0
+    output = job.output(0)
+    assert f"elastic: step {lost_after} recovered from in-memory copies on nodes [0]" in output
+    assert f"resume: continuing after step {lost_after} from" in output
+    assert math.isclose(summary["final_train_loss"], reference["summary"]["final_train_loss"], rel_tol=1e-5)
+    assert not memory_root(job.run_dir).exists()   # no copy left in host memory after the run

@@ -92,3 +92,13 @@ def test_history_gives_each_layout_its_steps_and_each_recovery_its_time():
     lost, joined = found["recoveries"]
     assert (lost["cause"], lost["steps_redone"], lost["seconds"], lost["world_size"]) == ("failure", 2, 5.5, [2, 1])
     assert (joined["cause"], joined["steps_redone"], joined["seconds"]) == ("node joined", 0, 4.0)
+
+
+def test_an_in_memory_snapshot_counts_only_when_the_nodes_present_hold_every_rank():
+    from pipedream.checkpoint.peer_copies import _choose
+    survivor = (0, 0, {(12, 2): [0, 1], (10, 2): [0, 1]})   # node 0 holds its own rank's and its peer's copy
+    assert _choose([survivor], newest_disk=10) == ((12, 2), {0: [0, 1]})
+    assert _choose([survivor], newest_disk=12) is None                  # the disk is as new: nothing to gain
+    assert _choose([(0, 0, {(12, 2): [0]})], newest_disk=10) is None   # rank 1's only copy was lost with its node
+    both = [(1, 1, {(12, 2): [1, 0]}), (0, 0, {(12, 2): [0, 1]})]
+    assert _choose(both, newest_disk=10) == ((12, 2), {0: [0, 1]})     # each copy read once, by the first node
