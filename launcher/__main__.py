@@ -22,6 +22,7 @@ from launcher.advice import launch_warnings, layout_line
 from launcher.binding import core_sets
 from launcher.commands import build_launch
 from launcher.elastic_agent import elastic_agent_options
+from launcher.elastic_memory import check_smallest_world
 from launcher.memory_check import check_memory
 from launcher.prechecks import check_before_launch, check_launch_keys
 from launcher.preempt import agent_options, job_exit_code, relayed_signals
@@ -73,6 +74,8 @@ def main(argv: list[str]) -> int:
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:
                 print(note, file=sys.stderr)
+            check_smallest_world(label, cfg, elastic, plan.nproc_per_node,
+                                 lambda relaid, world: build_run_spec(apply_plan(relaid, plugin, label), world, plugin))
         cores = core_sets(cfg.launcher.get("bind_cores", "auto"), str(cfg.cluster.get("device", "cpu")),
                           plan.nproc_per_node, sorted(os.sched_getaffinity(0)))
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
