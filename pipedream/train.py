@@ -73,7 +73,7 @@ def run(cfg: Any) -> int:
     torch.set_num_threads(len(BOUND_CORES) if BOUND_CORES else spec.train.threads)   # a bound rank: one per core
     # imported late: a refused configuration fails fast
     from pipedream.lifecycle.failures import (AGREED_ERRORS, USER_ERRORS, debug_requested, failure_report,
-                                              wait_for_peer_report)
+                                              is_communication_failure, wait_for_peer_report)
     from pipedream.trainer import train
     from pipedream.lifecycle.elastic_run import REFORM_EXIT, ReformRequested
     try:
@@ -83,8 +83,11 @@ def run(cfg: Any) -> int:
         return REFORM_EXIT   # torchrun re-forms the world with the node that joined
     except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
         rank = int(os.environ.get("RANK", "0"))
-        if not elastic:   # an elastic run re-forms at once: the peer's own report does not matter
-            wait_for_peer_report(error)
+        if elastic and is_communication_failure(error):   # a node lost: torchrun re-forms the world at once
+            stderr_line(f"elastic: rank {rank} lost a peer ({type(error).__name__}); the job re-forms on the nodes "
+                        f"left and resumes from the newest checkpoint")
+            return 1
+        wait_for_peer_report(error)
         if rank == 0 or not isinstance(error, AGREED_ERRORS):   # every rank sees a NaN, a failed save: one line
             stderr_line(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)))
         return FINAL_EXIT if isinstance(error, USER_ERRORS) else 1   # the launcher does not restart FINAL_EXIT
