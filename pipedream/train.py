@@ -42,12 +42,11 @@ def for_this_world(cfg: Any, plugin: Any) -> tuple[Any, bool]:
     from its newest complete checkpoint (a node that joins late must agree with the others), and a
     world of another size than the degrees' gets the nearest layout that fits it
     (``pipedream.config.elastic``): every rank computes the same from the same config."""
-    from pipedream.config.elastic import check_elastic, configured_world, layout_for_world, relaid_config, degrees_of
+    from pipedream.config.elastic import check_elastic, configured_world, layout_for_world, resuming_copy
     if not check_elastic(cfg).enabled:
         return cfg, False
     world = world_size_from_env()
-    cfg = relaid_config(cfg, (degrees_of(cfg)["pp"], degrees_of(cfg)["tp"], degrees_of(cfg)["dp"]))   # a copy
-    cfg.train.resume, cfg.train.overwrite = "auto", False   # the launcher claimed (or cleared) the run dir
+    cfg = resuming_copy(cfg)
     if world != configured_world(cfg):
         cfg = layout_for_world(cfg, world, lambda relaid: build_run_spec(apply_plan(relaid, plugin), world, plugin))
     return cfg, True

@@ -93,6 +93,16 @@ def candidate_degrees(pp: int, tp: int, cp: int, world: int) -> list[tuple[int, 
     return sorted(found, key=lambda d: (-(d[0] * d[1]), -d[1], -d[0]))
 
 
+def resuming_copy(cfg: Any) -> Any:
+    """A copy of ``cfg`` that resumes from the run's newest complete checkpoint: every attempt of an
+    elastic run does (a node that joins late must agree with the others; the launcher has claimed,
+    or cleared, the run directory)."""
+    copy = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    OmegaConf.set_struct(copy, False)
+    copy.train.resume, copy.train.overwrite = "auto", False
+    return copy
+
+
 def relaid_config(cfg: Any, degrees: tuple[int, int, int]) -> Any:
     """A copy of ``cfg`` with these (pp, tp, dp); an explicit layer split of another stage count goes."""
     pp, tp, dp = degrees
@@ -126,8 +136,3 @@ def layout_for_world(cfg: Any, world: int, accepts: Callable[[Any], None]) -> An
     raise ConfigError(f"no layout of {world} devices can continue this elastic run ({detail}): start it on "
                       f"{configured_world(cfg)} devices, or change train.global_batch_size / parallel degrees")
 
-
-def degrees_of(cfg: Any) -> dict[str, int]:
-    parallel = cfg.parallel
-    return {"pp": int(parallel.pp), "tp": int(parallel.tp), "cp": int(parallel.get("cp") or 1),
-            "dp": int(parallel.dp)}
