@@ -59,10 +59,11 @@ def test_in_memory_copies_on_the_peer_node_spare_the_steps_since_the_disk_checkp
         job.stop()
     summary = job.summary()
     (recovery,) = summary["recoveries"]
-    lost_after = recovery["interrupted_after_step"]
-    assert recovery["resumed_after_step"] == lost_after and recovery["steps_redone"] == 0
+    # the copies of the step being exchanged when the node died are incomplete: at most that step is redone
+    resumed = recovery["resumed_after_step"]
+    assert recovery["interrupted_after_step"] - resumed in (0, 1) and resumed % 5   # newer than the disk's
     output = job.output(0)
-    assert f"elastic: step {lost_after} recovered from in-memory copies on nodes [0]" in output
-    assert f"resume: continuing after step {lost_after} from" in output
+    assert f"elastic: step {resumed} recovered from in-memory copies on nodes [0]" in output
+    assert f"resume: continuing after step {resumed} from" in output
     assert math.isclose(summary["final_train_loss"], reference["summary"]["final_train_loss"], rel_tol=1e-5)
     assert not memory_root(job.run_dir).exists()   # no copy left in host memory after the run
