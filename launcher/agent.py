@@ -119,8 +119,9 @@ def _described(error: Exception) -> str:
 
 def rendezvous_line(error: Exception, argv: list[str]) -> str:
     options = _options(argv)
-    waited = options.get("rdzv-conf", "").removeprefix("join_timeout=")
-    return (f"error: the {options.get('nnodes', '?')} nodes did not all join the rendezvous at "
+    conf = dict(item.split("=", 1) for item in options.get("rdzv-conf", "").split(",") if "=" in item)
+    waited = conf.get("join_timeout", "?")
+    return (f"error: the {options.get('nnodes', '?').replace(':', '..')} nodes did not all join the rendezvous at "
             f"{options.get('rdzv-endpoint', '?')} within launcher.rendezvous_timeout_s={waited} "
             f"({_described(error)}): start every node's command (the same launcher.master_addr and master_port, "
             f"its own launcher.node_rank), or raise launcher.rendezvous_timeout_s")

@@ -22,7 +22,7 @@ JOB = ["model=gpt_tiny", "model.num_layers=4", "model.hidden_size=32", "model.nu
        "train.log_every=1", "train.eval_every=0", "train.eval_batches=1", "train.progress=false",
        "trace.enabled=false", "train.timeout_s=30", "checkpoint.every=5"]
 ELASTIC = ["launcher.nnodes=2", "launcher.min_nodes=1", "launcher.max_restarts=4", "launcher.last_call_s=1",
-           "launcher.rendezvous_timeout_s=90"]
+           "launcher.rendezvous_timeout_s=300"]
 
 
 def free_port() -> int:
