@@ -101,7 +101,7 @@ class ElasticJob:
         wait_until(lambda: not marked_pids(mark), 10, f"node {node}'s processes gone")
         return killed_at
 
-    def wait(self, node: int, timeout_s: float = 240) -> int:
+    def wait(self, node: int, timeout_s: float = 600) -> int:
         return self.nodes[node][0].wait(timeout=timeout_s)
 
     def output(self, node: int) -> str:
