@@ -11,6 +11,8 @@ from typing import Any
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
+from pipedream.checkpoint.memory_folders import NODE_ENV, clear_node
+from pipedream.config.elastic import check_elastic
 from pipedream.config.loading import compose_config, describe_composition_error, group_choice
 from pipedream.errors import ConfigError
 
@@ -19,6 +21,8 @@ from pipedream.runtime.affinity import ENV as CORE_SETS, format_core_sets
 from launcher.advice import launch_warnings, layout_line
 from launcher.binding import core_sets
 from launcher.commands import build_launch
+from launcher.elastic_agent import elastic_agent_options
+from launcher.elastic_memory import check_smallest_world
 from launcher.memory_check import check_memory
 from launcher.prechecks import check_before_launch, check_launch_keys
 from launcher.preempt import agent_options, job_exit_code, relayed_signals
@@ -53,6 +57,7 @@ def main(argv: list[str]) -> int:
         label = model_label(cfg, argv)
         run_dir = str(cfg.train.run_dir)
         check_launch_keys(cfg)
+        elastic = check_elastic(cfg)
         plan = build_launch(cfg, overrides, run_dir)
         plugin = checked_plugin(cfg.model)   # a model plugin is imported, built and checked once, here
         spec = build_run_spec(apply_plan(cfg, plugin, label), plan.world_size, plugin)
@@ -69,6 +74,8 @@ def main(argv: list[str]) -> int:
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:
                 print(note, file=sys.stderr)
+            check_smallest_world(label, cfg, elastic, plan.nproc_per_node,
+                                 lambda relaid, world: build_run_spec(apply_plan(relaid, plugin, label), world, plugin))
         cores = core_sets(cfg.launcher.get("bind_cores", "auto"), str(cfg.cluster.get("device", "cpu")),
                           plan.nproc_per_node, sorted(os.sched_getaffinity(0)))
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
@@ -91,6 +98,9 @@ def main(argv: list[str]) -> int:
             print(prefix + shlex.join(command))
         return 0
     command = plan.commands[int(node_rank or 0)]
+    if elastic.enabled:   # this node's in-memory copies start empty, as a (re)started machine's memory does
+        os.environ[NODE_ENV] = str(int(node_rank or 0))
+        clear_node(Path(run_dir), int(node_rank or 0))
     bound = ""
     if cores is not None:   # each rank pins itself to its set before torch starts (pipedream.runtime.affinity)
         os.environ[CORE_SETS] = format_core_sets(cores)
@@ -99,7 +109,8 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", str(cfg.train.threads))
     print(f"launch: {plan.world_size} processes ({plan.nproc_per_node} on this node), {layout_line(spec)}; "
           f"run dir {run_dir}{bound}", flush=True)
-    runnable = [sys.executable, "-m", "launcher.agent", *agent_options(preemption), *command[1:]]
+    runnable = [sys.executable, "-m", "launcher.agent", *elastic_agent_options(cfg, elastic), *agent_options(preemption),
+                *command[1:]]
     code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
     return job_exit_code(code, Path(run_dir), preemption)
 

@@ -13,7 +13,8 @@
 - it ends when the launcher that started it dies, even by SIGKILL, and its ranks end with it
   (``pipedream.lifecycle.parent_watch``).
 
-Leading ``--ignore-signal=NAME`` options (the preemption signal) make torchrun ignore that signal:
+A leading ``--elastic-last-call=S`` makes the agent elastic (``launcher.elastic_agent``). Leading
+``--ignore-signal=NAME`` options (the preemption signal) make torchrun ignore that signal:
 its default action would end torchrun, and the ranks it starts inherit the ignored state until they
 install their own handler.
 """
@@ -27,6 +28,8 @@ import threading
 
 from pipedream.errors import FINAL_EXIT, REFUSED_EXIT, stderr_line
 from pipedream.lifecycle.parent_watch import watch_parent
+
+from launcher.elastic_agent import OPTION as ELASTIC, make_elastic
 
 FINAL_CODES = (REFUSED_EXIT, FINAL_EXIT)
 IGNORE = "--ignore-signal="
@@ -116,8 +119,9 @@ def _described(error: Exception) -> str:
 
 def rendezvous_line(error: Exception, argv: list[str]) -> str:
     options = _options(argv)
-    waited = options.get("rdzv-conf", "").removeprefix("join_timeout=")
-    return (f"error: the {options.get('nnodes', '?')} nodes did not all join the rendezvous at "
+    conf = dict(item.split("=", 1) for item in options.get("rdzv-conf", "").split(",") if "=" in item)
+    waited = conf.get("join_timeout", "?")
+    return (f"error: the {options.get('nnodes', '?').replace(':', '..')} nodes did not all join the rendezvous at "
             f"{options.get('rdzv-endpoint', '?')} within launcher.rendezvous_timeout_s={waited} "
             f"({_described(error)}): start every node's command (the same launcher.master_addr and master_port, "
             f"its own launcher.node_rank), or raise launcher.rendezvous_timeout_s")
@@ -131,10 +135,16 @@ def lost_rendezvous_line(error: Exception, argv: list[str]) -> str:
 
 def main(argv: list[str]) -> int:
     watch_parent()   # first: the launcher may already be gone; also tells the ranks this PID
-    while argv and argv[0].startswith(IGNORE):   # before the slow imports below
-        signal.signal(signal.Signals[f"SIG{argv[0].removeprefix(IGNORE)}"], signal.SIG_IGN)
+    last_call_s = None
+    while argv and argv[0].startswith((IGNORE, ELASTIC)):   # before the slow imports below
+        if argv[0].startswith(ELASTIC):
+            last_call_s = float(argv[0].removeprefix(ELASTIC))
+        else:
+            signal.signal(signal.Signals[f"SIG{argv[0].removeprefix(IGNORE)}"], signal.SIG_IGN)
         argv = argv[1:]
     import_torch_without_cpp_warnings()
+    if last_call_s is not None:
+        make_elastic(last_call_s)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousError

@@ -4,9 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pipedream.config.elastic import ElasticSpec
 from pipedream.errors import ConfigError
 
 from launcher.binding import numa_options
+
+KEEP_ALIVE_S = 1   # elastic: seconds between a node's rendezvous heartbeats
 
 
 @dataclass(frozen=True)
@@ -45,16 +48,25 @@ def build_launch(cfg: Any, overrides: list[str], run_dir: str) -> LaunchPlan:
         raise ConfigError(f"the job needs {world} processes, which launcher.nnodes = {nnodes} does not divide: "
                           f"use a node count that divides {world}")
     per_node = world // nnodes
+    elastic = ElasticSpec.from_config(cfg)
+    elastic_args = [f"launcher.nnodes={nnodes}", f"launcher.min_nodes={elastic.min_nodes}"] if elastic.enabled else []
     train_args = ["-m", "pipedream.train", *[o for o in overrides if not o.startswith("train.run_dir=")],
-                  f"train.run_dir={run_dir}"]
+                  *elastic_args, f"train.run_dir={run_dir}"]   # (the ranks re-lay an elastic run themselves)
     restarts = [f"--max-restarts={int(cfg.launcher.max_restarts)}",
                 *numa_options(cfg.launcher.get("bind_cores", "auto"), str(cfg.cluster.get("device", "cpu")))]
+    if elastic.enabled:   # the first world waits for every node; a dead node's entry expires in KEEP_ALIVE_S * 3
+        nodes = f"{elastic.min_nodes}:{nnodes}"
+        rdzv_conf = (f"join_timeout={float(cfg.launcher.rendezvous_timeout_s):g},"
+                     f"last_call_timeout={float(cfg.launcher.rendezvous_timeout_s):g},"
+                     f"keep_alive_interval={KEEP_ALIVE_S},keep_alive_max_attempt=3")
+    else:
+        nodes, rdzv_conf = str(nnodes), f"join_timeout={float(cfg.launcher.rendezvous_timeout_s):g}"
     if nnodes == 1:
         commands = [["torchrun", "--standalone", f"--nproc-per-node={per_node}", *restarts, *train_args]]
     else:
         endpoint = f"{cfg.launcher.master_addr}:{int(cfg.launcher.master_port)}"
-        commands = [["torchrun", f"--nnodes={nnodes}", f"--nproc-per-node={per_node}", f"--node-rank={node}",
+        commands = [["torchrun", f"--nnodes={nodes}", f"--nproc-per-node={per_node}", f"--node-rank={node}",
                      "--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}", "--rdzv-id=pipedream",
-                     f"--rdzv-conf=join_timeout={float(cfg.launcher.rendezvous_timeout_s):g}", *restarts,
+                     f"--rdzv-conf={rdzv_conf}", *restarts,
                      *train_args] for node in range(nnodes)]
     return LaunchPlan(world, nnodes, per_node, commands)

@@ -34,6 +34,7 @@ def check_launch_keys(cfg: Any) -> None:
         raise ConfigError(f"launcher.grace_s = {launcher.raw('grace_s')} must be >= 0 (seconds a stopped job gets "
                           f"before it is killed; 0 kills at once)")
     launcher.positive_number("rendezvous_timeout_s")
+    launcher.positive_number("last_call_s")
     launcher.flag("dry_run")
     launcher.flag("check_memory")
 

@@ -37,15 +37,31 @@ def first_attempt_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0" and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
 
 
+def for_this_world(cfg: Any, plugin: Any) -> tuple[Any, bool]:
+    """``cfg`` as this attempt runs it, and whether the run is elastic. An elastic run always continues
+    from its newest complete checkpoint (a node that joins late must agree with the others), and a
+    world of another size than the degrees' gets the nearest layout that fits it
+    (``pipedream.config.elastic``): every rank computes the same from the same config."""
+    from pipedream.config.elastic import check_elastic, configured_world, layout_for_world, resuming_copy
+    if not check_elastic(cfg).enabled:
+        return cfg, False
+    world = world_size_from_env()
+    cfg = resuming_copy(cfg)
+    if world != configured_world(cfg):
+        cfg = layout_for_world(cfg, world, lambda relaid: build_run_spec(apply_plan(relaid, plugin), world, plugin))
+    return cfg, True
+
+
 def run(cfg: Any) -> int:
     """Validates, trains, and returns an exit code; errors become one line on stderr."""
     try:
         cfg = complete_model_config(cfg)   # as compose_config does: @hydra.main composed this one
-        check_plan_world_size(cfg, world_size_from_env())
         plugin = checked_plugin(cfg.model)   # a model plugin is imported, built and checked once, here
+        cfg, elastic = for_this_world(cfg, plugin)
+        check_plan_world_size(cfg, world_size_from_env())
         cfg = apply_plan(cfg, plugin)
         spec = build_run_spec(cfg, world_size_from_env(), plugin)   # the last read of cfg: below, the spec only
-        if first_attempt_rank0():   # before any rank writes; a torchrun restart finds its own outputs
+        if first_attempt_rank0() and not elastic:   # (an elastic run's launcher has claimed it)   # before any rank writes; a torchrun restart finds its own outputs
             claim_run_dir(spec, Path(spec.loop.run_dir))
             from pipedream.data.checks import check_data   # what the launcher checks, for runs started by torchrun
             for note in check_data(spec.data_config, spec.model_config, spec.seq_len):
@@ -56,13 +72,20 @@ def run(cfg: Any) -> int:
     torch.set_num_threads(len(BOUND_CORES) if BOUND_CORES else spec.train.threads)   # a bound rank: one per core
     # imported late: a refused configuration fails fast
     from pipedream.lifecycle.failures import (AGREED_ERRORS, USER_ERRORS, debug_requested, failure_report,
-                                              wait_for_peer_report)
+                                              is_communication_failure, wait_for_peer_report)
     from pipedream.trainer import train
+    from pipedream.lifecycle.elastic_run import REFORM_EXIT, ReformRequested
     try:
         ctx = init_distributed(spec.device, spec.train.timeout_s)
         train(spec, ctx)
+    except ReformRequested:
+        return REFORM_EXIT   # torchrun re-forms the world with the node that joined
     except Exception as error:  # noqa: BLE001 - every failure becomes one line (and a traceback on request)
         rank = int(os.environ.get("RANK", "0"))
+        if elastic and is_communication_failure(error):   # a node lost: torchrun re-forms the world at once
+            stderr_line(f"elastic: rank {rank} lost a peer ({type(error).__name__}); the job re-forms on the nodes "
+                        f"left and resumes from the newest checkpoint")
+            return 1
         wait_for_peer_report(error)
         if rank == 0 or not isinstance(error, AGREED_ERRORS):   # every rank sees a NaN, a failed save: one line
             stderr_line(failure_report(error, rank, spec.train.timeout_s, debug_requested(spec.train.debug)))

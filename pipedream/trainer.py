@@ -20,6 +20,8 @@ from models import build_model
 from models.context_parallel import ContextParallel
 from models.expert_parallel import ExpertParallel
 
+from pipedream.checkpoint.memory_folders import clear_all
+from pipedream.checkpoint.peer_copies import PeerCopies
 from pipedream.checkpoint.store import RunCheckpoints
 from pipedream.data.context_shard import context_shard
 from pipedream.data.datasets import build_datasets
@@ -36,6 +38,8 @@ from pipedream.observe.metrics import (RunWriter, StepTimes, Throughput, check_t
 from pipedream.observe.peak_flops import PeakFlops, peak_flops
 from pipedream.numerics.optim import optimizer_state_bytes
 from pipedream.lifecycle.preemption_watch import PreemptionWatch
+from pipedream.lifecycle.elastic_run import ElasticRun, ReformRequested
+from pipedream.config.elastic import ElasticSpec
 from pipedream.config.run_spec import RunSpec
 from models.tensor_parallel import TensorParallel
 from pipedream.observe.trace import TraceRecorder, gather_traces, traced_steps
@@ -151,6 +155,7 @@ class Loop:
     times: StepTimes = field(default_factory=StepTimes)
     train_bytes: list[int] = field(default_factory=lambda: [0, 0])
     last_loss: float = math.nan
+    steps_done: int = 0
     val_loss: float = math.nan
     models: list[dict[str, float]] | None = None   # a fused model set: each model's last record
     model_totals: dict[str, int] = field(default_factory=dict)   # model statistics' counters over the run
@@ -185,19 +190,25 @@ class Loop:
         self.train_bytes[1] += self.engine.comm_bytes()[1] - received
         self.times.add(elapsed)
         self.last_loss = result.loss
+        self.steps_done = step
         self.models = result.models
         return result, elapsed
 
 
 def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, writer: RunWriter | None,
-               throughput: Throughput, preemption: PreemptionWatch) -> int | None:
-    """Runs the remaining steps; returns the step after which a preemption stopped the run, else None."""
+               throughput: Throughput, preemption: PreemptionWatch, elastic: ElasticRun,
+               peers: PeerCopies | None = None) -> int | None:
+    """Runs the remaining steps; returns the step after which a preemption stopped the run, else None
+    (an elastic run asked to re-form raises ReformRequested once its checkpoint is saved)."""
     steps, log_every, eval_every = spec.train.steps, spec.loop.log_every, spec.loop.eval_every
     to_trace = traced_steps(spec.trace, steps, warmup_steps(steps))
     # closed on an error too, so the error line starts on a line of its own; off in a pipe or a log file
     bar = progress_bar_wanted(spec.loop.progress, ctx.rank, sys.stderr)
     with tqdm(total=steps, desc="train", disable=not bar, file=sys.stderr, dynamic_ncols=True) as progress:
-        start_step = checkpoints.resume()
+        if peers is not None and checkpoints.resume_from:   # a snapshot newer than the disk's, held in memory
+            peers.recover(checkpoints.root, checkpoints.extra)
+        start_step = loop.steps_done = checkpoints.resume()
+        elastic.started(start_step)
         progress.update(start_step)
         for step in range(start_step + 1, steps + 1):
             evaluating = eval_every > 0 and (step % eval_every == 0 or step == steps)
@@ -215,6 +226,8 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 record["val_loss"] = loop.evaluate()
             if loop.models is not None:
                 record["models"] = loop.models
+            if elastic.enabled:   # which layout ran this step
+                record["layout"] = elastic.layout
             if writer and logged:
                 writer.log_step(record)
                 progress.set_postfix(loss=f"{result.loss:.3f}",
@@ -222,6 +235,12 @@ def _run_steps(loop: Loop, spec: RunSpec, ctx: DistContext, checkpoints: RunChec
                 progress.write(format_step_line(record, steps), file=sys.stdout)
                 sys.stdout.flush()   # a line at a time in a pipe or a log too
             checkpoints.after_step(step)
+            if peers is not None:
+                peers.after_step(step)
+            elastic.step_done(step)
+            if step < steps and elastic.enabled and elastic.reform_requested():
+                checkpoints.save(step)
+                elastic.reform(step)
             if step < steps and preemption.requested():
                 preemption.stop(step, checkpoints)
                 return step
@@ -246,8 +265,16 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     throughput, peak = _throughput(spec, ctx)
     checkpoints = RunCheckpoints(spec.checkpoint, _checkpoint_record(spec, config), engine, ctx.rank, run_dir)
     preemption = PreemptionWatch(spec.preemption, ctx, run_dir)
+    elastic = ElasticRun(ElasticSpec.from_config(spec.config).enabled, run_dir, ctx.rank, ctx.world_size,
+                         {"pp": spec.layout.pp, "tp": spec.layout.tp, "cp": spec.layout.cp, "dp": spec.layout.dp},
+                         ctx.timeout)
     try:
-        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption)
+        stopped_after = _run_steps(loop, spec, ctx, checkpoints, writer, throughput, preemption, elastic,
+                                   _peer_copies(spec, ctx, checkpoints, run_dir))
+    except Exception as error:
+        if not isinstance(error, ReformRequested):
+            elastic.failed(loop.steps_done)   # the record of when, and after which step, the world broke
+        raise
     finally:
         preemption.close()
     if stopped_after is not None:   # no evaluation or summary: the requeued run finishes them
@@ -258,18 +285,32 @@ def train(spec: RunSpec, ctx: DistContext) -> TrainOutcome:
     if math.isnan(loop.val_loss):
         loop.evaluate()
     gathered, report = _gather_stats(loop, spec, ctx, run_dir)
+    if ctx.rank == 0:   # every rank is past its last step: the in-memory copies are no longer needed
+        clear_all(run_dir)
     fused_stages = None   # a fused model set: each rank's fusion timings and feature-map memory
     fusion = engine.fusion_report()
     if fusion is not None:
         fused_stages = [None] * ctx.world_size
         dist.all_gather_object(fused_stages, fusion)
-    summary = _summary(loop, spec, throughput, peak, gathered, report, config, fused_stages)
+    summary = {**_summary(loop, spec, throughput, peak, gathered, report, config, fused_stages),
+               **elastic.summary(spec.train.steps)}   # elastic: layouts and recoveries
     if writer:
         path = writer.write_summary(summary)
         writer.close()
         print(f"final train loss {loop.last_loss:.4f}, validation loss {loop.val_loss:.4f}, "
               f"{summary['samples_per_s']:.1f} samples/s; wrote {path}", flush=True)
     return TrainOutcome(summary, engine)
+
+
+def _peer_copies(spec: RunSpec, ctx: DistContext, checkpoints: RunCheckpoints, run_dir: Path) -> PeerCopies | None:
+    """checkpoint.in_memory_every > 0: this rank's copies in host memory (pipedream/checkpoint/peer_copies.py)."""
+    every = int(spec.config["checkpoint"].get("in_memory_every") or 0)
+    if every <= 0:
+        return None
+    group = dist.new_group(backend="gloo", timeout=ctx.timeout) if ctx.world_size > 1 else None
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", ctx.world_size))
+    return PeerCopies(every, run_dir, ctx.rank, ctx.world_size, local_world, checkpoints.module, checkpoints.engine,
+                      group)
 
 
 def _checkpoint_record(spec: RunSpec, config: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from pipedream.config.elastic import WORLD_ROUND
 from pipedream.errors import ConfigError
 
 
@@ -51,7 +52,9 @@ def init_distributed(device_preference: str, timeout_s: float) -> DistContext:
             store, _, _ = next(dist.rendezvous("env://", rank, world_size, timeout=timeout))
             # torchrun keeps its store across restarts: a restarted job must not read the addresses
             # that the previous attempt's (dead) ranks published, so each attempt gets its own keys
-            attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+            # (an elastic world's nodes may have restarted different numbers of times: the launch agent
+            # passes the rendezvous round, the same on every node)
+            attempt = os.environ.get(WORLD_ROUND) or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
             store = dist.PrefixStore(f"pipedream/attempt_{attempt}", store)
             dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
         else:

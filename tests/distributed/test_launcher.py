@@ -31,3 +31,15 @@ def test_dry_run_prints_every_node(capsys):
     assert main(["launcher.nnodes=2", "parallel.pp=2", "parallel.dp=1"]) == 0
     out = capsys.readouterr().out
     assert "# node 0" in out and "# node 1" in out and out.count("torchrun") == 2
+
+
+def test_elastic_commands_span_min_to_max_nodes_and_tell_the_ranks():
+    overrides = ["parallel.pp=2", "launcher.nnodes=2", "launcher.min_nodes=1", "launcher.master_port=1234",
+                 "launcher.rendezvous_timeout_s=60"]
+    cfg = compose_config(overrides)
+    plan = build_launch(cfg, [o for o in overrides if not o.startswith("launcher.")], "runs/e")
+    for command in plan.commands:
+        assert command[1] == "--nnodes=1:2"
+        assert ("--rdzv-conf=join_timeout=60,last_call_timeout=60,keep_alive_interval=1,keep_alive_max_attempt=3"
+                in command)
+        assert command[-3:] == ["launcher.nnodes=2", "launcher.min_nodes=1", "train.run_dir=runs/e"]

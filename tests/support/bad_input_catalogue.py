@@ -50,6 +50,9 @@ CATALOGUE = [
     case("bind-cores-shared", "launcher.bind_cores=[[0],[0]]", "core 0 is in two sets"),
     case("bind-cores-count", "launcher.bind_cores=[[0]]", "has 1 core sets for 2 processes on this node"),
     case("node-rank-out-of-range", "launcher.nnodes=2 launcher.node_rank=2", "launcher.node_rank = 2 must be a node"),
+    case("min-nodes-above-nnodes", "launcher.nnodes=2 launcher.min_nodes=3", "launcher.min_nodes = 3 must be a node"),
+    case("elastic-async-schedule", "launcher.nnodes=2 launcher.min_nodes=1 schedule=2bw",
+         "with schedule=2bw is refused: its resume is not exact"),
     case("grace-negative", "launcher.grace_s=-1", "launcher.grace_s = -1 must be >= 0"),
     case("port-out-of-range", "launcher.master_port=70000", "launcher.master_port = 70000 is not a TCP port"),
     # bounds

@@ -146,3 +146,17 @@ def test_recomputing_the_first_layers_of_each_stage_keeps_the_rest():
     assert full.activations < first.activations < none.activations
     zero, _, _ = estimate(["recompute.granularity=full", "recompute.num_layers=0"])
     assert zero.activations == pytest.approx(none.activations)
+
+
+def test_an_elastic_job_whose_fewest_nodes_cannot_hold_the_model_is_refused_with_the_devices_it_needs():
+    from launcher.elastic_memory import check_smallest_world
+    from pipedream.config.elastic import ElasticSpec
+    cfg = compose_config([*GPT_1_7B, "parallel.pp=4", "parallel.dp=1", "train.micro_batch_size=1",
+                          "train.global_batch_size=8"])
+    one_node = estimate_memory(dict(cfg.model), build_run_spec(cfg, 4), 1).total   # a quarter of the model
+    with pytest.raises(ConfigError, match=r"launcher.min_nodes = 1: on 1 devices .* the model needs 2 devices "
+                                          r"\(2 nodes\): set launcher.min_nodes=2"):
+        check_smallest_world("gpt_1.7b", cfg, ElasticSpec(1, 4), 1, lambda c, w: build_run_spec(c, w),
+                             available=one_node * 2.5)   # half the model fits, the whole does not
+    check_smallest_world("gpt_1.7b", cfg, ElasticSpec(2, 4), 1, lambda c, w: build_run_spec(c, w),
+                         available=one_node * 2.5)
