@@ -127,3 +127,38 @@ def test_moe_refuses_tensor_parallelism_in_one_line():
 def test_the_presets_spell_every_key():
     for name in ("mixtral_tiny", *PUBLISHED):
         assert set(preset(name)["moe"]) == set(MOE_DEFAULTS)
+
+
+def _transformers_count(name: str) -> int:
+    """The parameters of the same architecture as transformers builds it (on the meta device)."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    cfg, moe = preset(name), preset(name)["moe"]
+    common = dict(hidden_size=cfg["hidden_size"], num_hidden_layers=cfg["num_layers"],
+                  num_attention_heads=cfg["num_heads"], num_key_value_heads=cfg["num_kv_heads"],
+                  vocab_size=cfg["vocab_size"], tie_word_embeddings=cfg["tie_embeddings"],
+                  num_experts_per_tok=moe["top_k"])
+    if name.startswith("mixtral"):
+        config = transformers.MixtralConfig(intermediate_size=moe["expert_ffn_hidden_size"] or cfg["ffn_hidden_size"],
+                                            num_local_experts=moe["num_experts"], **common)
+        build = transformers.MixtralForCausalLM
+    else:
+        config = transformers.Qwen2MoeConfig(intermediate_size=cfg["ffn_hidden_size"], num_experts=moe["num_experts"],
+                                             moe_intermediate_size=moe["expert_ffn_hidden_size"],
+                                             shared_expert_intermediate_size=moe["shared_expert_ffn_hidden_size"],
+                                             decoder_sparse_step=moe["every"], **common)
+        build = transformers.Qwen2MoeForCausalLM
+    with torch.device("meta"):
+        return sum(p.numel() for p in build(config).parameters())
+
+
+@pytest.mark.parametrize("name", PUBLISHED)
+def test_moe_preset_counts_are_transformers_own(name):
+    """The published figures are rounded to 2 or 3 digits; the architecture's exact count is what
+    transformers builds from the same sizes (Qwen2-MoE's q/k/v biases, which the preset leaves out,
+    added)."""
+    cfg = preset(name)
+    biases = cfg["num_layers"] * (cfg["hidden_size"] + 2 * cfg["num_kv_heads"] * cfg["hidden_size"] // cfg["num_heads"])
+    expected = _transformers_count(name) - (biases if name.startswith("qwen") else 0)
+    assert parameter_count(cfg) == expected
