@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +14,7 @@ from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
 from pipedream.checkpoint.memory_folders import NODE_ENV, clear_node
-from pipedream.config.elastic import check_elastic
+from pipedream.config.elastic import ELASTIC_PLANS, check_elastic
 from pipedream.config.loading import compose_config, describe_composition_error, group_choice
 from pipedream.errors import ConfigError
 
@@ -23,6 +25,7 @@ from launcher.binding import core_sets
 from launcher.commands import build_launch
 from launcher.elastic_agent import elastic_agent_options
 from launcher.elastic_memory import check_smallest_world
+from launcher.elastic_plans import plan_worlds
 from launcher.memory_check import check_memory
 from launcher.prechecks import check_before_launch, check_launch_keys
 from launcher.preempt import agent_options, job_exit_code, relayed_signals
@@ -74,8 +77,15 @@ def main(argv: list[str]) -> int:
             note = check_memory(label, cfg, spec, plan.nproc_per_node)
             if note:
                 print(note, file=sys.stderr)
-            check_smallest_world(label, cfg, elastic, plan.nproc_per_node,
-                                 lambda relaid, world: build_run_spec(apply_plan(relaid, plugin, label), world, plugin))
+            if not cfg.parallel.get("plan"):   # a plan-file run's worlds are sized by the planner (below)
+                check_smallest_world(label, cfg, elastic, plan.nproc_per_node,
+                                     lambda relaid, world: build_run_spec(apply_plan(relaid, plugin, label), world,
+                                                                          plugin))
+        if launching and elastic.enabled and cfg.parallel.get("plan"):
+            plans = Path(tempfile.mkdtemp(prefix="pipedream-elastic-plans-"))
+            for line in plan_worlds(cfg, overrides, label, elastic, plan.nproc_per_node, plans):
+                print(line, flush=True)
+            os.environ[ELASTIC_PLANS] = str(plans)   # the ranks this node starts read their world's plan there
         cores = core_sets(cfg.launcher.get("bind_cores", "auto"), str(cfg.cluster.get("device", "cpu")),
                           plan.nproc_per_node, sorted(os.sched_getaffinity(0)))
         if launching and int(cfg.launcher.get("node_rank") or 0) == 0:   # one node claims the shared run dir
@@ -111,7 +121,11 @@ def main(argv: list[str]) -> int:
           f"run dir {run_dir}{bound}", flush=True)
     runnable = [sys.executable, "-m", "launcher.agent", *elastic_agent_options(cfg, elastic), *agent_options(preemption),
                 *command[1:]]
-    code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
+    try:
+        code = run_supervised(runnable, float(cfg.launcher.grace_s), relayed_signals(preemption))
+    finally:
+        if ELASTIC_PLANS in os.environ:
+            shutil.rmtree(os.environ[ELASTIC_PLANS], ignore_errors=True)
     return job_exit_code(code, Path(run_dir), preemption)
 
 

@@ -41,12 +41,16 @@ def for_this_world(cfg: Any, plugin: Any) -> tuple[Any, bool]:
     """``cfg`` as this attempt runs it, and whether the run is elastic. An elastic run always continues
     from its newest complete checkpoint (a node that joins late must agree with the others), and a
     world of another size than the degrees' gets the nearest layout that fits it
-    (``pipedream.config.elastic``): every rank computes the same from the same config."""
-    from pipedream.config.elastic import check_elastic, configured_world, layout_for_world, resuming_copy
+    (``pipedream.config.elastic``): every rank computes the same from the same config. A run from a
+    plan file trains the plan the launcher made for its world (``launcher.elastic_plans``)."""
+    from pipedream.config.elastic import (ELASTIC_PLANS, check_elastic, configured_world, layout_for_world,
+                                          planned_for_world, resuming_copy)
     if not check_elastic(cfg).enabled:
         return cfg, False
     world = world_size_from_env()
     cfg = resuming_copy(cfg)
+    if cfg.parallel.get("plan") and os.environ.get(ELASTIC_PLANS):   # a plan-file run: the planner's plan
+        return planned_for_world(cfg, world, os.environ[ELASTIC_PLANS]), True
     if world != configured_world(cfg):
         cfg = layout_for_world(cfg, world, lambda relaid: build_run_spec(apply_plan(relaid, plugin), world, plugin))
     return cfg, True

@@ -11,16 +11,17 @@ accumulation (more micro-batches per step) keeping ``train.global_batch_size``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
 from pipedream.errors import ConfigError
+from pipedream.schedules import ScheduleError, schedule_info
 
-# schedules whose resume across layouts is not exact (weight versions in flight, memory virtualised)
-REFUSED_SCHEDULES = ("pipedream", "2bw", "harmony_pp", "harmony_dp")
 WORLD_ROUND = "PIPEDREAM_WORLD_ROUND"   # the rendezvous round, as launcher.elastic_agent tells the ranks
 REFORM_SIGNAL = "USR2"   # the launch agent asks its ranks to checkpoint and re-form (a node joined)
+ELASTIC_PLANS = "PIPEDREAM_ELASTIC_PLANS"   # the folder of a plan-file run's per-world plans (launcher.elastic_plans)
 
 
 @dataclass(frozen=True)
@@ -55,16 +56,18 @@ def check_elastic(cfg: Any) -> ElasticSpec:
     if not spec.enabled:
         return spec
     schedule = str(OmegaConf.select(cfg, "schedule.name"))
-    if schedule in REFUSED_SCHEDULES:
+    try:
+        info = schedule_info(schedule)
+    except ScheduleError:   # an unknown name: the run's own check refuses it
+        info = None
+    # weight versions in flight, or memory virtualised: their resume across layouts is not exact
+    if info is not None and (info.asynchronous or info.memory_virtualised):
         raise ConfigError(f"launcher.min_nodes = {spec.min_nodes} (elastic) with schedule={schedule} is refused: its "
                           f"resume is not exact across layouts; use a synchronous schedule (1f1b, gpipe, "
                           f"interleaved, zb_h2, zbv) or leave launcher.min_nodes unset")
     if str(OmegaConf.select(cfg, "preemption.signal") or "").upper().removeprefix("SIG") == REFORM_SIGNAL:
         raise ConfigError(f"preemption.signal={REFORM_SIGNAL} with launcher.min_nodes (elastic) is refused: an elastic "
                           f"job uses SIG{REFORM_SIGNAL} to re-form when a node joins; use preemption.signal=USR1")
-    if OmegaConf.select(cfg, "parallel.plan"):
-        raise ConfigError("parallel.plan with launcher.min_nodes (elastic) is refused: a plan file is made for one "
-                          "world size; give the plan's degrees as parallel.pp/tp/dp (an elastic run re-lays those)")
     if OmegaConf.select(cfg, "parallel.stage_replicas"):
         raise ConfigError("parallel.stage_replicas with launcher.min_nodes (elastic) is refused: per-stage replica "
                           "counts cannot be re-planned; use parallel.dp")
@@ -136,3 +139,17 @@ def layout_for_world(cfg: Any, world: int, accepts: Callable[[Any], None]) -> An
     raise ConfigError(f"no layout of {world} devices can continue this elastic run ({detail}): start it on "
                       f"{configured_world(cfg)} devices, or change train.global_batch_size / parallel degrees")
 
+
+def world_plan_path(folder: Path, world: int) -> Path:
+    """Where a plan-file run's plan for a world of ``world`` devices is (``launcher.elastic_plans``)."""
+    return folder / f"world_{world}.json"
+
+
+def planned_for_world(cfg: Any, world: int, folder: str) -> Any:
+    """``cfg`` (a resuming copy) training the launcher's plan for ``world`` devices."""
+    path = world_plan_path(Path(folder), world)
+    if not path.exists():
+        raise ConfigError(f"the elastic run re-formed on {world} devices, for which no plan fits (the launcher's "
+                          f"'elastic:' lines say which node counts do): restart it on more nodes")
+    cfg.parallel.plan = str(path)
+    return cfg

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from pipedream.checkpoint.memory_folders import memory_root
-from tests.support.elastic_harness import ElasticJob, last_step, records, reference_run, wait_until
+from tests.support.elastic_harness import JOB, ElasticJob, last_step, records, reference_run, wait_until
 
 STEPS = 30
 
@@ -67,3 +67,28 @@ def test_in_memory_copies_on_the_peer_node_spare_the_steps_since_the_disk_checkp
     assert f"resume: continuing after step {resumed} from" in output
     assert math.isclose(summary["final_train_loss"], reference["summary"]["final_train_loss"], rel_tol=1e-5)
     assert not memory_root(job.run_dir).exists()   # no copy left in host memory after the run
+
+
+def test_a_run_from_a_plan_file_trains_the_planners_plan_for_the_devices_left(tmp_path, reference):
+    """parallel.plan: the launcher plans each world the job may re-form into (1 and 2 nodes) with the
+    run's model, the plan's cluster sheet and its global batch; the survivor trains the 1-device plan."""
+    from planner.__main__ import main as planner_main
+
+    model = [o for o in JOB if o.startswith("model")]
+    plan = tmp_path / "plan.json"
+    assert planner_main([*model, "cluster=local_cpu", "cluster.devices_per_node=1", "cluster.nodes=2",
+                         "train.global_batch_size=8", f"planner.out={plan}"]) == 0
+    job = ElasticJob(tmp_path, [f"parallel.plan={plan}", f"train.steps={STEPS}"])
+    try:
+        job.start(0)
+        job.start(1)
+        wait_until(lambda: last_step(job.run_dir) >= 8, 180, "step 8")
+        job.kill(1)
+        assert job.wait(0) == 0, job.output(0)[-3000:]
+    finally:
+        job.stop()
+    assert "elastic: planned 1 node(s) (1 devices)" in job.output(0)
+    summary = job.summary()
+    (before, after) = summary["layouts"]
+    assert before["world_size"] == 2 and (after["world_size"], after["pp"], after["dp"]) == (1, 1, 1)
+    assert math.isclose(summary["final_train_loss"], reference["summary"]["final_train_loss"], rel_tol=1e-5)
