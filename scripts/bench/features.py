@@ -131,8 +131,8 @@ def markdown(data: dict[str, Any]) -> str:
              f"over {data['rounds']} paired runs. Stash: the bytes autograd keeps per micro-batch, summed over a "
              f"rank's chunks. Rows with their own date ran later (`--only`). The MoE rows train "
              f"{data.get('moe_model', 'a small Mixtral')}, global batch 16, on the processes their row names, "
-             f"reducing gradients after the backward (an expert without tokens in a step takes no gradient, "
-             f"which the overlapped reduction's bucket counts refuse); memory columns list every rank.", "",
+             f"reducing gradients after the backward (the rows compare expert layouts and the all-to-all's "
+             f"overlap, not the reduction's); memory columns list every rank.", "",
              "| feature | step time, baseline -> feature (ms) | feature / baseline (paired; range) | "
              "stash per micro-batch, rank 0 / 1 / ... (KiB) | optimizer state, per rank (KiB) | "
              "params + grads + state at rest, per rank (KiB) | peak RSS, per rank (MiB) |",
