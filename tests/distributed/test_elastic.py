@@ -10,7 +10,7 @@ import math
 import pytest
 
 from pipedream.checkpoint.memory_folders import memory_root
-from tests.support.elastic_harness import JOB, ElasticJob, last_step, records, reference_run, wait_until
+from tests.support.elastic_harness import JOB, ElasticJob, records, reference_run
 
 STEPS = 30
 
@@ -22,14 +22,7 @@ def reference(tmp_path_factory):
 
 def test_a_lost_node_leaves_the_other_training_alone_with_the_same_losses(tmp_path, reference):
     job = ElasticJob(tmp_path, ["parallel.pp=2", f"train.steps={STEPS}"])
-    try:
-        job.start(0)
-        job.start(1)
-        wait_until(lambda: last_step(job.run_dir) >= 12, 180, "step 12")
-        killed_at = job.kill(1)
-        assert job.wait(0) == 0, job.output(0)[-3000:]
-    finally:
-        job.stop()
+    killed_at = job.lose_node_after(12)
     summary = job.summary()
     assert math.isclose(summary["final_train_loss"], reference["summary"]["final_train_loss"], rel_tol=1e-5)
     (before, after) = summary["layouts"]
@@ -49,14 +42,7 @@ def test_a_lost_node_leaves_the_other_training_alone_with_the_same_losses(tmp_pa
 
 def test_in_memory_copies_on_the_peer_node_spare_the_steps_since_the_disk_checkpoint(tmp_path, reference):
     job = ElasticJob(tmp_path, ["parallel.pp=2", f"train.steps={STEPS}", "checkpoint.in_memory_every=1"])
-    try:
-        job.start(0)
-        job.start(1)
-        wait_until(lambda: last_step(job.run_dir) >= 12, 180, "step 12")
-        job.kill(1)
-        assert job.wait(0) == 0, job.output(0)[-3000:]
-    finally:
-        job.stop()
+    job.lose_node_after(12)
     summary = job.summary()
     (recovery,) = summary["recoveries"]
     # the copies of the step being exchanged when the node died are incomplete: at most that step is redone
@@ -79,14 +65,7 @@ def test_a_run_from_a_plan_file_trains_the_planners_plan_for_the_devices_left(tm
     assert planner_main([*model, "cluster=local_cpu", "cluster.devices_per_node=1", "cluster.nodes=2",
                          "train.global_batch_size=8", f"planner.out={plan}"]) == 0
     job = ElasticJob(tmp_path, [f"parallel.plan={plan}", f"train.steps={STEPS}"])
-    try:
-        job.start(0)
-        job.start(1)
-        wait_until(lambda: last_step(job.run_dir) >= 8, 180, "step 8")
-        job.kill(1)
-        assert job.wait(0) == 0, job.output(0)[-3000:]
-    finally:
-        job.stop()
+    job.lose_node_after(8)
     assert "elastic: planned 1 node(s) (1 devices)" in job.output(0)
     summary = job.summary()
     (before, after) = summary["layouts"]

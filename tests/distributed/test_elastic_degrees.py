@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tests.support.elastic_harness import ElasticJob, last_step, records, reference_run, wait_until
+from tests.support.elastic_harness import ElasticJob, records, reference_run
 
 STEPS = 12
 
@@ -21,14 +21,7 @@ def reference(tmp_path_factory):
 @pytest.mark.parametrize("degree", ["tp", "dp"])
 def test_half_the_devices_lost_continue_at_degree_one_with_accumulation(tmp_path, reference, degree):
     job = ElasticJob(tmp_path, ["parallel.pp=1", f"parallel.{degree}=2", f"train.steps={STEPS}"])
-    try:
-        job.start(0)
-        job.start(1)
-        wait_until(lambda: last_step(job.run_dir) >= 7, 180, "step 7")
-        job.kill(1)
-        assert job.wait(0) == 0, job.output(0)[-3000:]
-    finally:
-        job.stop()
+    job.lose_node_after(7)
     summary = job.summary()
     before, after = summary["layouts"]
     assert before[degree] == 2 and after[degree] == 1 and after["world_size"] == 1

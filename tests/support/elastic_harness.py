@@ -92,13 +92,22 @@ class ElasticJob:
         """SIGKILLs every process of ``node`` (a lost machine); returns when it was done."""
         job, mark, _ = self.nodes[node]
         killed_at = time.time()
-        for pid in marked_pids(mark):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        _kill_marked(mark)
         job.wait(timeout=10)
         wait_until(lambda: not marked_pids(mark), 10, f"node {node}'s processes gone")
+        return killed_at
+
+    def lose_node_after(self, step: int) -> float:
+        """Starts both nodes, SIGKILLs the second after ``step``, waits for the first to finish alone
+        (it must succeed); returns when the node was killed. Every process goes in the end."""
+        try:
+            self.start(0)
+            self.start(1)
+            wait_until(lambda: last_step(self.run_dir) >= step, 180, f"step {step}")
+            killed_at = self.kill(1)
+            assert self.wait(0) == 0, self.output(0)[-3000:]
+        finally:
+            self.stop()
         return killed_at
 
     def wait(self, node: int, timeout_s: float = 600) -> int:
@@ -110,15 +119,19 @@ class ElasticJob:
     def stop(self) -> None:
         for node in list(self.nodes):
             job, mark, _ = self.nodes[node]
-            for pid in marked_pids(mark):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+            _kill_marked(mark)
             job.wait(timeout=10)
 
     def summary(self) -> dict[str, Any]:
         return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def _kill_marked(mark: str) -> None:
+    for pid in marked_pids(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:   # gone already
+            pass
 
 
 def reference_run(tmp_path: Path, overrides: list[str], name: str = "reference") -> dict[str, Any]:
